@@ -1,0 +1,22 @@
+"""specdec: speculative decoding with lossless and training-free loose verification rules.
+
+    import specdec
+    pair = specdec.load("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", dtype="bfloat16")
+    out = pair.generate("Write a quicksort in Python.", policy="lossless", drafter="model", k=5)
+    out.text, out.token_ids, out.stats.mean_acceptance_length, out.stats.tokens_per_second
+
+Heavy imports (transformers) happen only when models are loaded.
+"""
+
+from .api import Output, Pair, Stream, load
+from .engine import DecodeConfig, Engine, Generation
+from .errors import SpecdecError
+from .sampling import SamplingParams
+from .stats import Stats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DecodeConfig", "Engine", "Generation", "Output", "Pair", "SamplingParams", "SpecdecError", "Stats",
+    "Stream", "load", "__version__",
+]

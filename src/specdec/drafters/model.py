@@ -1,0 +1,54 @@
+"""Drafting with a smaller model that shares the target's tokenizer, with its own KV cache."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..models import CausalLM
+from ..sampling import SamplingParams, draw, probabilities
+from .base import Draft
+
+
+class ModelDrafter:
+    """Runs the draft model autoregressively for up to ``k`` tokens (greedy at T=0, else sampled
+    with the same temperature/top-k/top-p, keeping each step's distribution as ``q``).
+
+    Stops early at an end-of-sequence token: nothing after it could be used.
+    """
+
+    name = "model"
+
+    def __init__(self, lm: CausalLM, stop_ids: frozenset[int] = frozenset()):
+        self.lm = lm
+        self.stop_ids = stop_ids
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.lm.reset()
+        if len(prompt) > 1:
+            self.lm.forward(list(prompt[:-1]))
+
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        logits = self.lm.logits_for(context, 1)[0]  # [V]
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            if params.greedy:
+                token = int(logits.argmax())
+            else:
+                q = probabilities(logits[None], params)  # [1, V]
+                token = int(draw(q, generator)[0])
+                rows.append(q[0])
+            tokens.append(token)
+            if i == k - 1 or token in self.stop_ids:
+                break
+            logits = self.lm.forward([token])[0]
+        return Draft(tokens, torch.stack(rows) if rows else None)
+
+    def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
+        from ..models import common_prefix
+
+        self.lm.truncate(min(common_prefix(self.lm.tokens, context), len(context) - 1))

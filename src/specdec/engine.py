@@ -1,0 +1,189 @@
+"""The one decoding loop. It knows nothing about text: token ids in, token ids out.
+
+Each round: (1) the drafter proposes up to K tokens; (2) the target scores ``[last, d_1..d_K]``
+in one forward pass; (3) the policy keeps a prefix of the drafts and picks one more token;
+(4) the round's tokens are committed, cut at the first stop; (5) both KV caches roll back to the
+committed text and the drafter is told what was kept. Plain decoding (``policy="ar"``) is the
+same loop with no drafts, through the same model wrapper, so speed comparisons are fair.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from .drafters import DRAFTERS, Draft, Drafter, LookupDrafter, ModelDrafter
+from .errors import SpecdecError
+from .models import CausalLM
+from .sampling import SamplingParams, make_generator, next_token, probabilities
+from .stats import Stats, peak_rss_mb
+from .verify import Round, make_policy
+
+#: ``stop_check(generated_ids, n_new) -> keep``: how many generated tokens to keep when a stop
+#: sequence ends inside the last ``n_new`` tokens, else None.
+StopCheck = Callable[[Sequence[int], int], "int | None"]
+
+DRAFTER_OPTIONS = ("ngram_max", "ngram_min")
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Everything that shapes one generation besides the prompt. Validated on creation."""
+
+    policy: str = "lossless"
+    drafter: str = "model"
+    k: int = 5
+    max_new_tokens: int = 128
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    drafter_params: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        make_policy(self.policy, dict(self.policy_params))  # unknown names and bad parameters raise
+        if self.policy != "ar" and self.drafter not in DRAFTERS:
+            raise SpecdecError(f"unknown drafter {self.drafter!r}; choose one of: {', '.join(DRAFTERS)}")
+        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
+            raise SpecdecError(f"k (draft length) must be an integer >= 1, got {self.k!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise SpecdecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        unknown = set(self.drafter_params) - set(DRAFTER_OPTIONS)
+        if unknown:
+            raise SpecdecError(f"unknown drafter option(s) {sorted(unknown)}; known: {', '.join(DRAFTER_OPTIONS)}")
+
+
+@dataclass
+class Generation:
+    """The state of one generation; complete once its iterator is exhausted."""
+
+    prompt_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" (EOS or a stop sequence) | "length"
+    stats: Stats = field(default_factory=Stats)
+
+
+class Engine:
+    """Speculative and plain decoding over a target (and optionally a draft) :class:`CausalLM`."""
+
+    def __init__(self, target: CausalLM, draft: CausalLM | None = None, eos_ids: Sequence[int] = ()):
+        self.target = target
+        self.draft = draft
+        self.eos_ids = frozenset(int(i) for i in eos_ids)
+
+    def make_drafter(self, cfg: DecodeConfig) -> Drafter:
+        opts = dict(cfg.drafter_params)
+        if cfg.drafter == "model":
+            if self.draft is None:
+                raise SpecdecError("drafter 'model' needs a draft model; load one (draft=...) or use drafter='pld'")
+            if opts:
+                raise SpecdecError(f"drafter 'model' takes no options, got {sorted(opts)}")
+            return ModelDrafter(self.draft, self.eos_ids)
+        return LookupDrafter(**opts)
+
+    def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        if len(prompt_ids) == 0:
+            raise SpecdecError("the prompt is empty")
+        limit = self.target.max_length
+        if limit is not None and len(prompt_ids) >= limit:
+            raise SpecdecError(
+                f"the prompt has {len(prompt_ids)} tokens, but the model's context holds {limit}; shorten it"
+            )
+
+    def run(
+        self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None = None,
+        stop_check: StopCheck | None = None,
+    ) -> Iterator[list[int]]:
+        """Generate; yields each round's committed tokens. ``out`` collects ids, stats and the
+        finish reason (pass your own to read them after the loop)."""
+        self.check_prompt(prompt_ids)
+        out = out if out is not None else Generation(list(prompt_ids))
+        policy = None if cfg.policy == "ar" else make_policy(cfg.policy, dict(cfg.policy_params))
+        drafter = None if policy is None else self.make_drafter(cfg)
+        stats = out.stats = Stats(
+            policy=cfg.policy, drafter=None if policy is None else cfg.drafter, k=0 if policy is None else cfg.k,
+            lossy=bool(policy and policy.lossy), prompt_tokens=len(prompt_ids),
+            params={**cfg.policy_params, **cfg.drafter_params},
+        )
+        params = cfg.sampling
+        generator = make_generator(params.seed, self.target.device)
+        limit = self.target.max_length or 1 << 62
+        context = list(prompt_ids)
+        clock = time.perf_counter
+        t_start = clock()
+
+        # prefill: every cache holds the prompt but its last token, which each round feeds again
+        self.target.reset()
+        if len(context) > 1:
+            self.target.forward(context[:-1])
+        if drafter is not None:
+            drafter.start(context)
+        stats.prefill_seconds = clock() - t_start
+
+        while True:
+            room = min(cfg.max_new_tokens - len(out.token_ids), limit - len(context))
+            k = 0 if drafter is None else max(0, min(cfg.k, room - 1))
+            # 1. draft
+            t0 = clock()
+            draft = drafter.propose(context, k, params, generator) if k else Draft()
+            t1 = clock()
+            # 2. one target pass over [last, d_1..d_K]
+            n = len(draft)
+            scored = self.target.logits_for(context + draft.tokens, n + 1, hidden=bool(policy and policy.needs_hidden))
+            logits, hidden = scored if isinstance(scored, tuple) else (scored, None)  # [n+1, V], [n+1, H]
+            # 3. verify
+            if n == 0:
+                accepted, token, relaxed = 0, next_token(logits[0], params, generator), {}
+            else:
+                rnd = Round(
+                    target_logits=logits,
+                    draft_tokens=torch.tensor(draft.tokens, device=logits.device),
+                    draft_probs=draft.probs,
+                    params=params,
+                    generator=generator,
+                    target_probs=None if params.greedy else probabilities(logits, params),
+                    target_hidden=hidden,
+                    lm_head=self.target.head_logits,
+                )
+                verdict = policy.verify(rnd)
+                accepted, token, relaxed = verdict.accepted, verdict.token, dict(verdict.relaxed)
+            t2 = clock()
+            stats.draft_seconds += t1 - t0
+            stats.verify_seconds += t2 - t1
+            stats.record(n, accepted, relaxed)
+            # 4. commit, cut at the first stop
+            new = draft.tokens[:accepted] + [token]
+            for i, t in enumerate(new):
+                if t in self.eos_ids:
+                    new, out.finish_reason = new[: i + 1], "stop"
+                    break
+            out.token_ids += new
+            context += new
+            if stop_check is not None:
+                keep = stop_check(out.token_ids, len(new))
+                if keep is not None:
+                    cut = len(out.token_ids) - keep
+                    del out.token_ids[keep:]
+                    del context[len(context) - cut :]
+                    new = new[: len(new) - cut]
+                    out.finish_reason = "stop"
+            if out.finish_reason is None and (len(out.token_ids) >= cfg.max_new_tokens or len(context) >= limit):
+                out.finish_reason = "length"
+            # 5. roll back to the committed text; tell the drafter
+            self.target.truncate(len(context) - 1)
+            if drafter is not None:
+                drafter.commit(context, n, accepted)
+            stats.new_tokens = len(out.token_ids)
+            stats.total_seconds = clock() - t_start
+            if new:
+                yield new
+            if out.finish_reason is not None:
+                break
+        stats.peak_rss_mb = peak_rss_mb()
+
+    def generate(self, prompt_ids: Sequence[int], cfg: DecodeConfig, stop_check: StopCheck | None = None) -> Generation:
+        out = Generation(list(prompt_ids))
+        for _ in self.run(prompt_ids, cfg, out, stop_check):
+            pass
+        return out

@@ -1,0 +1,84 @@
+"""Logits -> probabilities, and token draws. The only place that turns logits into a distribution.
+
+Every draw takes an explicit ``torch.Generator`` so that a seed reproduces a generation exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import SpecdecError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target's next-token distribution is shaped. ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
+            raise SpecdecError(f"temperature must be a number, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise SpecdecError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise SpecdecError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Turn logits ``[n, V]`` into the distributions ``[n, V]`` (float32) that sampling draws from.
+
+    Order as in transformers' warpers: temperature, then top-k, then top-p. At temperature 0 the
+    result is one-hot at the argmax (first index on ties), so greedy decoding is a special case.
+    """
+    logits = logits.float()
+    if params.greedy:
+        out = torch.zeros_like(logits)
+        out.scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+        return out
+    logits = logits / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]  # [n, 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # drop a token when the mass strictly before it already reaches top_p (always keeps the top-1)
+        drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of ``probs [n, V]`` -> ``[n]`` (int64)."""
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """The next token from one row of logits ``[V]``: argmax at T=0, else a draw."""
+    if params.greedy:
+        return int(logits.argmax())
+    return int(draw(probabilities(logits[None], params), generator)[0])
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator:
+    """A generator on ``device``; seeded from ``seed``, or from fresh entropy when ``seed`` is None."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(int(seed))
+    return gen

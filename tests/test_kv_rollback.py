@@ -1,0 +1,85 @@
+"""After every round, whatever was accepted, each cache equals a fresh prefill of what it holds."""
+
+import random
+
+import pytest
+import torch
+
+from specdec.drafters import Draft
+from specdec.engine import DecodeConfig, Engine
+from specdec.models import CausalLM
+from specdec.testing import perturbed_copy, tiny_model
+
+
+class ScriptedDrafter:
+    """Proposes the true greedy continuation with one token corrupted at a random position (or
+    none), so every accept length 0..K occurs."""
+
+    name = "scripted"
+
+    def __init__(self, truth, prompt_len, seed=0):
+        self.truth, self.prompt_len, self.rng = truth, prompt_len, random.Random(seed)
+        self.patterns = set()
+
+    def start(self, prompt):
+        pass
+
+    def propose(self, context, k, params, generator):
+        pos = len(context) - self.prompt_len
+        tokens = list(self.truth[pos : pos + k])
+        bad = self.rng.randint(0, len(tokens))  # == len(tokens): no corruption
+        if bad < len(tokens):
+            tokens[bad] = (tokens[bad] + 1) % 259
+        return Draft(tokens)
+
+    def commit(self, context, drafted, accepted):
+        self.patterns.add((drafted, accepted))
+
+
+def fresh_cache(model, tokens):
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([tokens]), past_key_values=cache, use_cache=True)
+    return cache
+
+
+def assert_cache_matches(lm: CausalLM):
+    assert lm.cache.get_seq_length() == len(lm.tokens)
+    if not lm.tokens:
+        return
+    ref = fresh_cache(lm.model, lm.tokens)
+    for mine, theirs in zip(lm.cache.layers, ref.layers):
+        torch.testing.assert_close(mine.keys, theirs.keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_caches_equal_fresh_prefill_after_any_accept_pattern(k):
+    target = CausalLM(tiny_model(5))
+    engine = Engine(target)
+    prompt = list(range(40, 52))
+    truth = engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=80)).token_ids
+    scripted = ScriptedDrafter(truth, len(prompt), seed=k)
+    engine.make_drafter = lambda cfg: scripted
+    committed = list(prompt)
+    for chunk in engine.run(prompt, DecodeConfig(policy="lossless", drafter="pld", k=k, max_new_tokens=80)):
+        committed += chunk
+        assert target.tokens == committed[:-1]
+        assert_cache_matches(target)
+    assert committed[len(prompt):] == truth
+    assert {a for _, a in scripted.patterns} == set(range(k + 1))  # every accept length happened
+
+
+def test_draft_model_cache_after_rounds():
+    t = tiny_model(6)
+    draft = CausalLM(perturbed_copy(t, 0.1, 7))
+    engine = Engine(CausalLM(t), draft)
+    prompt = list(range(60, 70))
+    committed = list(prompt)
+    for chunk in engine.run(prompt, DecodeConfig(policy="lossless", drafter="model", k=4, max_new_tokens=50)):
+        committed += chunk
+        assert committed[: len(draft.tokens)] == draft.tokens  # the draft cache holds a committed prefix
+        assert_cache_matches(draft)
+        assert_cache_matches(engine.target)
