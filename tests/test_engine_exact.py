@@ -104,3 +104,14 @@ def test_sampling_is_reproducible_with_a_seed(pair):
     b = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=11, max_new_tokens=30)
     c = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=12, max_new_tokens=30)
     assert a.token_ids == b.token_ids != c.token_ids
+
+
+def test_closing_a_stream_stops_the_engine(pair):
+    stream = pair.stream("abc abc abc", chat=False, k=3, max_new_tokens=200)
+    it = iter(stream)
+    next(it)
+    calls = pair.target.forward_calls
+    stream.close()
+    assert list(it) == [] and stream.output is None
+    assert pair.target.forward_calls == calls
+    assert len(pair.generate("abc", chat=False, max_new_tokens=5).token_ids) == 5  # the pair is reusable

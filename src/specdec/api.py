@@ -50,6 +50,12 @@ class Stream:
     def __iter__(self) -> Iterator[str]:
         return self._chunks
 
+    def close(self) -> None:
+        """Stop generating now (e.g. the client went away); the engine stops before its next round."""
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            close()
+
 
 def make_config(
     *, policy: str = "lossless", drafter: str = "model", k: int = 5, max_new_tokens: int = 128,
