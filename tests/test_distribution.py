@@ -65,9 +65,11 @@ def test_wrong_rule_is_caught():
     assert chisquare(counts.numpy(), (p * N).numpy()).pvalue < P_MIN
 
 
-def test_engine_sampling_matches_target_distribution():
+@pytest.mark.parametrize("drafter", ["model", "model+pld"])
+def test_engine_sampling_matches_target_distribution(drafter):
     """End to end through the engine with tiny models (vocabulary 4, temperature 0.9, top-p 0.95):
-    the joint of the first three generated tokens equals the target's."""
+    the joint of the first three generated tokens equals the target's. ``model+pld`` also checks
+    that the lookup-accelerated draft keeps the draft's distribution."""
     V, N = 4, 6000
     target = CausalLM(tiny_model(21, vocab_size=V, layers=1, hidden=16, initializer_range=0.2))
     draft = CausalLM(tiny_model(22, vocab_size=V, layers=1, hidden=16, initializer_range=0.2))
@@ -85,7 +87,7 @@ def test_engine_sampling_matches_target_distribution():
     counts = torch.zeros(V, V, V)
     accepted = 0
     for seed in range(N):
-        cfg = DecodeConfig(policy="lossless", drafter="model", k=2, max_new_tokens=3,
+        cfg = DecodeConfig(policy="lossless", drafter=drafter, k=2, max_new_tokens=3,
                            sampling=SamplingParams(temperature=0.9, top_p=0.95, seed=seed))
         out = engine.generate(prompt, cfg)
         counts[tuple(out.token_ids)] += 1

@@ -19,7 +19,7 @@ def pair(request):
     return Pair(CausalLM(target), byte_tokenizer(), CausalLM(draft))
 
 
-@pytest.mark.parametrize("drafter", ["model", "pld"])
+@pytest.mark.parametrize("drafter", ["model", "pld", "model+pld"])
 def test_lossless_equals_ar_for_every_k(pair, drafter):
     for prompt in PROMPTS:
         ar = pair.generate(prompt, chat=False, policy="ar", max_new_tokens=48)
@@ -34,7 +34,7 @@ def test_lossless_equals_ar_for_every_k(pair, drafter):
         assert accepted > 0  # the comparison exercised real acceptances
 
 
-@pytest.mark.parametrize("drafter", ["model", "pld"])
+@pytest.mark.parametrize("drafter", ["model", "pld", "model+pld"])
 def test_eos_inside_a_draft(drafter):
     target = tiny_model(3)
     draft = perturbed_copy(target, 0.05, 4)
@@ -52,7 +52,7 @@ def test_eos_inside_a_draft(drafter):
         assert out.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("drafter", ["model", "pld"])
+@pytest.mark.parametrize("drafter", ["model", "pld", "model+pld"])
 def test_stop_string_inside_a_draft(pair, drafter):
     ar_full = pair.generate("abc abc abc", chat=False, policy="ar", max_new_tokens=60)
     ids = ar_full.token_ids

@@ -15,7 +15,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from .drafters import DRAFTERS, Draft, Drafter, LookupDrafter, ModelDrafter
+from .drafters import (
+    DRAFTER_OPTIONS as OPTIONS_BY_DRAFTER, Draft, Drafter, LookupDrafter, LookupModelDrafter, ModelDrafter,
+    check_drafter_options,
+)
 from .errors import SpecdecError
 from .models import CausalLM
 from .sampling import SamplingParams, make_generator, next_token, probabilities
@@ -26,7 +29,8 @@ from .verify import Round, make_policy
 #: sequence ends inside the last ``n_new`` tokens, else None.
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
-DRAFTER_OPTIONS = ("ngram_max", "ngram_min")
+#: Every drafter option name (each drafter takes a subset; see ``specdec.drafters.DRAFTER_OPTIONS``).
+DRAFTER_OPTIONS = tuple(sorted({o for opts in OPTIONS_BY_DRAFTER.values() for o in opts}))
 
 
 @dataclass(frozen=True)
@@ -43,15 +47,12 @@ class DecodeConfig:
 
     def __post_init__(self) -> None:
         make_policy(self.policy, dict(self.policy_params))  # unknown names and bad parameters raise
-        if self.policy != "ar" and self.drafter not in DRAFTERS:
-            raise SpecdecError(f"unknown drafter {self.drafter!r}; choose one of: {', '.join(DRAFTERS)}")
+        if self.policy != "ar":
+            check_drafter_options(self.drafter, dict(self.drafter_params))
         if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
             raise SpecdecError(f"k (draft length) must be an integer >= 1, got {self.k!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
-        unknown = set(self.drafter_params) - set(DRAFTER_OPTIONS)
-        if unknown:
-            raise SpecdecError(f"unknown drafter option(s) {sorted(unknown)}; known: {', '.join(DRAFTER_OPTIONS)}")
 
 
 @dataclass
@@ -73,14 +74,14 @@ class Engine:
         self.eos_ids = frozenset(int(i) for i in eos_ids)
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
-        opts = dict(cfg.drafter_params)
+        opts = dict(cfg.drafter_params)  # validated by DecodeConfig
+        if cfg.drafter == "pld":
+            return LookupDrafter(**opts)
+        if self.draft is None:
+            raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cfg.drafter == "model":
-            if self.draft is None:
-                raise SpecdecError("drafter 'model' needs a draft model; load one (draft=...) or use drafter='pld'")
-            if opts:
-                raise SpecdecError(f"drafter 'model' takes no options, got {sorted(opts)}")
             return ModelDrafter(self.draft, self.eos_ids)
-        return LookupDrafter(**opts)
+        return LookupModelDrafter(self.draft, self.eos_ids, **opts)
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         if len(prompt_ids) == 0:
@@ -104,7 +105,7 @@ class Engine:
         stats = out.stats = Stats(
             policy=cfg.policy, drafter=None if policy is None else cfg.drafter, k=0 if policy is None else cfg.k,
             lossy=bool(policy and policy.lossy), prompt_tokens=len(prompt_ids),
-            params={**cfg.policy_params, **cfg.drafter_params},
+            params={**(policy.params if policy else {}), **cfg.drafter_params},
         )
         params = cfg.sampling
         generator = make_generator(params.seed, self.target.device)
@@ -145,8 +146,11 @@ class Engine:
                     target_probs=None if params.greedy else probabilities(logits, params),
                     target_hidden=hidden,
                     lm_head=self.target.head_logits,
+                    draft_logits=draft.logits,
                 )
+                t_rule = clock()
                 verdict = policy.verify(rnd)
+                stats.rule_seconds += clock() - t_rule
                 accepted, token, relaxed = verdict.accepted, verdict.token, dict(verdict.relaxed)
             t2 = clock()
             stats.draft_seconds += t1 - t0

@@ -36,7 +36,8 @@ class Stats:
     relaxed: dict[str, int] = field(default_factory=dict)  # loose rule -> drafts it added
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
-    verify_seconds: float = 0.0
+    verify_seconds: float = 0.0  # target forward + verification rule
+    rule_seconds: float = 0.0  # of which: the verification rule itself (e.g. DropMatch's paths)
     total_seconds: float = 0.0
     peak_rss_mb: float = 0.0
     params: dict = field(default_factory=dict)  # policy/drafter parameters, for the record

@@ -17,11 +17,13 @@ from ..sampling import SamplingParams
 
 @dataclass
 class Draft:
-    """Proposed tokens ``[k']`` (``k' <= k``) and the distributions ``[k', V]`` they came from
-    (None for drafters without probabilities, which count as one-hot)."""
+    """Proposed tokens ``[k']`` (``k' <= k``), the distributions ``[k', V]`` they were drawn from
+    (None at T=0 and for drafters without probabilities, which count as one-hot), and the draft
+    model's raw logits ``[k', V]`` (None for drafters without a model)."""
 
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -35,7 +35,9 @@ class ModelDrafter:
         logits = self.lm.logits_for(context, 1)[0]  # [V]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
+        raw: list[torch.Tensor] = []
         for i in range(k):
+            raw.append(logits)
             if params.greedy:
                 token = int(logits.argmax())
             else:
@@ -46,7 +48,7 @@ class ModelDrafter:
             if i == k - 1 or token in self.stop_ids:
                 break
             logits = self.lm.forward([token])[0]
-        return Draft(tokens, torch.stack(rows) if rows else None)
+        return Draft(tokens, torch.stack(rows) if rows else None, torch.stack(raw))
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         from ..models import common_prefix

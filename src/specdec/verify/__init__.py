@@ -1,6 +1,7 @@
 """Verification rules: pure functions over tensors, and the policies built from them.
 
-``make_policy(name, **params)`` is the one way the engine gets a policy from its name.
+``make_policy(name, params)`` is the one way the engine gets a policy from its name; see
+:mod:`specdec.verify.policy` for how loose rules compose.
 """
 
 from __future__ import annotations
@@ -9,18 +10,23 @@ from typing import Any
 
 from ..errors import SpecdecError
 from .base import Lossless, Policy, Round, Verdict, finish, lossless_mask
+from .policy import RULES, LoosePolicy, parse_policy, rule_params
 
-__all__ = ["Lossless", "Policy", "Round", "Verdict", "finish", "lossless_mask", "make_policy", "POLICIES"]
+__all__ = [
+    "POLICIES", "RULES", "Lossless", "LoosePolicy", "Policy", "Round", "Verdict", "finish", "lossless_mask",
+    "make_policy", "rule_params",
+]
 
-#: Policy names the engine accepts. ``ar`` is plain decoding: no drafting, no verification.
-POLICIES = ("ar", "lossless")
+#: Single policy names. ``ar`` is plain decoding (no drafting, no verification); the loose rules
+#: can also be combined with ``+`` (e.g. ``fly+mars``).
+POLICIES = ("ar", "lossless", *RULES)
 
 
 def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy | None:
-    """The policy called ``name`` (None for ``ar``); unknown names and parameters are user errors."""
+    """The policy called ``name`` (None for ``ar``); unknown names and bad parameters are user errors."""
     params = dict(params or {})
-    if name == "ar" or name == "lossless":
+    if name == "ar":
         if params:
-            raise SpecdecError(f"policy {name!r} takes no parameters, got {sorted(params)}")
-        return None if name == "ar" else Lossless()
-    raise SpecdecError(f"unknown policy {name!r}; choose one of: {', '.join(POLICIES)}")
+            raise SpecdecError(f"policy 'ar' takes no parameters, got {sorted(params)}")
+        return None
+    return parse_policy(name, params)

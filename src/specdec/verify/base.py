@@ -26,7 +26,8 @@ class Round:
     generator: torch.Generator | None
     target_probs: torch.Tensor | None = None  # [K+1, V] processed target distributions (T > 0)
     target_hidden: torch.Tensor | None = None  # [K+1, H] final hidden states, when a rule asks for them
-    lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # [..., H] -> [..., V]
+    lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # [..., H] -> [..., V] float32
+    draft_logits: torch.Tensor | None = None  # [K, V] the draft model's raw logits (None for lookup)
 
     @property
     def k(self) -> int:
@@ -47,11 +48,15 @@ class Verdict:
 
 
 class Policy(Protocol):
-    """A verification policy. ``lossy`` marks policies whose output can differ from the target's."""
+    """A verification policy. ``lossy`` marks policies whose output can differ from the target's;
+    ``needs_hidden``/``needs_draft_logits`` ask the engine to fill those fields of the round;
+    ``params`` are the policy's parameters, defaults included, for the record."""
 
     name: str
     lossy: bool
     needs_hidden: bool
+    needs_draft_logits: bool
+    params: dict
 
     def verify(self, rnd: Round) -> Verdict: ...
 
@@ -91,6 +96,11 @@ class Lossless:
     name: str = "lossless"
     lossy: bool = False
     needs_hidden: bool = False
+    needs_draft_logits: bool = False
+
+    @property
+    def params(self) -> dict:
+        return {}
 
     def verify(self, rnd: Round) -> Verdict:
         accepted = leading_true(lossless_mask(rnd))

@@ -1,0 +1,85 @@
+"""FLy's multi-level acceleration: the draft model's continuation, produced faster by prompt lookup.
+
+Speculative decoding one level down: prompt lookup proposes up to ``lookup_tokens`` tokens, the
+draft model scores them in one forward pass, and the lossless rule keeps a prefix plus one token.
+The tokens that come out are distributed exactly as the draft model's own greedy or sampled
+continuation (so the target's lossless rules stay exact); only the draft's cost drops when the
+text repeats itself. Deviation from FLy's code: at T>0 the inner verification is speculative
+sampling against the draft's distribution, so sampled drafts keep their distribution ``q``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import SpecdecError
+from ..models import CausalLM, common_prefix
+from ..sampling import SamplingParams, next_token, probabilities
+from ..verify.base import Lossless, Round
+from .base import Draft
+from .lookup import LookupDrafter, lookup
+
+
+class LookupModelDrafter:
+    """``model+pld``: the draft model, accelerated by prompt lookup (n-gram ``ngram_max..ngram_min``,
+    up to ``lookup_tokens`` proposed tokens per draft-model pass)."""
+
+    name = "model+pld"
+
+    def __init__(self, lm: CausalLM, stop_ids: frozenset[int] = frozenset(), ngram_max: int = 4,
+                 ngram_min: int = 1, lookup_tokens: int = 6):
+        self.check(ngram_max, ngram_min, lookup_tokens)
+        self.lm, self.stop_ids = lm, stop_ids
+        self.ngram_max, self.ngram_min, self.lookup_tokens = ngram_max, ngram_min, lookup_tokens
+        self.inner = Lossless()
+        self.lookups = 0  # draft-model passes that verified a lookup proposal
+        self.lookup_hits = 0  # proposed tokens the draft model agreed with
+
+    @staticmethod
+    def check(ngram_max: int = 4, ngram_min: int = 1, lookup_tokens: int = 6) -> None:
+        """Raise a user error for bad options."""
+        LookupDrafter(ngram_max, ngram_min)  # validates the n-gram range
+        if isinstance(lookup_tokens, bool) or not isinstance(lookup_tokens, int) or lookup_tokens < 1:
+            raise SpecdecError(f"lookup_tokens must be an integer >= 1, got {lookup_tokens!r}")
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.lm.reset()
+        if len(prompt) > 1:
+            self.lm.forward(list(prompt[:-1]))
+
+    def propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
+        tokens: list[int] = []
+        raw: list[torch.Tensor] = []  # [V] per token: the draft's logits it was chosen from
+        while len(tokens) < k and not (tokens and tokens[-1] in self.stop_ids):
+            ctx = list(context) + tokens
+            want = k - len(tokens)
+            guess = lookup(np.asarray(ctx, dtype=np.int64), min(self.lookup_tokens, want - 1), self.ngram_max,
+                           self.ngram_min) if want > 1 else []
+            logits = self.lm.logits_for(ctx + guess, len(guess) + 1)  # [g+1, V]
+            if guess:
+                rnd = Round(logits, torch.tensor(guess, device=logits.device), None, params, generator,
+                            target_probs=None if params.greedy else probabilities(logits, params))
+                verdict = self.inner.verify(rnd)
+                kept, token = verdict.accepted, verdict.token
+                self.lookups += 1
+                self.lookup_hits += kept
+            else:
+                kept, token = 0, next_token(logits[0], params, generator)
+            new = guess[:kept] + [token]
+            for i, t in enumerate(new):
+                tokens.append(t)
+                raw.append(logits[i])
+                if t in self.stop_ids:
+                    break
+        tokens, raw = tokens[:k], raw[:k]
+        logits = torch.stack(raw)  # [k', V]
+        probs = None if params.greedy else probabilities(logits, params)
+        return Draft(tokens, probs, logits)
+
+    def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
+        self.lm.truncate(min(common_prefix(self.lm.tokens, context), len(context) - 1))

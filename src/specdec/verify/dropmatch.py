@@ -1,0 +1,71 @@
+"""DropMatch: MC dropout on the target's LM head (dropmatch-paper.txt). No public code exists;
+this is our reading of the paper, and each guess is marked below.
+
+N dropout paths over the target's final hidden states (after the final norm, before the LM head)
+give N alternative next-token predictions from ONE transformer pass; a draft consistent with that
+cluster is accepted.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+CRITERIA = ("naive", "js", "majority", "paper")
+
+
+def dropout_logits(
+    hidden: torch.Tensor, lm_head: Callable[[torch.Tensor], torch.Tensor], paths: int, p: float,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """``[N, M, V]`` logits of ``N = paths`` dropout paths for hidden states ``[M, H]``.
+
+    Masks are i.i.d. Bernoulli(1 - p) per path, position and unit, with inverted-dropout scaling
+    ``h * m / (1 - p)`` (paper Eq. 1-2). All ``N * M`` rows go through the LM head in one matmul.
+    """
+    m, h = hidden.shape
+    keep = torch.rand((paths, m, h), generator=generator, device=hidden.device) >= p  # [N, M, H]
+    dropped = hidden[None] * keep.to(hidden.dtype) / (1.0 - p)  # [N, M, H]
+    return lm_head(dropped.reshape(paths * m, h)).reshape(paths, m, -1)
+
+
+def path_tokens(path_logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    """``[N, M]``: each path's token: argmax at T=0, else a draw from ``softmax(z / T)``."""
+    if temperature == 0:
+        return path_logits.argmax(dim=-1)
+    n, m, v = path_logits.shape
+    probs = torch.softmax(path_logits.reshape(n * m, v) / temperature, dim=-1)
+    return torch.multinomial(probs, 1, generator=generator).reshape(n, m)
+
+
+def naive_accept(tokens: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+    """Eq. 4: ``d`` equals some path's token. tokens ``[N, M]``, draft_tokens ``[M]`` -> ``[M]``."""
+    return (tokens == draft_tokens[None]).any(dim=0)
+
+
+def majority_accept(tokens: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
+    """Eq. 7: ``d`` is the paths' majority token. Guess: a strict majority (more than N/2 paths);
+    the paper's text does not say how a plurality below half is treated."""
+    votes = (tokens == draft_tokens[None]).sum(dim=0)  # [M]
+    return 2 * votes > tokens.shape[0]
+
+
+def js_divergence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Jensen-Shannon divergence (nats) between distributions along the last axis."""
+    mid = 0.5 * (a + b)
+    kl = lambda x: (torch.special.xlogy(x, x) - torch.special.xlogy(x, mid)).sum(dim=-1)  # noqa: E731
+    return 0.5 * kl(a) + 0.5 * kl(b)
+
+
+def js_accept(path_logits: torch.Tensor, draft_dist: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Eq. 5-6: ``JS(q, c) <= max_n JS(softmax(z_n), c)`` with centroid ``c = softmax(mean_n z_n)``.
+
+    path_logits ``[N, M, V]``, draft_dist ``[M, V]`` (the draft's distribution q) -> ``[M]``.
+    Distributions use temperature ``T`` (1 at T=0).
+    """
+    t = temperature if temperature > 0 else 1.0
+    paths = torch.softmax(path_logits / t, dim=-1)  # [N, M, V]
+    centroid = torch.softmax(path_logits.mean(dim=0) / t, dim=-1)  # [M, V]
+    spread = js_divergence(paths, centroid[None]).amax(dim=0)  # [M]
+    return js_divergence(draft_dist, centroid) <= spread

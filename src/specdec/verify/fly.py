@@ -1,0 +1,47 @@
+"""FLy: entropy gate + deferred window (fly-paper-summary.txt; code github AMD-AGI/FLy, ``fly/models/FLy.py``).
+
+A mismatch at draft position ``i`` (0-based) is accepted when the target is unsure there and then
+agrees with the draft's continuation for the rest of a window: the target "did not self-correct".
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:
+    """``-sum_{top-k} p log p`` over the top-``k`` probabilities of the full softmax: ``[K, V] -> [K]``.
+
+    This is the reference code's gate (``calculate_topk_entropy(logits, 3)``, threshold 0.3). The
+    paper describes a normalized entropy instead; the code's form is what the defaults were tuned
+    with, so we follow the code. Its maximum is ``k / e`` (1.10 for k = 3), so ``theta > 1.11``
+    turns the gate (and the rule) off.
+    """
+    log_p = torch.log_softmax(logits.float(), dim=-1)
+    top = log_p.topk(k, dim=-1).values  # [K, k]
+    return -(top.exp() * top).sum(dim=-1)
+
+
+def fly_flips(accept: torch.Tensor, gate_entropy: torch.Tensor, theta: float, window: int) -> torch.Tensor:
+    """``[K]`` bool: the mismatches FLy turns into acceptances.
+
+    accept: ``[K]`` what the per-token rule accepted; gate_entropy: ``[K]`` (see :func:`topk_entropy`).
+    Position ``i`` flips iff ``not accept[i]``, ``gate_entropy[i] >= theta``, drafts
+    ``i+1 .. i+window-1`` were all accepted, and ``i + window < K``.
+
+    Semantics of the reference code, kept on purpose: the window needs ``window - 1`` later
+    acceptances (vLLM's port needs ``window``); the last ``window`` positions never flip (the window
+    must fit inside the draft block); the window reads the per-token decisions before any flip, so
+    two mismatches closer than the window block each other; several far-apart mismatches in one
+    block can each flip.
+    """
+    k = accept.shape[0]
+    flips = torch.zeros_like(accept)
+    if window < 1 or k <= window:
+        return flips
+    ok = accept.tolist()
+    gate = (gate_entropy >= theta).tolist()
+    for i in range(k - window):
+        if not ok[i] and gate[i] and all(ok[i + 1 : i + window]):
+            flips[i] = True
+    return flips
