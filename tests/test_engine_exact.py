@@ -112,6 +112,25 @@ def test_closing_a_stream_stops_the_engine(pair):
     next(it)
     calls = pair.target.forward_calls
     stream.close()
-    assert list(it) == [] and stream.output is None
+    assert list(it) == []
     assert pair.target.forward_calls == calls
+    assert stream.output.finish_reason == "cancelled" and 0 < len(stream.output.token_ids) < 200
     assert len(pair.generate("abc", chat=False, max_new_tokens=5).token_ids) == 5  # the pair is reusable
+
+
+def test_should_stop_is_asked_every_round(pair):
+    rounds = []
+    out = pair.generate("abc abc abc", chat=False, k=3, max_new_tokens=200,
+                        should_stop=lambda: rounds.append(1) or len(rounds) > 4)
+    assert out.finish_reason == "cancelled" and out.stats.rounds == 4
+
+
+def test_token_id_prompts(pair):
+    ids = pair.encode("abc abc", chat=False)
+    assert pair.generate(ids, max_new_tokens=8).token_ids == pair.generate("abc abc", chat=False, max_new_tokens=8).token_ids
+    from specdec.errors import SpecdecError
+
+    with pytest.raises(SpecdecError, match="outside the vocabulary"):
+        pair.generate([1, 10**6])
+    with pytest.raises(SpecdecError, match="no chat template"):
+        pair.generate(ids, chat=True)

@@ -51,7 +51,9 @@ class Stream:
         return self._chunks
 
     def close(self) -> None:
-        """Stop generating now (e.g. the client went away); the engine stops before its next round."""
+        """Stop generating now; the engine stops before its next round and ``output`` holds what
+        was generated so far, with finish reason ``cancelled``. To stop from another thread while
+        the engine is busy, pass ``should_stop`` to :meth:`Pair.stream` instead."""
         close = getattr(self._chunks, "close", None)
         if close is not None:
             close()
@@ -89,10 +91,11 @@ class Pair:
 
     def stream(
         self, prompt, *, stop: Sequence[str] | str | None = None, chat: bool | None = None,
-        system: str | None = None, **kwargs: Any,
+        system: str | None = None, should_stop: Callable[[], bool] | None = None, **kwargs: Any,
     ) -> Stream:
         """Like :meth:`generate`, but returns a :class:`Stream` of text deltas. All validation
-        happens here, before the first delta."""
+        happens here, before the first delta. ``should_stop()`` is asked before every round; when
+        it returns True the generation ends (finish reason ``cancelled``)."""
         cfg = make_config(**kwargs)
         prompt_ids = self.encode(prompt, chat=chat, system=system)
         self.engine.check_prompt(prompt_ids)
@@ -100,19 +103,27 @@ class Pair:
         gen = Generation(prompt_ids)
         stream = Stream(iter(()))
 
-        def chunks() -> Iterator[str]:
-            text = TextStream(stops)
-            for _ in self.engine.run(prompt_ids, cfg, gen, stop_check=stops if stops.stops else None):
-                delta = text.push(gen.token_ids)
-                if delta:
-                    yield delta
-            tail = text.flush(gen.token_ids)
-            if tail:
-                yield tail
+        def finish() -> None:
             stream.output = Output(
-                stops.final_text(gen.token_ids), list(gen.token_ids), gen.finish_reason or "length",
+                stops.final_text(gen.token_ids), list(gen.token_ids), gen.finish_reason or "cancelled",
                 len(prompt_ids), gen.stats,
             )
+
+        def chunks() -> Iterator[str]:
+            text = TextStream(stops)
+            rounds = self.engine.run(prompt_ids, cfg, gen, stop_check=stops if stops.stops else None,
+                                     should_stop=should_stop)
+            try:
+                for _ in rounds:
+                    delta = text.push(gen.token_ids)
+                    if delta:
+                        yield delta
+                tail = text.flush(gen.token_ids)
+                if tail:
+                    yield tail
+            finally:  # also when the consumer closes the stream early
+                rounds.close()
+                finish()
 
         stream._chunks = chunks()
         return stream

@@ -99,12 +99,12 @@ def make_config(**kwargs):
     return build(**kwargs)
 
 
-def load_pair(a: argparse.Namespace):
+def load_pair(a: argparse.Namespace, progress: bool = True):
     from .api import load
 
     draft = None if a.draft == "none" else a.draft
     return load(a.target, draft=draft, dtype=a.dtype, device=a.device, draft_quant=a.draft_quant,
-                progress=not getattr(a, "json", False))
+                progress=progress)
 
 
 def startup_summary(pair) -> str:
@@ -122,7 +122,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         raise SpecdecError("the prompt is empty")
     kwargs = decode_kwargs(a)
     make_config(**kwargs)  # bad flags fail here, before the models load
-    pair = load_pair(a)
+    pair = load_pair(a, progress=not a.json)
     chat = None if a.chat is None else a.chat
     if not a.quiet and not a.json:
         print(startup_summary(pair), file=sys.stderr, flush=True)
@@ -208,21 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--verify", action="store_true", help="re-hash every cached file instead of trusting sizes and mtimes")
     m.set_defaults(func=cmd_models)
 
-    for register in _optional_commands():
-        register(sub)
+    from .bench.cli import register as register_bench  # imported here: both import this module
+    from .server.cli import register as register_serve
+
+    register_bench(sub)
+    register_serve(sub)
     return p
-
-
-def _optional_commands():
-    """Commands living in their own modules (bench, serve), registered when present."""
-    out = []
-    for module, attr in (("specdec.bench.cli", "register"), ("specdec.server.cli", "register")):
-        try:
-            mod = __import__(module, fromlist=[attr])
-        except ImportError:
-            continue
-        out.append(getattr(mod, attr))
-    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

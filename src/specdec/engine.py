@@ -61,7 +61,7 @@ class Generation:
 
     prompt_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" (EOS or a stop sequence) | "length"
+    finish_reason: str | None = None  # "stop" (EOS or a stop sequence) | "length" | "cancelled"
     stats: Stats = field(default_factory=Stats)
 
 
@@ -94,10 +94,12 @@ class Engine:
 
     def run(
         self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None = None,
-        stop_check: StopCheck | None = None,
+        stop_check: StopCheck | None = None, should_stop: Callable[[], bool] | None = None,
     ) -> Iterator[list[int]]:
         """Generate; yields each round's committed tokens. ``out`` collects ids, stats and the
-        finish reason (pass your own to read them after the loop)."""
+        finish reason (pass your own to read them after the loop). ``should_stop`` is asked before
+        every round (from any thread's point of view, e.g. a client that went away); when it says
+        yes, the generation ends with finish reason ``cancelled``."""
         self.check_prompt(prompt_ids)
         out = out if out is not None else Generation(list(prompt_ids))
         policy = None if cfg.policy == "ar" else make_policy(cfg.policy, dict(cfg.policy_params))
@@ -123,6 +125,9 @@ class Engine:
         stats.prefill_seconds = clock() - t_start
 
         while True:
+            if should_stop is not None and should_stop():
+                out.finish_reason = "cancelled"
+                break
             room = min(cfg.max_new_tokens - len(out.token_ids), limit - len(context))
             k = 0 if drafter is None else max(0, min(cfg.k, room - 1))
             # 1. draft

@@ -8,11 +8,19 @@ from .errors import SpecdecError
 
 
 def encode_prompt(tokenizer, prompt, chat: bool | None = None, system: str | None = None) -> list[int]:
-    """Token ids for a prompt: a string, or a list of ``{"role", "content"}`` messages.
+    """Token ids for a prompt: a string, a list of ``{"role", "content"}`` messages, or token ids.
 
     ``chat=None`` applies the tokenizer's chat template when it has one (instruct models), and
-    always for a message list; ``chat=False`` encodes a string as raw text.
+    always for a message list; ``chat=False`` encodes a string as raw text. A list of ints is used
+    as it is (no template; ``chat=True`` is an error), and each id must be in the vocabulary.
     """
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        if chat or system:
+            raise SpecdecError("token-id prompts are used as they are: no chat template or system message")
+        bad = [t for t in prompt if not 0 <= t < len(tokenizer)]
+        if bad:
+            raise SpecdecError(f"prompt token id {bad[0]} is outside the vocabulary (0..{len(tokenizer) - 1})")
+        return list(prompt)
     if isinstance(prompt, str):
         if not prompt:
             raise SpecdecError("the prompt is empty")
