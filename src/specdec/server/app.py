@@ -1,0 +1,233 @@
+"""The FastAPI app: ``create_app(pair, defaults, api_key, limits)``.
+
+Each generation request is validated on the event loop (``params.build``), queued for the one
+worker thread, and answered from the events the worker sends back: as one JSON body, or as
+server-sent events ending in ``data: [DONE]``. A task per request watches for the client going
+away and cancels its job, so a disconnected client frees the engine before its next round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException
+
+from ..api import make_config
+from ..errors import SpecdecError
+from .errors import APIError, error_body
+from .gate import Gate
+from .metrics import Metrics
+from .params import SAMPLING, Limits, build
+from .responses import Shaper, sse
+from .schemas import ChatRequest, CompletionRequest
+from .worker import Busy, Job, Worker
+
+__all__ = ["Limits", "create_app", "default_settings"]
+log = logging.getLogger("specdec.server")
+
+
+def default_settings(pair) -> dict:
+    """The library's defaults: lossless over the draft model (prompt lookup without one), greedy, 128 tokens."""
+    return {"policy": "lossless", "drafter": "model" if pair.draft is not None else "pld", "k": 5,
+            "max_new_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None}
+
+
+class EventStream(Response):
+    """``text/event-stream`` from an async iterator of bytes; however it ends (done, error, client
+    gone), the job is cancelled (a no-op once finished) and the disconnect watcher stopped."""
+
+    media_type = "text/event-stream"
+
+    def __init__(self, events: AsyncIterator[bytes], job: Job, watcher: asyncio.Task):
+        self.events, self.job, self.watcher = events, job, watcher
+        self.status_code, self.background = 200, None
+        self.init_headers({"cache-control": "no-cache", "x-accel-buffering": "no"})
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            async for chunk in self.events:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # the client went away mid-write
+            pass
+        finally:
+            self.job.cancel()
+            self.watcher.cancel()
+
+
+async def _watch_disconnect(receive, job: Job) -> None:
+    """Cancel ``job`` when the client disconnects (the body was already read)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            job.cancel()
+            job.events.put_nowait(("cancelled",))
+            return
+
+
+def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
+               model_name: str | None = None) -> FastAPI:
+    """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
+    set them (``make_config``'s names; see :func:`default_settings`); ``api_key``: required as
+    ``Authorization: Bearer <key>`` on ``/v1/`` when set; ``model_name``: the served name."""
+    defaults = {**default_settings(pair), **(defaults or {})}
+    limits = limits or Limits()
+    make_config(**defaults)  # bad server defaults fail here, not per request
+    if defaults["max_new_tokens"] > limits.max_tokens:
+        raise SpecdecError(f"the default max_new_tokens ({defaults['max_new_tokens']}) is over the "
+                           f"max_tokens limit ({limits.max_tokens})")
+    name = model_name or str(pair.target_name)
+    metrics = Metrics(name, positions=defaults.get("k", 0) if defaults.get("policy") != "ar" else 0)
+
+    def finished(job: Job, out) -> None:
+        if out is not None:
+            now = time.perf_counter()
+            metrics.finished(out, (job.started or now) - job.submitted, now - job.submitted)
+
+    worker = Worker(pair, limits.max_queue, on_done=finished)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        worker.start()
+        yield
+        await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",
+                  lifespan=lifespan, docs_url=None, redoc_url=None, strict_content_type=False)
+    app.state.worker, app.state.metrics, app.state.defaults, app.state.limits = worker, metrics, defaults, limits
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        err = (exc.errors() or [{}])[0]
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        if err.get("type") == "json_invalid":
+            where = f" at character {loc[0]}" if loc else ""
+            reason = (err.get("ctx") or {}).get("error", err.get("msg", ""))
+            return JSONResponse(error_body(400, f"the body is not valid JSON: {reason}{where}"), 400)
+        loc = [p for p in loc if "[" not in p and p not in ("str", "int", "float", "bool", "none")]  # union branches
+        param = ".".join(loc) or None
+        if param is None:
+            message = ("the body is empty" if err.get("type") == "missing" else "the body is not a JSON object")
+            message += "; send a JSON object (Content-Type: application/json)"
+        else:
+            message = f"{param}: {err.get('msg', 'invalid value')}"
+        return JSONResponse(error_body(400, message, param), status_code=400)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        return JSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(SpecdecError)
+    async def _user(request: Request, exc: SpecdecError):
+        return JSONResponse(error_body(400, str(exc)), status_code=400)
+
+    async def generate(body: CompletionRequest | ChatRequest, request: Request) -> Response:
+        try:
+            return await _generate(body, request)
+        except (APIError, asyncio.CancelledError):
+            raise
+        except Exception:  # a bug: answer 500 here, so that the gate counts it
+            log.exception("request failed")
+            raise APIError(500, "internal error; see the server log") from None
+
+    async def _generate(body: CompletionRequest | ChatRequest, request: Request) -> Response:
+        req = build(body, defaults, limits)
+        job = Job(req, stream=body.stream, loop=asyncio.get_running_loop())
+        try:
+            worker.submit(job)
+        except Busy as exc:
+            raise APIError(503 if "shutting" in str(exc) else 429, str(exc)) from None
+        watcher = asyncio.create_task(_watch_disconnect(request.receive, job))
+        try:
+            first = await job.events.get()
+        except BaseException:
+            job.cancel()
+            watcher.cancel()
+            raise
+        if first[0] != "delta":
+            watcher.cancel()
+        if first[0] == "error":
+            param = ("messages" if isinstance(body, ChatRequest) else "prompt") if "prompt" in first[2] else None
+            raise APIError(first[1], first[2], param)
+        if first[0] == "cancelled":
+            metrics.inc("specdec_requests_cancelled")
+            return Response(status_code=499)
+        shaper = Shaper(isinstance(body, ChatRequest), body.model or name)
+        if not body.stream:
+            return JSONResponse(shaper.response(first[1]))
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return EventStream(_events(job, first, shaper, usage), job, watcher)
+
+    async def _events(job: Job, event: tuple, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:
+        if shaper.chat:
+            yield sse(shaper.chunk("", role=True, with_usage=usage))
+        while True:
+            if event[0] == "delta":
+                yield sse(shaper.chunk(event[1], with_usage=usage))
+            elif event[0] == "done":
+                out = event[1]
+                yield sse(shaper.chunk(None, finish_reason=out.finish_reason, with_usage=usage))
+                if usage:
+                    yield sse(shaper.usage_chunk(out))
+                yield sse("[DONE]")
+                return
+            elif event[0] == "error":
+                yield sse(error_body(event[1], event[2]))
+                yield sse("[DONE]")
+                return
+            else:  # cancelled: the client is gone
+                metrics.inc("specdec_requests_cancelled")
+                return
+            event = await job.events.get()
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        """Complete a raw prompt (no chat template)."""
+        return await generate(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        """Answer chat messages through the tokenizer's chat template."""
+        return await generate(body, request)
+
+    def card() -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "specdec",
+                "max_model_len": pair.target.max_length, "draft": pair.draft_name,
+                "speculative": {k: v for k, v in defaults.items() if k not in SAMPLING}}
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        if model_id != name:
+            raise APIError(404, f"no model {model_id!r}; this server serves {name!r}", "model", "model_not_found")
+        return card()
+
+    @app.get("/health")
+    async def health():
+        ok = worker.alive
+        body = {"status": "ok" if ok else "engine worker not running", "model": name,
+                "waiting": worker.waiting, "running": worker.running}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return PlainTextResponse(metrics.render(worker.waiting, worker.running),
+                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.add_middleware(Gate, metrics=metrics, api_key=api_key, max_body_bytes=limits.max_body_bytes)
+    return app

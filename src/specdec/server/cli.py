@@ -1,0 +1,79 @@
+"""``specdec serve``: the model and decoding flags of ``specdec generate`` (the decoding flags
+become the defaults of requests that do not set them), plus the server's own flags."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import sys
+
+from ..cli import add_decode_args, add_model_args, decode_kwargs, load_pair, make_config, startup_summary
+from ..errors import SpecdecError
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="serve the engine behind an OpenAI-compatible HTTP API",
+        description="Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics. "
+                    "One engine answers one request at a time; concurrent requests wait in a queue.",
+    )
+    g = p.add_argument_group("server")
+    g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
+    g.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1/ (default: $SPECDEC_API_KEY, else none)")
+    g.add_argument("--served-model-name", default=None,
+                   help="the model name in responses and /v1/models (default: the --target value)")
+    g.add_argument("--max-tokens-limit", type=int, default=4096,
+                   help="largest max_tokens a request may ask for (default: 4096)")
+    g.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024,
+                   help="largest request body; larger ones get 413 (default: 2 MiB)")
+    g.add_argument("--max-queue", type=int, default=64,
+                   help="requests queued or running at once; more get 429 (default: 64)")
+    g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn log level (default: info)")
+    add_model_args(p)
+    add_decode_args(p)
+    p.set_defaults(func=cmd_serve)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise SpecdecError("specdec serve needs the server extra: pip install 'specdec[server]'") from None
+    from .app import create_app
+    from .params import Limits
+    from .run import serve
+
+    kwargs = decode_kwargs(a)
+    make_config(**kwargs)  # bad flags fail here, before the models load
+    if not 0 < a.port < 65536:
+        raise SpecdecError(f"--port must be in 1..65535, got {a.port}")
+    for flag in ("max_tokens_limit", "max_body_bytes", "max_queue"):
+        if getattr(a, flag) < 1:
+            raise SpecdecError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    if a.max_new_tokens > a.max_tokens_limit:
+        raise SpecdecError(f"--max-new-tokens ({a.max_new_tokens}) is over --max-tokens-limit ({a.max_tokens_limit})")
+    if not _is_loopback(a.host) and not a.api_key:
+        print(f"specdec: warning: serving on {a.host} without --api-key: anyone who can reach it can use it",
+              file=sys.stderr)
+    pair = load_pair(a)
+    print(startup_summary(pair), file=sys.stderr, flush=True)
+    limits = Limits(max_tokens=a.max_tokens_limit, max_body_bytes=a.max_body_bytes, max_queue=a.max_queue)
+    app = create_app(pair, kwargs, api_key=a.api_key, limits=limits, model_name=a.served_model_name or a.target)
+    print(f"specdec: serving on http://{a.host}:{a.port}/v1 (one request at a time; Ctrl-C stops)",
+          file=sys.stderr, flush=True)
+    serve(app, a.host, a.port, a.log_level)
+    return 0

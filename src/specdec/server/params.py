@@ -1,0 +1,184 @@
+"""From a request body to the arguments of ``Pair.stream``, validated before the request queues.
+
+Decoding parameters are the server's defaults (the ``specdec serve`` decoding flags) overlaid
+with the request's fields; ``make_config`` then validates them exactly as the library does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api import make_config
+from ..engine import DRAFTER_OPTIONS
+from ..errors import SpecdecError
+from .errors import APIError
+from .schemas import ChatRequest, CompletionRequest
+
+#: Defaults that are sampling settings; every other default key is a speculative setting.
+SAMPLING = ("max_new_tokens", "temperature", "top_p", "top_k", "seed")
+#: Request fields mapped onto ``make_config`` keyword arguments.
+_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed"}
+MAX_STOPS = 16
+#: Keys a ``speculative`` object may not hold: top-level fields and ``Pair.stream``'s own arguments.
+_RESERVED = ("max_tokens", "stop", "n", "stream", "prompt", "chat", "system", "on_text")
+
+
+@dataclass
+class Limits:
+    """Server limits: largest ``max_tokens``, largest request body, most requests queued or running."""
+
+    max_tokens: int = 4096
+    max_body_bytes: int = 2 * 1024 * 1024
+    max_queue: int = 64
+
+
+@dataclass
+class GenRequest:
+    """What the worker passes to ``Pair.stream``: ``prompt`` (text or chat messages), ``chat``,
+    ``stop`` and the decoding keyword arguments."""
+
+    prompt: Any
+    chat: bool
+    stop: list[str] | None
+    kwargs: dict = field(default_factory=dict)
+
+
+def _finite(value: Any) -> bool:
+    """False for NaN or an infinity anywhere in a JSON value (Python's parser accepts them)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
+
+
+def speculative(defaults: dict, given: Any, present: bool) -> dict:
+    """The speculative settings: server defaults (absent), plain decoding (``null``), or the
+    request's object over the defaults. Naming another policy drops the default policy's
+    parameters; naming another drafter drops the default drafter's options."""
+    base = {k: v for k, v in defaults.items() if k not in SAMPLING}
+    if not present:
+        return base
+    if given is None:
+        return {"policy": "ar"}
+    for key in given:
+        if key in SAMPLING or key in _RESERVED:
+            raise APIError(400, f"speculative.{key} is a top-level request field; set it there", f"speculative.{key}")
+    for key, value in given.items():
+        if not _finite(value):
+            raise APIError(400, f"speculative.{key} must be a finite number", f"speculative.{key}")
+    for key in ("policy", "drafter"):
+        if key in given and not isinstance(given[key], str):
+            raise APIError(400, f"speculative.{key} must be a string", f"speculative.{key}")
+    if "k" in given and (not isinstance(given["k"], int) or isinstance(given["k"], bool)):
+        raise APIError(400, "speculative.k must be an integer", "speculative.k")
+    out = dict(base)
+    if given.get("policy", base.get("policy")) != base.get("policy"):
+        out = {k: v for k, v in out.items() if k in ("drafter", "k") or k in DRAFTER_OPTIONS}
+    if given.get("drafter", base.get("drafter")) != base.get("drafter"):
+        out = {k: v for k, v in out.items() if k not in DRAFTER_OPTIONS}
+    out.update(given)
+    return out
+
+
+def _unsupported(req, chat: bool) -> None:
+    if req.n not in (None, 1):
+        raise APIError(400, "only n=1 is supported", "n")
+    checks = [
+        ("presence_penalty", req.presence_penalty not in (None, 0, 0.0)),
+        ("frequency_penalty", req.frequency_penalty not in (None, 0, 0.0)),
+        ("logit_bias", bool(req.logit_bias)),
+        ("logprobs", bool(req.logprobs)),
+    ]
+    if chat:
+        checks += [("top_logprobs", bool(req.top_logprobs)), ("tools", bool(req.tools)),
+                   ("response_format", (req.response_format or {}).get("type", "text") != "text")]
+    else:
+        checks += [("best_of", req.best_of not in (None, 1)), ("echo", req.echo), ("suffix", bool(req.suffix))]
+    for name, bad in checks:
+        if bad:
+            raise APIError(400, f"{name} is not supported by this server", name)
+
+
+def _prompt(req: CompletionRequest) -> str:
+    p = req.prompt
+    if isinstance(p, list):
+        if p and not isinstance(p[0], str):
+            raise APIError(400, "token-id prompts are not supported; send the prompt as text "
+                                "(lm-eval: tokenized_requests=False)", "prompt")
+        if len(p) != 1:
+            raise APIError(400, f"send one prompt per request (got a list of {len(p)})", "prompt")
+        p = p[0]
+    if not p:
+        raise APIError(400, "the prompt is empty", "prompt")
+    return p
+
+
+def _messages(req: ChatRequest) -> list[dict]:
+    if not req.messages:
+        raise APIError(400, "messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(req.messages):
+        content = m.content
+        if isinstance(content, list):  # content parts: keep the text ones
+            texts = []
+            for part in content:
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise APIError(400, "only text content parts are supported", f"messages.{i}.content")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if content is None:
+            raise APIError(400, "a message needs text content", f"messages.{i}.content")
+        out.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    return out
+
+
+def _config_param(message: str) -> str:
+    """The request field a ``make_config`` error is about (best effort, for ``error.param``)."""
+    for key in ("temperature", "top_p", "top_k", "seed"):
+        if message.startswith(key):
+            return key
+    if message.startswith("max_new_tokens"):
+        return "max_tokens"
+    for prefix, param in (("unknown policy", "policy"), ("unknown drafter", "drafter"), ("k (draft", "k")):
+        if message.startswith(prefix):
+            return f"speculative.{param}"
+    return "speculative"
+
+
+def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) -> GenRequest:
+    """Validate a request against the server's defaults and limits (raises :class:`APIError`)."""
+    chat = isinstance(req, ChatRequest)
+    _unsupported(req, chat)
+    prompt = _messages(req) if chat else _prompt(req)
+    max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
+    if max_tokens is not None and max_tokens < 1:
+        raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
+    if max_tokens is not None and max_tokens > limits.max_tokens:
+        raise APIError(400, f"max_tokens is {max_tokens}, over this server's limit of {limits.max_tokens}", "max_tokens")
+    stop = [req.stop] if isinstance(req.stop, str) else req.stop
+    if stop is not None:
+        if len(stop) > MAX_STOPS:
+            raise APIError(400, f"at most {MAX_STOPS} stop strings", "stop")
+        if any(not s for s in stop):
+            raise APIError(400, "stop strings must be non-empty", "stop")
+    if req.seed is not None and not -(2**63) <= req.seed < 2**64:
+        raise APIError(400, "seed must fit in 64 bits", "seed")
+    kwargs = {k: v for k, v in defaults.items() if k in SAMPLING}
+    if max_tokens is not None:
+        kwargs["max_new_tokens"] = max_tokens
+    for name, key in _FIELDS.items():
+        if getattr(req, name) is not None:
+            kwargs[key] = getattr(req, name)
+    kwargs.update(speculative(defaults, req.speculative, "speculative" in req.model_fields_set))
+    try:
+        make_config(**kwargs)
+    except SpecdecError as exc:
+        raise APIError(400, str(exc), _config_param(str(exc))) from None
+    except (TypeError, ValueError) as exc:  # a parameter of the wrong type reaching a policy
+        raise APIError(400, f"invalid speculative parameters: {exc}", "speculative") from None
+    return GenRequest(prompt=prompt, chat=chat, stop=stop, kwargs=kwargs)

@@ -1,0 +1,328 @@
+"""``specdec serve`` over real HTTP on loopback, with tiny models: the openai client, streaming,
+the ``speculative`` extension, usage stats, metrics, one-at-a-time queueing and disconnects."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("fastapi")
+pytest.importorskip("uvicorn")
+httpx = pytest.importorskip("httpx")
+openai = pytest.importorskip("openai")
+
+import specdec  # noqa: E402
+from specdec.server import Limits, create_app, serve_in_thread  # noqa: E402
+from specdec.server.worker import pair_lock  # noqa: E402
+
+LONG_PROMPT = "def f(x):"  # the tiny target's greedy continuation runs to the token limit (checked)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dirs):
+    target, draft = tiny_dirs
+    pair = specdec.load(str(target), draft=str(draft), dtype="float32", device="cpu", progress=False)
+    app = create_app(pair, {"k": 4, "max_new_tokens": 16}, limits=Limits(max_tokens=500), model_name="tiny")
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        yield SimpleNamespace(url=url, pair=pair, client=client)
+
+
+def local(pair, prompt, **kw):
+    """The in-process path (what ``specdec generate`` runs), while the server is idle."""
+    with pair_lock(pair):
+        return pair.generate(prompt, **kw)
+
+
+def scrape(url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def spec_usage(resp) -> dict:
+    return resp.model_dump()["usage"]["speculative"]
+
+
+# ------------------------------------------------------------------------ the openai client
+def test_completion_matches_in_process(server):
+    r = server.client.completions.create(model="tiny", prompt="Hello there", max_tokens=24, temperature=0)
+    ref = local(server.pair, "Hello there", chat=False, max_new_tokens=24, temperature=0.0, k=4)
+    assert r.object == "text_completion" and r.model == "tiny"
+    assert r.choices[0].text == ref.text
+    assert r.choices[0].finish_reason == ref.finish_reason
+    assert r.usage.prompt_tokens == ref.prompt_tokens
+    assert r.usage.completion_tokens == len(ref.token_ids)
+    assert r.usage.total_tokens == ref.prompt_tokens + len(ref.token_ids)
+
+
+def test_chat_matches_in_process(server):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    r = server.client.chat.completions.create(model="whatever", messages=messages, max_tokens=20, temperature=0)
+    ref = local(server.pair, messages, max_new_tokens=20, temperature=0.0, k=4)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == ref.text
+    assert r.usage.prompt_tokens == ref.prompt_tokens  # the chat template was applied
+    assert r.usage.completion_tokens == len(ref.token_ids)
+
+
+def test_content_parts_and_developer_role(server):
+    plain = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    parts = [{"role": "developer", "content": "Be brief."},
+             {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]}]
+    a = server.client.chat.completions.create(model="tiny", messages=plain, max_tokens=10, temperature=0)
+    b = server.client.chat.completions.create(model="tiny", messages=parts, max_tokens=10, temperature=0)
+    assert a.choices[0].message.content == b.choices[0].message.content
+    assert a.usage.prompt_tokens == b.usage.prompt_tokens
+
+
+def test_prompt_as_one_element_list(server):
+    a = server.client.completions.create(model="tiny", prompt=["abc"], max_tokens=8, temperature=0)
+    b = server.client.completions.create(model="tiny", prompt="abc", max_tokens=8, temperature=0)
+    assert a.choices[0].text == b.choices[0].text
+
+
+def test_streaming_completion(server):
+    chunks = list(server.client.completions.create(
+        model="tiny", prompt="Hello there", max_tokens=24, temperature=0, stream=True,
+        stream_options={"include_usage": True}))
+    whole = server.client.completions.create(model="tiny", prompt="Hello there", max_tokens=24, temperature=0)
+    text_chunks = [c for c in chunks if c.choices]
+    assert "".join(c.choices[0].text for c in text_chunks) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in text_chunks][-1] == whole.choices[0].finish_reason
+    assert all(c.choices[0].finish_reason is None for c in text_chunks[:-1])
+    assert len(text_chunks) > 2  # it really streamed
+    last = chunks[-1]
+    assert last.choices == [] and last.usage.completion_tokens == whole.usage.completion_tokens
+    assert spec_usage(last)["policy"] == "lossless"
+
+
+def test_streaming_chat(server):
+    messages = [{"role": "user", "content": "Tell me a story."}]
+    chunks = list(server.client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=30, temperature=0, stream=True))
+    whole = server.client.chat.completions.create(model="tiny", messages=messages, max_tokens=30, temperature=0)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
+
+
+def test_sse_wire_format(server):
+    with httpx.stream("POST", server.url + "/v1/completions",
+                      json={"prompt": "abc", "max_tokens": 6, "stream": True}) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        body = r.read().decode()
+    events = [e for e in body.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events)
+    assert events[-1] == "data: [DONE]"
+
+
+# ------------------------------------------------------------------ the speculative extension
+def test_usage_carries_stats(server):
+    r = server.client.completions.create(model="tiny", prompt="Hello there", max_tokens=24, temperature=0)
+    s = spec_usage(r)
+    assert s["policy"] == "lossless" and s["drafter"] == "model" and s["k"] == 4  # the server's defaults
+    assert s["rounds"] >= 1 and s["drafted"] >= s["accepted"] >= 0
+    assert s["tau"] == pytest.approx(1 + s["accepted"] / s["rounds"])
+    assert sum(s["accepted_at"]) == s["accepted"] and len(s["per_position_acceptance"]) == len(s["drafted_at"])
+    assert s["lossy"] is False and s["relaxed"] == {}
+    assert s["tokens_per_second"] > 0
+
+
+def test_speculative_null_is_plain_decoding(server):
+    kw = dict(model="tiny", prompt="Hello there", max_tokens=24, temperature=0)
+    plain = server.client.completions.create(**kw, extra_body={"speculative": None})
+    spec = server.client.completions.create(**kw)
+    s = spec_usage(plain)
+    assert s["policy"] == "ar" and s["tau"] == 1.0 and s["drafted"] == 0
+    assert s["rounds"] == plain.usage.completion_tokens
+    assert plain.choices[0].text == spec.choices[0].text  # lossless at T=0 in float32
+
+
+def test_speculative_object_overrides_defaults(server):
+    r = server.client.completions.create(model="tiny", prompt="abcabcabc", max_tokens=12, temperature=0,
+                                         extra_body={"speculative": {"drafter": "pld", "k": 3}})
+    s = spec_usage(r)
+    assert (s["policy"], s["drafter"], s["k"]) == ("lossless", "pld", 3)
+
+
+def test_speculative_object_merges_over_defaults():
+    from specdec.server.params import speculative
+
+    d = {"policy": "mars", "drafter": "pld", "k": 5, "mars_theta": 0.8, "ngram_max": 4, "max_new_tokens": 9, "seed": 1}
+    spec = {"policy": "mars", "drafter": "pld", "k": 5, "mars_theta": 0.8, "ngram_max": 4}
+    assert speculative(d, None, present=False) == spec  # absent: the server's defaults
+    assert speculative(d, None, present=True) == {"policy": "ar"}  # null: plain decoding
+    assert speculative(d, {}, present=True) == spec
+    assert speculative(d, {"k": 3}, present=True) == {**spec, "k": 3}
+    # another policy drops the default policy's parameters; another drafter, the drafter's options
+    assert speculative(d, {"policy": "lossless"}, present=True) == {"policy": "lossless", "drafter": "pld", "k": 5, "ngram_max": 4}
+    assert speculative(d, {"drafter": "model"}, present=True) == {"policy": "mars", "drafter": "model", "k": 5, "mars_theta": 0.8}
+
+
+def test_loose_policy_reports_relaxed_counts(server):
+    from specdec.verify import POLICIES
+
+    if "mars" not in POLICIES:
+        pytest.skip("no mars policy in this build")
+    r = server.client.completions.create(model="tiny", prompt="Hello there", max_tokens=24, temperature=0,
+                                         extra_body={"speculative": {"policy": "mars", "theta": 0.5}})
+    s = spec_usage(r)
+    assert s["policy"] == "mars" and s["lossy"] is True
+    assert isinstance(s["relaxed"], dict) and all(v >= 0 for v in s["relaxed"].values())
+
+
+def test_stop_strings_and_seeded_sampling(server):
+    base = local(server.pair, "Hello there", chat=False, max_new_tokens=24, temperature=0.0, k=4).text
+    stop = base[6:8]
+    r = server.client.completions.create(model="tiny", prompt="Hello there", max_tokens=24, temperature=0,
+                                         stop=[stop, "never-there"])
+    assert r.choices[0].text == base[: base.index(stop)]
+    assert r.choices[0].finish_reason == "stop"
+    kw = dict(model="tiny", prompt="Hello there", max_tokens=16, temperature=0.8, top_p=0.9, seed=7)
+    assert server.client.completions.create(**kw).choices[0].text == server.client.completions.create(**kw).choices[0].text
+
+
+def test_models_and_health(server):
+    models = server.client.models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+    assert server.client.models.retrieve("tiny").id == "tiny"
+    health = httpx.get(server.url + "/health")
+    assert health.status_code == 200 and health.json()["status"] == "ok"
+
+
+# ------------------------------------------------------------------------------- metrics
+def test_metrics_counters_move(server):
+    before = scrape(server.url)
+    r = server.client.completions.create(model="tiny", prompt="Hello there", max_tokens=24, temperature=0)
+    httpx.post(server.url + "/v1/completions", json={"prompt": "x", "temperature": -1})
+    after = scrape(server.url)
+    s, m = spec_usage(r), '{model_name="tiny"}'
+
+    def delta(key):
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert delta(f"vllm:generation_tokens_total{m}") == r.usage.completion_tokens
+    assert delta(f"vllm:prompt_tokens_total{m}") == r.usage.prompt_tokens
+    assert delta(f"vllm:spec_decode_num_draft_tokens_total{m}") == s["drafted"]
+    assert delta(f"vllm:spec_decode_num_accepted_tokens_total{m}") == s["accepted"]
+    assert delta(f"vllm:spec_decode_num_drafts_total{m}") == s["drafted_at"][0]
+    for pos, accepted in enumerate(s["accepted_at"]):
+        assert delta(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="tiny",position="{pos}"}}') == accepted
+    assert delta('specdec_requests_total{endpoint="/v1/completions",status="200"}') == 1
+    assert delta('specdec_requests_total{endpoint="/v1/completions",status="400"}') == 1
+    assert delta('specdec_errors_total{status="400"}') == 1
+    assert delta('specdec_generated_tokens_total{policy="lossless"}') == r.usage.completion_tokens
+    assert delta("specdec_request_duration_seconds_count") == 1
+    assert after["specdec_queue_depth"] == 0 and after[f"vllm:num_requests_running{m}"] == 0
+
+
+# ------------------------------------------------------------------ one engine, many clients
+def test_sixteen_concurrent_clients_match_sequential(server):
+    def ask(i):
+        if i % 2:
+            r = server.client.chat.completions.create(
+                model="tiny", messages=[{"role": "user", "content": f"client {i}"}], max_tokens=20, temperature=0)
+            return r.choices[0].message.content
+        r = server.client.completions.create(model="tiny", prompt=f"client {i} says", max_tokens=20, temperature=0)
+        return r.choices[0].text
+
+    alone = [ask(i) for i in range(16)]
+    results, errors = [None] * 16, []
+    barrier = threading.Barrier(16)
+
+    def run(i):
+        try:
+            barrier.wait()
+            results[i] = ask(i)
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(repr(exc))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert results == alone
+    assert len(set(alone)) > 1  # different prompts gave different outputs
+
+
+def _long_request(server, out: dict):
+    t0 = time.perf_counter()
+    r = httpx.post(server.url + "/v1/completions", timeout=60,
+                   json={"prompt": LONG_PROMPT, "max_tokens": 480, "temperature": 0})
+    out.update(status=r.status_code, seconds=time.perf_counter() - t0, body=r.json())
+
+
+def _wait_running(server, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while scrape(server.url)['vllm:num_requests_running{model_name="tiny"}'] < 1:
+        assert time.monotonic() < deadline, "the long request never started"
+        time.sleep(0.005)
+
+
+def test_health_and_metrics_answer_while_generating(server):
+    done: dict = {}
+    t = threading.Thread(target=_long_request, args=(server, done))
+    t.start()
+    _wait_running(server)
+    t0 = time.perf_counter()
+    assert httpx.get(server.url + "/health").status_code == 200
+    metrics = scrape(server.url)
+    elapsed = time.perf_counter() - t0
+    t.join(60)
+    assert metrics["specdec_queue_depth"] == 1
+    assert done["status"] == 200 and done["body"]["choices"][0]["finish_reason"] == "length"
+    assert elapsed < done["seconds"] / 3  # not stuck behind the generation
+
+
+def test_disconnect_mid_stream_frees_the_engine(server):
+    full: dict = {}
+    _long_request(server, full)  # how long the whole generation takes (~a second here)
+    assert full["body"]["usage"]["completion_tokens"] == 480
+    before = scrape(server.url)
+    with httpx.Client(timeout=60) as c:
+        with c.stream("POST", server.url + "/v1/completions",
+                      json={"prompt": LONG_PROMPT, "max_tokens": 480, "temperature": 0, "stream": True}) as r:
+            lines = 0
+            for line in r.iter_lines():
+                lines += bool(line)
+                if lines == 3:
+                    break
+    t0 = time.perf_counter()  # the client is gone; the next request needs the engine
+    r = server.client.completions.create(model="tiny", prompt="abc", max_tokens=4, temperature=0)
+    freed = time.perf_counter() - t0
+    assert r.choices[0].text is not None
+    assert freed < full["seconds"] / 2, f"engine freed after {freed:.2f}s; a whole generation takes {full['seconds']:.2f}s"
+    after = scrape(server.url)
+    assert after["specdec_requests_cancelled_total"] - before["specdec_requests_cancelled_total"] == 1
+    success = 'vllm:request_success_total{model_name="tiny",finished_reason="length"}'
+    assert after[success] - before[success] == 1  # only the short request finished
+
+
+def test_client_gone_while_queued_never_runs(server):
+    before = scrape(server.url)
+    busy: dict = {}
+    t = threading.Thread(target=_long_request, args=(server, busy))
+    t.start()
+    _wait_running(server)
+    with pytest.raises(httpx.ReadTimeout):  # queued behind the long request; gives up
+        httpx.post(server.url + "/v1/completions", json={"prompt": "abc", "max_tokens": 8}, timeout=0.3)
+    t.join(60)
+    time.sleep(0.1)
+    after = scrape(server.url)
+    assert busy["status"] == 200
+    assert after["specdec_requests_cancelled_total"] - before["specdec_requests_cancelled_total"] == 1
+    generated = after['vllm:generation_tokens_total{model_name="tiny"}'] - before['vllm:generation_tokens_total{model_name="tiny"}']
+    assert generated == busy["body"]["usage"]["completion_tokens"]  # the abandoned request never ran
