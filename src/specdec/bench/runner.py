@@ -1,0 +1,185 @@
+"""The benchmark loop: every configuration on the same prompts, interleaved.
+
+Order: samples outer, repeats, configurations inner (``ar`` first), so drift of the machine
+(thermal, other load) hits every configuration alike. Our configurations run through
+``Pair.generate`` (the one engine, never a loop of our own); peers through transformers'
+``generate``. Each configuration is warmed up once on a short generation (not recorded) before
+anything is timed. Every finished (sample, configuration, repeat) is scored and appended to
+``results.jsonl`` at once; finished keys are skipped on a rerun.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from .configs import Config
+from .datasets import Dataset, Sample
+from .peers import run_peer
+from .prompts import Prompt, build_prompt
+from .quality import Scorer, agreement
+from .results import ResultsFile, record_key
+
+
+@dataclass
+class Settings:
+    """What shapes every generation of a run (besides the configuration)."""
+
+    max_new_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = 0
+    repeats: int = 1
+    warmup: bool = True
+    warmup_tokens: int = 8
+    sandbox_timeout: float = 10.0
+    sandbox_memory_mb: int = 1024
+
+    def sampling(self, repeat: int = 0) -> dict[str, Any]:
+        seed = None if self.seed is None else self.seed + repeat
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=seed)
+
+
+class Running:
+    """Running totals for the progress line (tau and speedup of each configuration so far)."""
+
+    def __init__(self):
+        self.tokens: dict[str, float] = {}
+        self.seconds: dict[str, float] = {}
+        self.accepted: dict[str, int] = {}
+        self.rounds: dict[str, int] = {}
+
+    def add(self, rec: dict) -> None:
+        cid = rec["config"]
+        self.tokens[cid] = self.tokens.get(cid, 0) + rec["new_tokens"]
+        self.seconds[cid] = self.seconds.get(cid, 0.0) + rec["seconds"]
+        s = rec.get("stats") or {}
+        if s.get("target_forwards"):  # a peer: tau = produced tokens / target forward passes
+            accepted, rounds = s["produced_tokens"] - s["target_forwards"], s["target_forwards"]
+        else:
+            accepted, rounds = s.get("accepted", 0), s.get("rounds", 0)
+        self.accepted[cid] = self.accepted.get(cid, 0) + accepted
+        self.rounds[cid] = self.rounds.get(cid, 0) + rounds
+
+    def line(self, cid: str) -> str:
+        def tps(c):
+            return self.tokens.get(c, 0) / self.seconds[c] if self.seconds.get(c) else None
+
+        parts = [cid]
+        if self.rounds.get(cid):
+            parts.append(f"tau {1 + self.accepted[cid] / self.rounds[cid]:.2f}")
+        mine, base = tps(cid), tps("ar")
+        if mine is not None:
+            parts.append(f"{mine:.1f} tok/s")
+        if mine is not None and base:
+            parts.append(f"speedup {mine / base:.2f}x")
+        return "  ".join(parts)
+
+
+def _progress(enabled: bool, total: int, done: int):
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+
+    progress = Progress(
+        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
+        TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+        console=Console(stderr=True), disable=not enabled, transient=False,
+    )
+    task = progress.add_task("bench", total=total, completed=done, info="")
+    return progress, task
+
+
+def run(
+    pair, dataset: Dataset, configs: list[Config], peers: list[Config], settings: Settings, out_dir: Path, *,
+    progress: bool = True, on_record: Callable[[dict], None] | None = None,
+) -> list[dict]:
+    """Run whatever is not finished yet; returns all records (loaded and new) of this run's
+    samples. ``on_record`` is called after each line is durable (tests use it to inject crashes)."""
+    results = ResultsFile(out_dir)
+    existing = {r["key"]: r for r in results.load()}
+    everything = [*configs, *peers]
+    prompts: dict[str, Prompt] = {s.id: build_prompt(pair.tokenizer, s) for s in dataset.samples}
+    scorer = Scorer(settings.sandbox_timeout, settings.sandbox_memory_mb)
+    running = Running()
+    for rec in existing.values():
+        running.add(rec)
+
+    todo = [(s, rep, c) for s in dataset.samples for rep in range(settings.repeats) for c in everything
+            if record_key(s.id, c.id, rep) not in existing]
+    total = len(dataset.samples) * settings.repeats * len(everything)
+    if todo and settings.warmup:
+        warm_up(pair, prompts[todo[0][0].id], everything, settings)
+
+    bar, task = _progress(progress, total, total - len(todo))
+    prompt_ids: dict[str, list[int]] = {}
+    try:
+        with bar:
+            for sample, rep, cfg in todo:
+                prompt = prompts[sample.id]
+                if cfg.kind == "peer":
+                    if sample.id not in prompt_ids:
+                        prompt_ids[sample.id] = pair.encode(prompt.text, chat=False)
+                    rec = _peer_record(pair, cfg, sample, rep, prompt, prompt_ids[sample.id], settings)
+                else:
+                    rec = _our_record(pair, cfg, sample, rep, prompt, settings)
+                rec["quality"] = scorer.score(sample, rec["text"])
+                ar = existing.get(record_key(sample.id, "ar", rep))
+                if ar is not None and cfg.id != "ar":
+                    exact, token = agreement(rec["token_ids"], ar["token_ids"])
+                    rec["agreement"] = {"exact": exact, "token": token}
+                elif cfg.id == "ar":
+                    rec["agreement"] = {"exact": True, "token": 1.0}
+                results.append(rec)
+                existing[rec["key"]] = rec
+                running.add(rec)
+                bar.update(task, advance=1, info=running.line(cfg.id))
+                if on_record is not None:
+                    on_record(rec)
+    finally:
+        results.close()
+    wanted = {s.id for s in dataset.samples}
+    return [r for r in existing.values() if r["sample_id"] in wanted]
+
+
+def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings) -> None:
+    """Each configuration once on a short generation, not recorded (caches, kernels, allocator)."""
+    n = max(1, min(settings.warmup_tokens, settings.max_new_tokens))
+    for cfg in configs:
+        if cfg.kind == "peer":
+            run_peer(pair, cfg, pair.encode(prompt.text, chat=False), prompt.stop, max_new_tokens=n,
+                     **settings.sampling())
+        else:
+            pair.generate(prompt.text, chat=False, stop=list(prompt.stop) or None, max_new_tokens=n,
+                          **cfg.generate_kwargs(), **settings.sampling())
+
+
+def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:
+    return {"key": record_key(sample.id, cfg.id, rep), "sample_id": sample.id, "category": sample.category,
+            "config": cfg.id, "kind": cfg.kind, "policy": cfg.policy, "drafter": cfg.drafter,
+            "k": None if cfg.is_ar or cfg.kind == "peer" else cfg.k, "params": dict(cfg.params), "repeat": rep}
+
+
+def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, settings: Settings) -> dict:
+    start = time.perf_counter()
+    out = pair.generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
+                        max_new_tokens=settings.max_new_tokens, **cfg.generate_kwargs(), **settings.sampling(rep))
+    wall = time.perf_counter() - start
+    return {**_base(sample, cfg, rep), "text": out.text, "token_ids": list(out.token_ids),
+            "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
+            "new_tokens": len(out.token_ids), "seconds": wall, "stats": out.stats.to_dict(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _peer_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, ids: list[int],
+                 settings: Settings) -> dict:
+    res = run_peer(pair, cfg, ids, prompt.stop, max_new_tokens=settings.max_new_tokens, **settings.sampling(rep))
+    stats = {"total_seconds": res["seconds"], "target_forwards": res["target_forwards"],
+             "produced_tokens": res["produced_tokens"], "tau": res["tau"], "peer_settings": res["peer_settings"]}
+    return {**_base(sample, cfg, rep), "text": res["text"], "token_ids": res["token_ids"],
+            "finish_reason": res["finish_reason"], "prompt_tokens": res["prompt_tokens"],
+            "new_tokens": res["new_tokens"], "seconds": res["seconds"], "stats": stats,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -1,0 +1,214 @@
+"""Per-configuration aggregates from ``results.jsonl`` records (pure arithmetic, no models).
+
+- time of a (sample, configuration): the median over its repeats of ``seconds`` (wall time of
+  the generate call); tokens likewise. ``tokens_per_second`` = sum of tokens / sum of times.
+- ``speedup_vs_ar`` = tokens/s of the configuration / tokens/s of ``ar``, both over the samples
+  both have finished, measured in the same run. Spread: the same ratio per repeat index, min/max.
+- ``tau`` = 1 + accepted / verify passes over all its generations (``ar`` = 1; peers: generated
+  tokens / target forward passes). Per-position acceptance and the zero-accept share pool counts.
+- ``quality``: HumanEval pass@1 (mean of passed), else Spec-Bench math_reasoning accuracy;
+  ``recovery`` = quality / ``ar`` quality on the same samples (None when ``ar`` scores 0).
+- ``agreement``: exact-match rate of token ids with ``ar`` (same sample and repeat) and mean
+  token-level agreement (matching positions / longer length).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any, Iterable, Sequence
+
+AR_ID = "ar"
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b else None
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+def _per_sample(recs: list[dict]) -> dict[str, dict[int, dict]]:
+    out: dict[str, dict[int, dict]] = defaultdict(dict)
+    for r in recs:
+        out[r["sample_id"]][int(r["repeat"])] = r
+    return out
+
+
+def _speed(by_sample: dict[str, dict[int, dict]], samples: Iterable[str]) -> tuple[float, float, float | None]:
+    """(sum of median tokens, sum of median seconds, tokens/s) over ``samples``."""
+    tokens = seconds = 0.0
+    for s in samples:
+        reps = list(by_sample[s].values())
+        tokens += statistics.median(r["new_tokens"] for r in reps)
+        seconds += statistics.median(r["seconds"] for r in reps)
+    return tokens, seconds, _ratio(tokens, seconds)
+
+
+def _tps_by_repeat(by_sample: dict[str, dict[int, dict]], samples: list[str]) -> dict[int, float]:
+    """tokens/s per repeat index, over the samples that have that repeat."""
+    out = {}
+    repeats = sorted({r for s in samples for r in by_sample[s]})
+    for rep in repeats:
+        if all(rep in by_sample[s] for s in samples):
+            tok = sum(by_sample[s][rep]["new_tokens"] for s in samples)
+            sec = sum(by_sample[s][rep]["seconds"] for s in samples)
+            if sec > 0:
+                out[rep] = tok / sec
+    return out
+
+
+def _quality(recs: list[dict]) -> dict[str, Any]:
+    passed = [bool(r["quality"]["passed"]) for r in recs if "passed" in (r.get("quality") or {})]
+    correct = [bool(r["quality"]["correct"]) for r in recs if "correct" in (r.get("quality") or {})]
+    out: dict[str, Any] = {}
+    if passed:
+        out.update(pass_at_1=_mean(passed), quality=_mean(passed), quality_metric="pass@1", quality_n=len(passed))
+    if correct:
+        out["math_accuracy"] = _mean(correct)
+        if not passed:
+            out.update(quality=_mean(correct), quality_metric="math_accuracy", quality_n=len(correct))
+    return out
+
+
+def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, Any]:
+    """The figures for one configuration's records against the ``ar`` records."""
+    by_sample = _per_sample(recs)
+    ar_by_sample = _per_sample(ar_recs)
+    samples = sorted(by_sample)
+    common = [s for s in samples if s in ar_by_sample]
+    tokens, seconds, tps = _speed(by_sample, samples)
+    out: dict[str, Any] = {"samples": len(samples), "generations": len(recs), "new_tokens": tokens,
+                           "seconds": seconds, "tokens_per_second": tps}
+    # speedup over ar on the samples both finished
+    speedup = spread = None
+    if common:
+        _, _, c_tps = _speed(by_sample, common)
+        _, _, a_tps = _speed(ar_by_sample, common)
+        speedup = _ratio(c_tps or 0.0, a_tps or 0.0)
+        c_rep, a_rep = _tps_by_repeat(by_sample, common), _tps_by_repeat(ar_by_sample, common)
+        ratios = [c_rep[r] / a_rep[r] for r in c_rep if r in a_rep and a_rep[r]]
+        spread = (min(ratios), max(ratios)) if ratios else None
+    out["speedup_vs_ar"] = 1.0 if is_ar and common else speedup
+    out["speedup_min"], out["speedup_max"] = (spread if spread and not is_ar else (out["speedup_vs_ar"],) * 2)
+    reps = _tps_by_repeat(by_sample, samples)
+    out["tokens_per_second_min"] = min(reps.values()) if reps else tps
+    out["tokens_per_second_max"] = max(reps.values()) if reps else tps
+    # acceptance
+    stats = [r.get("stats") or {} for r in recs]
+    if is_ar:
+        out["tau"] = 1.0 if recs else None
+    elif any("rounds" in s for s in stats):
+        rounds = sum(s.get("rounds", 0) for s in stats)
+        accepted = sum(s.get("accepted", 0) for s in stats)
+        out["tau"] = 1.0 + accepted / rounds if rounds else None
+    else:  # a peer: generated tokens per target forward pass, where counted
+        fw = [s.get("target_forwards") for s in stats]
+        produced = [s.get("produced_tokens", r.get("new_tokens", 0)) for s, r in zip(stats, recs)]
+        out["tau"] = (sum(produced) / sum(fw)) if fw and all(fw) else None
+    width = max((len(s.get("drafted_at") or []) for s in stats), default=0)
+    drafted_at, accepted_at = [0] * width, [0] * width
+    for s in stats:
+        for i, v in enumerate(s.get("drafted_at") or []):
+            drafted_at[i] += v
+        for i, v in enumerate(s.get("accepted_at") or []):
+            accepted_at[i] += v
+    out["per_position_acceptance"] = [a / d if d else 0.0 for a, d in zip(accepted_at, drafted_at)]
+    out["drafted"] = sum(s.get("drafted", 0) for s in stats)
+    out["accepted"] = sum(s.get("accepted", 0) for s in stats)
+    out["zero_accept_share"] = _ratio(sum(s.get("zero_accept_rounds", 0) for s in stats), drafted_at[0]) if width else None
+    engine_total = sum(s.get("total_seconds", 0.0) for s in stats)
+    for part in ("draft", "verify", "prefill"):
+        total = sum(s.get(f"{part}_seconds", 0.0) for s in stats)
+        out[f"{part}_seconds"] = total if any(f"{part}_seconds" in s for s in stats) else None
+        out[f"{part}_share"] = _ratio(total, engine_total) if out[f"{part}_seconds"] is not None else None
+    out["lossy"] = any(bool(s.get("lossy")) for s in stats)
+    relaxed: dict[str, int] = defaultdict(int)
+    for s in stats:
+        for k, v in (s.get("relaxed") or {}).items():
+            relaxed[k] += v
+    out["relaxed"] = dict(relaxed)
+    # quality and agreement
+    out.update(_quality(recs))
+    out.setdefault("quality", None)
+    out.setdefault("quality_metric", None)
+    ar_q = _quality([r for r in ar_recs if r["sample_id"] in set(common)]).get("quality")
+    my_q = _quality([r for r in recs if r["sample_id"] in set(common)]).get("quality")
+    out["recovery"] = (my_q / ar_q) if (my_q is not None and ar_q) else None
+    agree = [r["agreement"] for r in recs if r.get("agreement")]
+    out["agreement"] = {"exact_match": _mean([bool(a["exact"]) for a in agree]),
+                        "token_agreement": _mean([float(a["token"]) for a in agree]), "n": len(agree)}
+    return out
+
+
+def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[str] | None = None,
+              repeats: int | None = None, categories: dict[str, str] | None = None) -> dict[str, Any]:
+    """Aggregate per configuration (``configs``: ``Config.to_dict()`` rows, ``ar`` included),
+    restricted to ``samples`` and repeat indices < ``repeats``; with per-category breakdowns when
+    more than one category is present; best K per rule/drafter; the speed-quality Pareto front."""
+    wanted = set(samples) if samples is not None else None
+    recs_by_cfg: dict[str, list[dict]] = defaultdict(list)
+    for r in records:
+        if wanted is not None and r["sample_id"] not in wanted:
+            continue
+        if repeats is not None and int(r["repeat"]) >= repeats:
+            continue
+        recs_by_cfg[r["config"]].append(r)
+    ar = recs_by_cfg.get(AR_ID, [])
+    cats = sorted({r.get("category") for rs in recs_by_cfg.values() for r in rs if r.get("category")})
+    out: dict[str, Any] = {}
+    for c in configs:
+        cid = c["id"]
+        recs = recs_by_cfg.get(cid, [])
+        row = {**c, **aggregate(recs, ar, cid == AR_ID)}
+        if len(cats) > 1:
+            row["by_category"] = {
+                cat: {k: v for k, v in aggregate([r for r in recs if r.get("category") == cat],
+                                                 [r for r in ar if r.get("category") == cat], cid == AR_ID).items()
+                      if k in ("samples", "tokens_per_second", "speedup_vs_ar", "tau", "agreement", "math_accuracy",
+                               "pass_at_1")}
+                for cat in cats
+            }
+        out[cid] = row
+    return {"configs": out, "best_k": best_k(out), "pareto_front": pareto_front(out)}
+
+
+def best_k(rows: dict[str, dict]) -> dict[str, dict]:
+    """For each policy (with its parameters) and drafter run at two or more Ks: the K with the
+    highest speedup over ar."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for cid, row in rows.items():
+        if row.get("kind") == "specdec" and row.get("policy") != AR_ID and row.get("speedup_vs_ar") is not None:
+            groups[cid.rsplit("/k", 1)[0]].append(row)
+    out = {}
+    for name, rs in groups.items():
+        if len({r["k"] for r in rs}) < 2:
+            continue
+        best = max(rs, key=lambda r: r["speedup_vs_ar"])
+        out[name] = {"k": best["k"], "id": best["id"], "speedup_vs_ar": best["speedup_vs_ar"], "tau": best["tau"]}
+    return out
+
+
+def quality_axis(row: dict) -> tuple[float | None, str]:
+    """The quality a configuration is plotted/ranked by: its quality metric, else its token
+    agreement with ar."""
+    if row.get("quality") is not None:
+        return row["quality"], row.get("quality_metric") or "quality"
+    return (row.get("agreement") or {}).get("token_agreement"), "token agreement with ar"
+
+
+def pareto_front(rows: dict[str, dict]) -> list[str]:
+    """Configuration ids not dominated in (speedup, quality): no other is at least as good on
+    both and better on one."""
+    pts = []
+    for cid, row in rows.items():
+        q, _ = quality_axis(row)
+        if row.get("speedup_vs_ar") is not None and q is not None:
+            pts.append((cid, row["speedup_vs_ar"], q))
+    front = []
+    for cid, s, q in pts:
+        dominated = any((s2 >= s and q2 >= q) and (s2 > s or q2 > q) for c2, s2, q2 in pts if c2 != cid)
+        if not dominated:
+            front.append(cid)
+    return front

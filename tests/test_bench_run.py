@@ -1,0 +1,233 @@
+"""specdec bench end to end with tiny models: resumption after a crash or a kill, the output
+files (results, summary, report, plots), and one-line CLI errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specdec.bench import configs as cfgs
+from specdec.bench.datasets import load_dataset
+from specdec.bench.results import ResultsFile
+from specdec.bench.runner import Settings, run
+from specdec.cli import main
+
+DATA = Path(__file__).parent / "data"
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: threads only add contention on a shared CPU
+
+
+class Crash(Exception):
+    pass
+
+
+def tiny_args(tiny_dirs):
+    target, draft = tiny_dirs
+    return ["--target", str(target), "--draft", str(draft), "--dtype", "float32", "--device", "cpu"]
+
+
+def lines(path):
+    return [json.loads(x) for x in Path(path).read_text().splitlines()]
+
+
+def test_resume_after_crash_and_torn_line(tiny_pair, tmp_path, monkeypatch):
+    dataset = load_dataset("fixture")
+    configs = cfgs.build_configs("ar,lossless", "model,pld", 2)
+    settings = Settings(max_new_tokens=6, warmup=False, sandbox_timeout=5)
+    total = len(dataset.samples) * len(configs)  # 3 x 3
+
+    def crash_after(n):
+        seen = []
+
+        def hook(rec):
+            seen.append(rec["key"])
+            if len(seen) == n:
+                raise Crash
+
+        return hook
+
+    with pytest.raises(Crash):
+        run(tiny_pair, dataset, configs, [], settings, tmp_path, progress=False, on_record=crash_after(4))
+    path = tmp_path / "results.jsonl"
+    before = path.read_bytes()
+    assert len(before.splitlines()) == 4
+    first = [r["key"] for r in lines(path)]
+    assert first == ["Fixture/0|ar|0", "Fixture/0|lossless/model/k2|0", "Fixture/0|lossless/pld/k2|0",
+                     "Fixture/1|ar|0"]  # samples outer, configurations inner, ar first
+    # a kill in the middle of the next write leaves a torn line
+    with open(path, "ab") as f:
+        f.write(b'{"key": "Fixture/1|lossless/model/k2|0", "text": "de')
+
+    calls = []
+    real = tiny_pair.generate
+
+    def counting(*a, **kw):
+        calls.append(kw.get("policy"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(tiny_pair, "generate", counting)
+    records = run(tiny_pair, dataset, configs, [], settings, tmp_path, progress=False)
+    assert len(calls) == total - 4  # finished samples are not redone
+    assert path.read_bytes().startswith(before)  # and not rewritten
+    keys = [r["key"] for r in lines(path)]
+    assert len(keys) == len(set(keys)) == total == len(records)
+    # a third run has nothing to do
+    calls.clear()
+    run(tiny_pair, dataset, configs, [], settings, tmp_path, progress=False)
+    assert calls == [] and len(lines(path)) == total
+    # lossless at T=0 agrees exactly with ar on every sample
+    for r in lines(path):
+        assert r["agreement"]["exact"] is True, r["key"]
+        assert set(r) >= {"text", "token_ids", "stats", "quality", "seconds", "new_tokens"}
+        assert "passed" in r["quality"]
+
+
+def test_torn_and_corrupt_lines_are_discarded(tmp_path):
+    path = tmp_path / "results.jsonl"
+    good = {"key": "a|ar|0", "sample_id": "a"}
+    path.write_text(json.dumps(good) + "\n" + "not json\n" + json.dumps({"key": "b|ar|0"}))  # last: no newline
+    rf = ResultsFile(tmp_path)
+    assert rf.load() == [good] and rf.discarded == 2
+    assert path.read_text() == json.dumps(good) + "\n"
+    rf.append({"key": "c|ar|0"})
+    rf.close()
+    assert [r["key"] for r in lines(path)] == ["a|ar|0", "c|ar|0"]
+
+
+def test_cli_writes_results_summary_report_and_plots(tiny_dirs, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless", "--drafter", "model,pld",
+            "--k-sweep", "2..3", "--max-new-tokens", "6", "--peers", "hf-assisted,hf-pld", "--repeats", "2",
+            "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    summary = json.loads(stdout.strip().splitlines()[-1])  # the last stdout line is the summary
+    assert summary == json.loads((out / "summary.json").read_text())
+    ids = ["ar", "lossless/model/k2", "lossless/model/k3", "lossless/pld/k2", "lossless/pld/k3", "hf-assisted",
+           "hf-pld"]
+    assert list(summary["configs"]) == ids
+    assert len(lines(out / "results.jsonl")) == 3 * 2 * len(ids)
+    for cid, row in summary["configs"].items():
+        assert row["samples"] == 3 and row["tokens_per_second"] > 0 and row["speedup_vs_ar"] > 0, cid
+        assert row["quality_metric"] == "pass@1"
+        assert row["speedup_min"] <= row["speedup_vs_ar"] <= row["speedup_max"] or cid == "ar"
+    assert summary["configs"]["ar"]["speedup_vs_ar"] == 1.0
+    assert summary["configs"]["lossless/model/k2"]["tau"] > 1.0
+    assert summary["configs"]["lossless/model/k2"]["agreement"]["exact_match"] == 1.0
+    assert summary["configs"]["hf-assisted"]["agreement"]["exact_match"] == 1.0  # greedy peers match ar too
+    assert summary["configs"]["hf-assisted"]["tau"] is not None
+    assert set(summary["best_k"]) == {"lossless/model", "lossless/pld"}
+    env = summary["environment"]
+    assert env["versions"]["torch"] and env["hardware"]["cpu_cores"] and "commit" in env["git"]
+    report = (out / "report.md").read_text()
+    for cid in ids:
+        assert f"| {cid}" in report or f"| **{cid}**" in report
+    assert "speedup vs ar" in report and "Hardware" in report and "transformers" in report
+    for png in ("speedup_vs_quality.png", "tau.png", "acceptance.png", "k_sweep.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
+    run_json = json.loads((out / "run.json").read_text())
+    assert run_json["settings"]["max_new_tokens"] == 6 and len(run_json["invocations"]) == 1
+
+    # the same command resumes (nothing to redo); different settings in the same DIR are refused
+    assert main(argv) == 0
+    assert len(lines(out / "results.jsonl")) == 3 * 2 * len(ids)
+    capsys.readouterr()
+    changed = ["7" if a == "6" else a for a in argv]  # --max-new-tokens 6 -> 7
+    assert main(changed) == 2
+    err = capsys.readouterr().err
+    assert "different settings" in err and "max_new_tokens: 6 -> 7" in err
+
+
+def test_spec_bench_run_reports_categories_and_math(tiny_dirs, tmp_path, capsys):
+    out = tmp_path / "sb"
+    argv = ["bench", "--dataset", "spec-bench:math_reasoning,qa", "--data", str(DATA / "spec_bench_mini.jsonl"),
+            "--limit", "2", "--policies", "lossless", "--drafter", "pld", "--max-new-tokens", "4", "--no-warmup",
+            "--no-plots", "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["run"]["categories"] == {"qa": 2, "math_reasoning": 2}
+    row = summary["configs"]["lossless/pld/k5"]
+    assert row["quality_metric"] == "math_accuracy" and set(row["by_category"]) == {"math_reasoning", "qa"}
+    recs = lines(out / "results.jsonl")
+    assert {r["category"] for r in recs} == {"qa", "math_reasoning"} and len(recs) == 8
+    math = [r for r in recs if r["category"] == "math_reasoning"]
+    assert all("correct" in r["quality"] for r in math)
+
+
+def test_kill_at_any_moment_then_rerun_completes(tiny_dirs, tmp_path):
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "specdec", "bench", "--dataset", "fixture", "--policies", "ar,lossless",
+           "--drafter", "model,pld", "--k-sweep", "1..2", "--max-new-tokens", "16", "--repeats", "2",
+           "--no-plots", "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    total = 3 * 2 * (1 + 2 * 2)
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    results = out / "results.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if results.exists() and results.read_bytes().count(b"\n") >= 3:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    done_before = results.read_bytes().count(b"\n")
+    assert 3 <= done_before < total
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV)
+    assert res.returncode == 0, res.stderr
+    keys = [r["key"] for r in lines(results)]
+    assert len(keys) == len(set(keys)) == total
+    assert json.loads(res.stdout.strip().splitlines()[-1])["configs"]["lossless/model/k1"]["samples"] == 3
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--dataset", "mmlu"], "unknown dataset 'mmlu'"),
+    (["--dataset", "spec-bench:poetry"], "unknown Spec-Bench category 'poetry'"),
+    (["--policies", "ar,nosuchrule"], "configuration nosuchrule/model/k5"),
+    (["--limit", "0"], "--limit must be an integer >= 1"),
+    (["--limit=-3"], "--limit must be an integer >= 1"),
+    (["--limit", "ten"], "--limit must be an integer >= 1, got 'ten'"),
+    (["--k-sweep", "2-10"], "bad --k-sweep '2-10'"),
+    (["--k-sweep", "10..2"], "bad --k-sweep"),
+    (["--policies", "mars:theta"], "bad policy item"),
+    (["--data", "/nonexistent/problems.jsonl"], "data file not found"),
+    (["--peers", "vllm"], "unknown peer 'vllm'"),
+    (["--repeats", "0"], "--repeats must be an integer >= 1"),
+])
+def test_cli_errors_are_one_line(tiny_dirs, tmp_path, capsys, extra, message):
+    argv = ["bench", "--dataset", "fixture", "--out", str(tmp_path / "o"), *tiny_args(tiny_dirs), *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("specdec: error: ") and message in err, err
+    assert not (tmp_path / "o" / "results.jsonl").exists()
+
+
+def test_unwritable_out_dir_is_one_line(tiny_dirs, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert main(["bench", "--dataset", "fixture", "--out", str(blocker / "sub"), *tiny_args(tiny_dirs)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is not writable" in err
+
+
+def test_cli_error_from_a_real_process_has_no_traceback(tiny_dirs, tmp_path):
+    res = subprocess.run([sys.executable, "-m", "specdec", "bench", "--dataset", "fixture", "--limit", "x",
+                          "--out", str(tmp_path / "o"), *tiny_args(tiny_dirs)], capture_output=True, text=True,
+                         timeout=120, env=ENV)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == ["specdec: error: --limit must be an integer >= 1, got 'x'"]
+    assert "Traceback" not in res.stderr and res.stdout == ""
+
+
+def test_help_lists_the_flags():
+    res = subprocess.run([sys.executable, "-m", "specdec", "bench", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0
+    for flag in ("--dataset", "--limit", "--policies", "--drafter", "--k", "--k-sweep", "--max-new-tokens",
+                 "--temperature", "--repeats", "--peers", "--out", "--data", "--target", "--draft-quant"):
+        assert flag in res.stdout, flag
+    assert os.environ.get("SPECDEC_HOME") is not None  # tests never touch the real model cache

@@ -1,0 +1,116 @@
+"""specdec bench: summary arithmetic on hand-made records (speedup, spread, tau, recovery, agreement)."""
+
+import pytest
+
+from specdec.bench.summary import best_k, pareto_front, summarize
+
+
+def rec(sample, config, repeat, tokens, seconds, passed=None, stats=None, exact=None, token=None, category="code"):
+    r = {"key": f"{sample}|{config}|{repeat}", "sample_id": sample, "config": config, "repeat": repeat,
+         "category": category, "new_tokens": tokens, "seconds": seconds, "stats": stats or {}, "quality": {}}
+    if passed is not None:
+        r["quality"] = {"passed": passed}
+    if exact is not None:
+        r["agreement"] = {"exact": exact, "token": token}
+    return r
+
+
+AR = {"id": "ar", "kind": "specdec", "policy": "ar", "drafter": None, "k": None, "params": {}}
+LL = {"id": "lossless/model/k5", "kind": "specdec", "policy": "lossless", "drafter": "model", "k": 5, "params": {}}
+
+
+def spec_stats(rounds, accepted, drafted_at, accepted_at, zero):
+    return {"rounds": rounds, "accepted": accepted, "drafted": sum(drafted_at), "drafted_at": drafted_at,
+            "accepted_at": accepted_at, "zero_accept_rounds": zero, "draft_seconds": 0.1, "verify_seconds": 0.3,
+            "total_seconds": 0.5, "lossy": False}
+
+
+def test_speedup_tau_recovery_agreement():
+    records = [
+        # ar: A 10 tok in 1.0 s, B 20 tok in 1.0 s -> 30 tok / 2 s = 15 tok/s; passes A only
+        rec("A", "ar", 0, 10, 1.0, passed=True, stats={"rounds": 10}),
+        rec("B", "ar", 0, 20, 1.0, passed=False, stats={"rounds": 20}),
+        # lossless: A 10 tok in 0.5 s, B 20 tok in 0.5 s -> 30 tok/s = 2x; passes both
+        rec("A", "lossless/model/k5", 0, 10, 0.5, passed=True, exact=True, token=1.0,
+            stats=spec_stats(4, 6, [4, 3], [3, 3], 1)),
+        rec("B", "lossless/model/k5", 0, 20, 0.5, passed=True, exact=False, token=0.5,
+            stats=spec_stats(6, 14, [6, 6], [5, 4], 1)),
+        # a sample ar never finished counts for tokens/s, not for the speedup or recovery
+        rec("C", "lossless/model/k5", 0, 40, 4.0, passed=False, stats=spec_stats(5, 5, [5], [5], 0)),
+    ]
+    s = summarize(records, [AR, LL])["configs"]
+    ar, ll = s["ar"], s["lossless/model/k5"]
+    assert ar["tokens_per_second"] == pytest.approx(15.0)
+    assert ar["speedup_vs_ar"] == 1.0 and ar["tau"] == 1.0
+    assert ll["tokens_per_second"] == pytest.approx(70 / 5.0)
+    assert ll["speedup_vs_ar"] == pytest.approx(2.0)
+    assert ll["tau"] == pytest.approx(1 + 25 / 15)
+    assert ll["per_position_acceptance"] == pytest.approx([13 / 15, 7 / 9])
+    assert ll["zero_accept_share"] == pytest.approx(2 / 15)
+    assert ar["quality"] == pytest.approx(0.5) and ar["quality_metric"] == "pass@1"
+    assert ll["quality"] == pytest.approx(2 / 3)  # over all its samples
+    assert ll["recovery"] == pytest.approx(1.0 / 0.5)  # on the samples ar also finished
+    assert ll["agreement"]["exact_match"] == pytest.approx(0.5)
+    assert ll["agreement"]["token_agreement"] == pytest.approx(0.75)
+    assert ll["draft_share"] == pytest.approx(0.3 / 1.5) and ll["verify_share"] == pytest.approx(0.9 / 1.5)
+
+
+def test_repeats_use_median_time_and_report_the_spread():
+    records = []
+    for r, (a, b) in enumerate([(1.0, 0.5), (1.2, 0.4), (3.0, 0.9)]):  # (ar seconds, lossless seconds) per repeat
+        records.append(rec("A", "ar", r, 12, a))
+        records.append(rec("A", "lossless/model/k5", r, 12, b, stats=spec_stats(3, 9, [3], [3], 0)))
+    s = summarize(records, [AR, LL])["configs"]
+    ll = s["lossless/model/k5"]
+    assert ll["seconds"] == pytest.approx(0.5)  # median of 0.5, 0.4, 0.9
+    assert s["ar"]["seconds"] == pytest.approx(1.2)
+    assert ll["speedup_vs_ar"] == pytest.approx((12 / 0.5) / (12 / 1.2))
+    assert ll["speedup_min"] == pytest.approx(2.0) and ll["speedup_max"] == pytest.approx(3.0 / 0.9)
+    assert ll["tokens_per_second_min"] == pytest.approx(12 / 0.9) and ll["tokens_per_second_max"] == pytest.approx(30)
+    # fewer repeats requested now: only repeat 0 counts
+    s1 = summarize(records, [AR, LL], repeats=1)["configs"]
+    assert s1["lossless/model/k5"]["speedup_vs_ar"] == pytest.approx(2.0)
+
+
+def test_no_recovery_when_ar_scores_zero_and_math_accuracy_for_spec_bench():
+    records = [
+        rec("q1", "ar", 0, 5, 1.0, category="math_reasoning"),
+        rec("q1", "lossless/model/k5", 0, 5, 0.5, category="math_reasoning"),
+        rec("q2", "ar", 0, 5, 1.0, category="qa"),
+        rec("q2", "lossless/model/k5", 0, 5, 1.0, category="qa", exact=True, token=1.0),
+    ]
+    records[0]["quality"] = {"correct": False}
+    records[1]["quality"] = {"correct": True}
+    s = summarize(records, [AR, LL])
+    ll = s["configs"]["lossless/model/k5"]
+    assert ll["quality_metric"] == "math_accuracy" and ll["quality"] == 1.0
+    assert ll["recovery"] is None  # ar got 0: no ratio
+    assert ll["by_category"]["math_reasoning"]["speedup_vs_ar"] == pytest.approx(2.0)
+    assert ll["by_category"]["qa"]["speedup_vs_ar"] == pytest.approx(1.0)
+    assert ll["speedup_vs_ar"] == pytest.approx((10 / 1.5) / (10 / 2.0))
+
+
+def test_peer_tau_is_tokens_per_target_forward():
+    peer = {"id": "hf-assisted", "kind": "peer", "policy": "hf-assisted", "drafter": None, "k": None, "params": {}}
+    records = [rec("A", "ar", 0, 10, 1.0),
+               rec("A", "hf-assisted", 0, 10, 0.8, stats={"target_forwards": 4, "produced_tokens": 12})]
+    s = summarize(records, [AR, peer])["configs"]["hf-assisted"]
+    assert s["tau"] == pytest.approx(3.0) and s["speedup_vs_ar"] == pytest.approx(1.25)
+    no_count = summarize([records[0], rec("A", "hf-assisted", 0, 10, 0.8, stats={})], [AR, peer])
+    assert no_count["configs"]["hf-assisted"]["tau"] is None
+
+
+def test_best_k_and_pareto_front():
+    rows = {
+        "ar": {"id": "ar", "kind": "specdec", "policy": "ar", "k": None, "speedup_vs_ar": 1.0, "quality": 0.5, "tau": 1},
+        "lossless/model/k2": {"id": "lossless/model/k2", "kind": "specdec", "policy": "lossless", "k": 2,
+                              "speedup_vs_ar": 1.5, "quality": 0.5, "tau": 2},
+        "lossless/model/k4": {"id": "lossless/model/k4", "kind": "specdec", "policy": "lossless", "k": 4,
+                              "speedup_vs_ar": 1.8, "quality": 0.5, "tau": 3},
+        "mars/model/k4": {"id": "mars/model/k4", "kind": "specdec", "policy": "mars", "k": 4,
+                          "speedup_vs_ar": 2.4, "quality": 0.4, "tau": 4},
+        "bad/model/k4": {"id": "bad/model/k4", "kind": "specdec", "policy": "bad", "k": 4,
+                         "speedup_vs_ar": 1.2, "quality": 0.3, "tau": 4},
+    }
+    assert best_k(rows) == {"lossless/model": {"k": 4, "id": "lossless/model/k4", "speedup_vs_ar": 1.8, "tau": 3}}
+    assert pareto_front(rows) == ["lossless/model/k4", "mars/model/k4"]
