@@ -81,3 +81,21 @@ def test_bad_drafter_options(pair):
         pair.generate("hi", drafter="model+pld", lookup_tokens=0)
     with pytest.raises(SpecdecError, match="takes ngram_max, ngram_min,"):
         pair.generate("hi", drafter="pld", lookup_tokens=3)
+
+
+def test_min_confidence_shortens_drafts_and_stays_exact(pair):
+    ar = pair.generate("abc abc abc", chat=False, policy="ar", max_new_tokens=40)
+    plain = pair.generate("abc abc abc", chat=False, k=12, max_new_tokens=40)
+    unsure = pair.generate("abc abc abc", chat=False, k=12, max_new_tokens=40, min_confidence=0.9)
+    assert plain.token_ids == unsure.token_ids == ar.token_ids
+    assert unsure.stats.drafted < plain.stats.drafted
+    fast = pair.generate("abc abc abc", chat=False, k=12, max_new_tokens=40, min_confidence=0.9, drafter="model+pld")
+    assert fast.token_ids == ar.token_ids and fast.stats.drafted == unsure.stats.drafted  # same drafts
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, "x", True])
+def test_bad_min_confidence(pair, value):
+    from specdec.errors import SpecdecError
+
+    with pytest.raises(SpecdecError, match="min_confidence must be"):
+        pair.generate("hi", min_confidence=value)

@@ -89,6 +89,14 @@ def test_prompt_as_one_element_list(server):
     assert a.choices[0].text == b.choices[0].text
 
 
+def test_token_id_prompts(server):
+    ids = server.pair.encode("abc", chat=False)
+    text = server.client.completions.create(model="tiny", prompt="abc", max_tokens=8, temperature=0)
+    for prompt in (ids, [ids]):  # lm-eval local-completions sends token ids by default
+        r = server.client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
+        assert r.choices[0].text == text.choices[0].text and r.usage.prompt_tokens == len(ids)
+
+
 def test_streaming_completion(server):
     chunks = list(server.client.completions.create(
         model="tiny", prompt="Hello there", max_tokens=24, temperature=0, stream=True,

@@ -67,6 +67,9 @@ def add_decode_args(p: argparse.ArgumentParser, k_default: int = 5) -> None:
     g.add_argument("--ngram-min", type=int, default=None, help="prompt lookup: shortest n-gram to match (default: 1)")
     g.add_argument("--lookup-tokens", type=int, default=None,
                    help="model+pld: tokens prompt lookup proposes per draft-model pass (default: 6)")
+    g.add_argument("--min-confidence", type=float, default=None,
+                   help="model, model+pld: stop a draft after a token the draft gave less than this "
+                        "probability, so a large -k costs little (default: 0 = off)")
     r = p.add_argument_group(
         "loose rules (lossy: output may differ from the target's; combine with '+', e.g. --policy fly+mars)")
     for flag, (rule, param, kind, text) in RULE_FLAGS.items():
@@ -83,7 +86,7 @@ def rule_default(rule: str, param: str):
 def decode_kwargs(a: argparse.Namespace) -> dict:
     kw = dict(policy=a.policy, drafter=a.drafter, k=a.k, max_new_tokens=a.max_new_tokens,
               temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed)
-    for name in ("ngram_max", "ngram_min", "lookup_tokens"):
+    for name in ("ngram_max", "ngram_min", "lookup_tokens", "min_confidence"):
         if getattr(a, name) is not None:
             kw[name] = getattr(a, name)
     for rule, param, _, _ in RULE_FLAGS.values():

@@ -80,7 +80,7 @@ class Engine:
         if self.draft is None:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cfg.drafter == "model":
-            return ModelDrafter(self.draft, self.eos_ids)
+            return ModelDrafter(self.draft, self.eos_ids, **opts)
         return LookupModelDrafter(self.draft, self.eos_ids, **opts)
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:

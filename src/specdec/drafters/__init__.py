@@ -10,7 +10,11 @@ from .model import ModelDrafter
 DRAFTERS = ("model", "pld", "model+pld")
 
 #: The options each drafter takes (passed through ``generate(..., ngram_max=4)`` etc.).
-DRAFTER_OPTIONS = {"model": (), "pld": ("ngram_max", "ngram_min"), "model+pld": ("ngram_max", "ngram_min", "lookup_tokens")}
+DRAFTER_OPTIONS = {
+    "model": ("min_confidence",),
+    "pld": ("ngram_max", "ngram_min"),
+    "model+pld": ("ngram_max", "ngram_min", "lookup_tokens", "min_confidence"),
+}
 
 
 def check_drafter_options(drafter: str, options: dict) -> None:
@@ -25,8 +29,10 @@ def check_drafter_options(drafter: str, options: dict) -> None:
         raise SpecdecError(f"drafter {drafter!r} takes {', '.join(takes) or 'no options'}, got {extra}")
     if drafter == "pld":
         LookupDrafter(**options)
-    elif drafter == "model+pld":
-        LookupModelDrafter.check(**options)
+    else:
+        ModelDrafter.check_confidence(options.get("min_confidence", 0.0))
+        if drafter == "model+pld":
+            LookupModelDrafter.check(**{k: v for k, v in options.items() if k != "min_confidence"})
 
 
 __all__ = ["DRAFTERS", "DRAFTER_OPTIONS", "check_drafter_options", "Draft", "Drafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "lookup"]

@@ -16,23 +16,25 @@ import numpy as np
 import torch
 
 from ..errors import SpecdecError
-from ..models import CausalLM, common_prefix
+from ..models import CausalLM
 from ..sampling import SamplingParams, next_token, probabilities
 from ..verify.base import Lossless, Round
 from .base import Draft
 from .lookup import LookupDrafter, lookup
+from .model import ModelDrafter
 
 
-class LookupModelDrafter:
+class LookupModelDrafter(ModelDrafter):
     """``model+pld``: the draft model, accelerated by prompt lookup (n-gram ``ngram_max..ngram_min``,
-    up to ``lookup_tokens`` proposed tokens per draft-model pass)."""
+    up to ``lookup_tokens`` proposed tokens per draft-model pass). Prefill and rollback are the
+    plain draft model's."""
 
     name = "model+pld"
 
     def __init__(self, lm: CausalLM, stop_ids: frozenset[int] = frozenset(), ngram_max: int = 4,
-                 ngram_min: int = 1, lookup_tokens: int = 6):
+                 ngram_min: int = 1, lookup_tokens: int = 6, min_confidence: float = 0.0):
         self.check(ngram_max, ngram_min, lookup_tokens)
-        self.lm, self.stop_ids = lm, stop_ids
+        super().__init__(lm, stop_ids, min_confidence)
         self.ngram_max, self.ngram_min, self.lookup_tokens = ngram_max, ngram_min, lookup_tokens
         self.inner = Lossless()
         self.lookups = 0  # draft-model passes that verified a lookup proposal
@@ -45,17 +47,12 @@ class LookupModelDrafter:
         if isinstance(lookup_tokens, bool) or not isinstance(lookup_tokens, int) or lookup_tokens < 1:
             raise SpecdecError(f"lookup_tokens must be an integer >= 1, got {lookup_tokens!r}")
 
-    def start(self, prompt: Sequence[int]) -> None:
-        self.lm.reset()
-        if len(prompt) > 1:
-            self.lm.forward(list(prompt[:-1]))
-
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
         tokens: list[int] = []
         raw: list[torch.Tensor] = []  # [V] per token: the draft's logits it was chosen from
-        while len(tokens) < k and not (tokens and tokens[-1] in self.stop_ids):
+        while len(tokens) < k:
             ctx = list(context) + tokens
             want = k - len(tokens)
             guess = lookup(np.asarray(ctx, dtype=np.int64), min(self.lookup_tokens, want - 1), self.ngram_max,
@@ -74,12 +71,10 @@ class LookupModelDrafter:
             for i, t in enumerate(new):
                 tokens.append(t)
                 raw.append(logits[i])
-                if t in self.stop_ids:
+                if t in self.stop_ids or self.unsure(logits[i], t):
+                    k = len(tokens)  # stop drafting after this token (EOS, or the draft is unsure)
                     break
         tokens, raw = tokens[:k], raw[:k]
         logits = torch.stack(raw)  # [k', V]
         probs = None if params.greedy else probabilities(logits, params)
         return Draft(tokens, probs, logits)
-
-    def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
-        self.lm.truncate(min(common_prefix(self.lm.tokens, context), len(context) - 1))

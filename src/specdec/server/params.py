@@ -104,15 +104,19 @@ def _unsupported(req, chat: bool) -> None:
             raise APIError(400, f"{name} is not supported by this server", name)
 
 
-def _prompt(req: CompletionRequest) -> str:
+def _prompt(req: CompletionRequest) -> str | list[int]:
+    """The prompt: text, or token ids (a list of ints, or a one-element list of them, as
+    lm-eval's ``local-completions`` sends by default). Ids are checked against the vocabulary by
+    the library, on the worker."""
     p = req.prompt
+    if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
+        return list(p)
     if isinstance(p, list):
-        if p and not isinstance(p[0], str):
-            raise APIError(400, "token-id prompts are not supported; send the prompt as text "
-                                "(lm-eval: tokenized_requests=False)", "prompt")
         if len(p) != 1:
             raise APIError(400, f"send one prompt per request (got a list of {len(p)})", "prompt")
         p = p[0]
+        if isinstance(p, list) and not (p and all(isinstance(t, int) for t in p)):
+            raise APIError(400, "a token-id prompt must be a non-empty list of integers", "prompt")
     if not p:
         raise APIError(400, "the prompt is empty", "prompt")
     return p
