@@ -191,3 +191,13 @@ def test_agreement():
 def test_check_program_is_human_evals_convention():
     p = FIXTURE[0]
     assert check_program(p, "    return a + b\n") == p["prompt"] + "    return a + b\n" + "\n" + p["test"] + "\ncheck(add)"
+
+
+def test_hf_assisted_draft_quant_parameter():
+    from specdec.bench.configs import build_peers
+    from specdec.errors import SpecdecError
+
+    (peer,) = build_peers("hf-assisted:draft_quant=none")
+    assert peer.params == {"draft_quant": "none"} and peer.id == "hf-assisted[draft_quant=none]"
+    with pytest.raises(SpecdecError, match="draft_quant must be none or int8"):
+        build_peers("hf-assisted:draft_quant=int4")

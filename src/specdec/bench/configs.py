@@ -20,7 +20,10 @@ from ..errors import SpecdecError
 AR = "ar"
 PEERS = {
     # peer name -> the generate()/generation-config keys it accepts, and their defaults here
-    "hf-assisted": {"keys": ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"),
+    # draft_quant: run the peer with its own copy of the draft model, loaded with this quantization
+    # ("none" = transformers' standard bf16 draft), instead of the run's draft object
+    "hf-assisted": {"keys": ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
+                             "draft_quant"),
                     "defaults": {}},
     "hf-pld": {"keys": ("prompt_lookup_num_tokens", "max_matching_ngram_size"),
                "defaults": {"prompt_lookup_num_tokens": 10}},
@@ -180,6 +183,8 @@ def build_peers(peers: str | None) -> list[Config]:
         unknown = set(params) - set(PEERS[name]["keys"])
         if unknown:
             raise SpecdecError(f"peer {name!r} takes {', '.join(PEERS[name]['keys'])}; got {sorted(unknown)}")
+        if params.get("draft_quant", "none") not in ("none", "int8"):
+            raise SpecdecError(f"peer {name!r}: draft_quant must be none or int8, got {params['draft_quant']!r}")
         out.append(Config(name, None, 0, params, kind="peer"))
     return dedupe(out)
 

@@ -22,6 +22,23 @@ from ..text import StopStrings
 from .configs import PEERS, Config
 
 
+def peer_draft(pair, quant: str):
+    """The draft model a peer runs: the pair's own object, or (once per pair) a separately loaded
+    copy with another quantization, e.g. transformers' standard unquantized draft."""
+    if quant == pair.draft_quant:
+        return pair.draft.model
+    copies = pair.__dict__.setdefault("_peer_drafts", {})
+    if quant not in copies:
+        from ..models import load
+        from ..quant import quantize_int8
+
+        model = load(pair.draft_name, pair.draft.dtype, pair.draft.device, progress=False).model
+        if quant == "int8":
+            quantize_int8(model)
+        copies[quant] = model
+    return copies[quant]
+
+
 def run_peer(
     pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
@@ -54,8 +71,10 @@ def run_peer(
     if peer.policy == "hf-assisted":
         if pair.draft is None:
             raise SpecdecError("peer hf-assisted needs a draft model; load one or drop it from --peers")
-        kwargs["assistant_model"] = pair.draft.model
-        gen_cfg = pair.draft.model.generation_config
+        draft_quant = params.pop("draft_quant", pair.draft_quant)
+        assistant = peer_draft(pair, draft_quant)
+        kwargs["assistant_model"] = assistant
+        gen_cfg = assistant.generation_config
         for key, value in params.items():  # transformers reads these from the assistant's config
             restore[key] = getattr(gen_cfg, key, None)
             setattr(gen_cfg, key, value)
@@ -101,7 +120,7 @@ def run_peer(
     used = dict(params)
     if peer.policy == "hf-assisted":
         used.setdefault("num_assistant_tokens", "transformers default")
-        used["draft_quant"] = pair.draft_quant
+        used["draft_quant"] = draft_quant
     return {
         "text": text, "token_ids": new, "finish_reason": finish, "prompt_tokens": len(prompt_ids),
         "new_tokens": len(new), "produced_tokens": produced, "seconds": seconds, "target_forwards": forwards[0],
