@@ -112,11 +112,12 @@ class TextStream:
         if cut is not None:
             safe = cut
         else:
-            safe = len(text.rstrip("\ufffd"))
-            for s in self.stops.stops:  # hold back a tail that begins a stop string
-                for j in range(min(len(s) - 1, safe), 0, -1):
-                    if text[:safe].endswith(s[:j]):
-                        safe = min(safe, len(text[:safe]) - j)
+            whole = text.rstrip("\ufffd")  # an incomplete UTF-8 character decodes as U+FFFD
+            safe = len(whole)
+            for s in self.stops.stops:  # hold back the longest tail that begins a stop string
+                for j in range(min(len(s) - 1, len(whole)), 0, -1):
+                    if whole.endswith(s[:j]):
+                        safe = min(safe, len(whole) - j)
                         break
         delta = text[self.sent : safe] if safe > self.sent else ""
         self.sent = max(self.sent, safe)
