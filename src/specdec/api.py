@@ -166,12 +166,12 @@ def load(
     ``draft="auto"`` picks the bundled draft for the bundled target and no draft otherwise;
     ``draft=None`` loads none (only ``drafter="pld"`` and ``policy="ar"`` work then).
     dtype: ``auto`` (bfloat16), ``bfloat16``, ``float16`` or ``float32``. device: ``auto``, ``cpu``,
-    ``cuda``. draft_quant: ``auto`` (int8 weight-only draft on a CPU, none elsewhere), ``int8`` or
+    ``cuda``. draft_quant: ``auto`` (int8 weight-only draft for bfloat16 on a CPU, none elsewhere), ``int8`` or
     ``none``; the draft only proposes, so this never changes what the lossless rules output.
     """
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    quant = resolve_quant(draft_quant, dev)
+    quant = resolve_quant(draft_quant, dev, dt)
     if draft == _AUTO:
         draft = DEFAULT_DRAFT if target == DEFAULT_TARGET else None
     t = load_model(target, dt, dev, progress=progress)

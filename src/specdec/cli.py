@@ -45,7 +45,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     g.add_argument("--draft-quant", default="auto", choices=["auto", "int8", "none"],
                    help="quantize the draft's weights; the draft only proposes, so lossless output is "
-                        "unchanged (default: auto = int8 on CPU, none on GPU)")
+                        "unchanged (default: auto = int8 for bfloat16 on CPU, none otherwise)")
 
 
 def add_decode_args(p: argparse.ArgumentParser, k_default: int = 5) -> None:
