@@ -79,7 +79,7 @@ def main(argv=None) -> int:
 
         remote(work[0][1])  # warm-up, both paths
         local(work[0][1])
-        rows = []
+        rows, alone = [], []  # alone: each prompt's text when it ran by itself
         for n, (pid, messages) in enumerate(work):
             if n % 2 == 0:
                 s_lat, r = remote(messages)
@@ -88,6 +88,7 @@ def main(argv=None) -> int:
                 l_lat, out = local(messages)
                 s_lat, r = remote(messages)
             spec = r.model_dump()["usage"]["speculative"]
+            alone.append(r.choices[0].message.content)
             rows.append({
                 "problem": pid, "tokens": r.usage.completion_tokens, "same_text": r.choices[0].message.content == out.text,
                 "server_s": s_lat, "local_s": l_lat, "overhead_ms": 1000 * (s_lat - l_lat),
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
             })
             print(f"  {pid}: server {s_lat:.2f}s, in-process {l_lat:.2f}s", file=sys.stderr, flush=True)
 
-        conc = concurrent_run(client, work, a)
+        conc = concurrent_run(client, work, alone, a)
 
     summary = {
         "server_tokens_per_s": sum(r["tokens"] for r in rows) / sum(r["server_s"] for r in rows),
@@ -117,8 +118,9 @@ def main(argv=None) -> int:
     return 0
 
 
-def concurrent_run(client, work, a) -> dict:
-    """``a.clients`` threads send one request each at the same moment; totals over all of them."""
+def concurrent_run(client, work, alone, a) -> dict:
+    """``a.clients`` threads send one request each at the same moment; totals over all of them, and
+    how many outputs equal the same request run alone (greedy: all of them must)."""
     results: list = [None] * a.clients
     barrier = threading.Barrier(a.clients + 1)
 
@@ -128,9 +130,10 @@ def concurrent_run(client, work, a) -> dict:
         try:
             r = client.chat.completions.create(model="bench", messages=work[i % len(work)][1],
                                                max_tokens=a.max_tokens, temperature=0)
-            results[i] = (time.perf_counter() - t0, r.usage.completion_tokens, None)
+            same = r.choices[0].message.content == alone[i % len(work)]
+            results[i] = (time.perf_counter() - t0, r.usage.completion_tokens, None, same)
         except Exception as exc:  # counted as an error
-            results[i] = (time.perf_counter() - t0, 0, repr(exc))
+            results[i] = (time.perf_counter() - t0, 0, repr(exc), False)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(a.clients)]
     for t in threads:
@@ -143,6 +146,7 @@ def concurrent_run(client, work, a) -> dict:
     tokens = sum(r[1] for r in results)
     lat = [r[0] for r in results]
     return {"clients": a.clients, "requests": len(results), "errors": sum(r[2] is not None for r in results),
+            "same_as_alone": sum(r[3] for r in results),
             "wall_s": wall, "total_tokens": tokens, "aggregate_tokens_per_s": tokens / wall,
             "latency_mean_s": statistics.mean(lat), "latency_max_s": max(lat),
             "error_messages": sorted({r[2] for r in results if r[2]})[:3]}
@@ -160,6 +164,7 @@ def print_table(rows, s, c, a) -> None:
     print(f"(means per request; tok/s over all requests; median overhead {s['overhead_ms_median']:.1f} ms; "
           f"server/in-process latency {s['latency_ratio']:.3f}x; identical text {s['same_text']}/{len(rows)})")
     print(f"\n{c['clients']} concurrent clients (one engine, FIFO queue): {c['requests']} requests, {c['errors']} errors, "
+          f"{c['same_as_alone']}/{c['requests']} outputs identical to the request run alone, "
           f"wall {c['wall_s']:.2f}s, {c['total_tokens']} tokens, {c['aggregate_tokens_per_s']:.2f} tok/s aggregate, "
           f"latency mean {c['latency_mean_s']:.2f}s / max {c['latency_max_s']:.2f}s")
 
