@@ -100,15 +100,15 @@ def test_torn_and_corrupt_lines_are_discarded(tmp_path):
 
 def test_cli_writes_results_summary_report_and_plots(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless", "--drafter", "model,pld",
+    argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless,mars", "--drafter", "model,pld",
             "--k-sweep", "2..3", "--max-new-tokens", "6", "--peers", "hf-assisted,hf-pld", "--repeats", "2",
             "--out", str(out), "-q", *tiny_args(tiny_dirs)]
     assert main(argv) == 0
     stdout = capsys.readouterr().out
     summary = json.loads(stdout.strip().splitlines()[-1])  # the last stdout line is the summary
     assert summary == json.loads((out / "summary.json").read_text())
-    ids = ["ar", "lossless/model/k2", "lossless/model/k3", "lossless/pld/k2", "lossless/pld/k3", "hf-assisted",
-           "hf-pld"]
+    ids = ["ar", "lossless/model/k2", "lossless/model/k3", "lossless/pld/k2", "lossless/pld/k3", "mars/model/k2",
+           "mars/model/k3", "mars/pld/k2", "mars/pld/k3", "hf-assisted", "hf-pld"]
     assert list(summary["configs"]) == ids
     assert len(lines(out / "results.jsonl")) == 3 * 2 * len(ids)
     for cid, row in summary["configs"].items():
@@ -120,13 +120,15 @@ def test_cli_writes_results_summary_report_and_plots(tiny_dirs, tmp_path, capsys
     assert summary["configs"]["lossless/model/k2"]["agreement"]["exact_match"] == 1.0
     assert summary["configs"]["hf-assisted"]["agreement"]["exact_match"] == 1.0  # greedy peers match ar too
     assert summary["configs"]["hf-assisted"]["tau"] is not None
-    assert set(summary["best_k"]) == {"lossless/model", "lossless/pld"}
+    assert set(summary["best_k"]) == {"lossless/model", "lossless/pld", "mars/model", "mars/pld"}
+    assert summary["vs_lossless"]["mars/pld/k3"]["lossless"] == "lossless/pld/k3"
     env = summary["environment"]
     assert env["versions"]["torch"] and env["hardware"]["cpu_cores"] and "commit" in env["git"]
     report = (out / "report.md").read_text()
     for cid in ids:
         assert f"| {cid}" in report or f"| **{cid}**" in report
     assert "speedup vs ar" in report and "Hardware" in report and "transformers" in report
+    assert "| mars/model/k2 | lossless/model/k2 |" in report  # loose rules vs lossless at the same K
     for png in ("speedup_vs_quality.png", "tau.png", "acceptance.png", "k_sweep.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png

@@ -2,7 +2,7 @@
 
 import pytest
 
-from specdec.bench.summary import best_k, pareto_front, summarize
+from specdec.bench.summary import best_k, pareto_front, summarize, vs_lossless
 
 
 def rec(sample, config, repeat, tokens, seconds, passed=None, stats=None, exact=None, token=None, category="code"):
@@ -114,3 +114,27 @@ def test_best_k_and_pareto_front():
     }
     assert best_k(rows) == {"lossless/model": {"k": 4, "id": "lossless/model/k4", "speedup_vs_ar": 1.8, "tau": 3}}
     assert pareto_front(rows) == ["lossless/model/k4", "mars/model/k4"]
+
+
+def test_vs_lossless_pairs_each_lossy_rule_with_lossless_at_the_same_drafter_and_k():
+    def row(cid, policy, drafter, k, tau, tps, lossy=True, params=None):
+        return {"id": cid, "kind": "specdec", "policy": policy, "drafter": drafter, "k": k, "tau": tau,
+                "tokens_per_second": tps, "lossy": lossy, "params": params or {}}
+
+    rows = {
+        "ar": row("ar", "ar", None, None, 1.0, 2.0, lossy=False),
+        "lossless/model/k5": row("lossless/model/k5", "lossless", "model", 5, 4.0, 4.0, lossy=False),
+        "lossless[min_confidence=0.5]/model/k15": row("lossless[min_confidence=0.5]/model/k15", "lossless", "model",
+                                                      15, 9.0, 5.0, lossy=False, params={"min_confidence": 0.5}),
+        "mars/model/k5": row("mars/model/k5", "mars", "model", 5, 5.0, 4.4),
+        "fly/model/k15": row("fly/model/k15", "fly", "model", 15, 12.0, 6.0),  # only a tuned lossless at K=15
+        "typical/pld/k5": row("typical/pld/k5", "typical", "pld", 5, None, 3.0),  # no lossless pld reference
+    }
+    got = vs_lossless(rows)
+    assert list(got) == ["mars/model/k5"]
+    assert got["mars/model/k5"]["lossless"] == "lossless/model/k5"
+    assert got["mars/model/k5"]["tau_ratio"] == pytest.approx(1.25)
+    assert got["mars/model/k5"]["speed_ratio"] == pytest.approx(1.1)
+    rows["lossless/pld/k5"] = row("lossless/pld/k5", "lossless", "pld", 5, 1.2, 2.5, lossy=False)
+    assert vs_lossless(rows)["typical/pld/k5"] == {"lossless": "lossless/pld/k5", "tau_ratio": None,
+                                                   "speed_ratio": pytest.approx(1.2)}

@@ -75,6 +75,19 @@ def render_report(summary: dict) -> str:
         lines += ["", "### Best K per rule and drafter", "", "| rule/drafter | best K | speedup | tau |", "|---|---:|---:|---:|"]
         for name, b in summary["best_k"].items():
             lines.append(f"| {name} | {b['k']} | {_f(b['speedup_vs_ar'], '.2f', 'x')} | {_f(b['tau'])} |")
+    gains = summary.get("vs_lossless")
+    if gains is None:  # summaries written before this table existed
+        from .summary import vs_lossless
+        gains = vs_lossless(rows)
+    if gains:
+        lines += ["", "### Loose rules vs lossless at the same drafter and K", "",
+                  "| configuration | lossless reference | tau gain | speed gain | exact match vs ar |",
+                  "|---|---|---:|---:|---:|"]
+        for cid, g in gains.items():
+            tau_gain = "–" if g["tau_ratio"] is None else f"{100 * (g['tau_ratio'] - 1):+.1f}%"
+            speed_gain = "–" if g["speed_ratio"] is None else f"{100 * (g['speed_ratio'] - 1):+.1f}%"
+            lines.append(f"| {cid} | {g['lossless']} | {tau_gain} | {speed_gain} | "
+                         f"{_pct((rows[cid].get('agreement') or {}).get('exact_match'))} |")
     cats = next((list(r["by_category"]) for r in rows.values() if r.get("by_category")), None)
     if cats:
         lines += ["", "### Speedup vs ar (tau) by category", "",

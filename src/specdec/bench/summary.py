@@ -171,7 +171,25 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
                 for cat in cats
             }
         out[cid] = row
-    return {"configs": out, "best_k": best_k(out), "pareto_front": pareto_front(out)}
+    return {"configs": out, "best_k": best_k(out), "pareto_front": pareto_front(out), "vs_lossless": vs_lossless(out)}
+
+
+def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
+    """For each lossy configuration, its gain over ``lossless`` run with the same drafter and K
+    (when that configuration is in the run): tau ratio and speedup ratio."""
+    ref = {(r.get("drafter"), r.get("k"), repr(sorted((r.get("params") or {}).items()))): r for r in rows.values()
+           if r.get("kind") == "specdec" and r.get("policy") == "lossless"}
+    out = {}
+    for cid, r in rows.items():
+        if r.get("kind") != "specdec" or not r.get("lossy"):
+            continue
+        base = ref.get((r.get("drafter"), r.get("k"), repr([])))
+        if base is None:
+            continue
+        ratio = {key: _ratio(r[key], base[key]) if r.get(key) is not None and base.get(key) else None
+                 for key in ("tau", "tokens_per_second")}
+        out[cid] = {"lossless": base["id"], "tau_ratio": ratio["tau"], "speed_ratio": ratio["tokens_per_second"]}
+    return out
 
 
 def best_k(rows: dict[str, dict]) -> dict[str, dict]:
