@@ -134,6 +134,8 @@ def test_cli_writes_results_summary_report_and_plots(tiny_dirs, tmp_path, capsys
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png
     run_json = json.loads((out / "run.json").read_text())
     assert run_json["settings"]["max_new_tokens"] == 6 and len(run_json["invocations"]) == 1
+    # the stored settings name the draft the run really loaded (float32: auto keeps it unquantized)
+    assert run_json["settings"]["draft_quant"] == summary["run"]["models"]["draft_quant"] == "none"
 
     # the same command resumes (nothing to redo); different settings in the same DIR are refused
     assert main(argv) == 0

@@ -28,7 +28,7 @@ def test_resolve_quant(mode, device, dtype, expected):
 
 def test_resolve_quant_rejects_unknown_mode():
     with pytest.raises(SpecdecError, match="unknown draft quantization 'int4'"):
-        resolve_quant("int4", CPU)
+        resolve_quant("int4", CPU, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

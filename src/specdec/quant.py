@@ -58,7 +58,7 @@ def quantize_int8(model: nn.Module) -> int:
     return count
 
 
-def resolve_quant(mode: str, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> str:
+def resolve_quant(mode: str, device: torch.device, dtype: torch.dtype) -> str:
     """``auto`` -> int8 for a bfloat16 model on a CPU (measured ~1.5-2x faster per draft step),
     none elsewhere: with float32 activations torch's int8 kernel was measured ~2.3x *slower* than
     the plain float32 layer here, and on a GPU it is not used."""

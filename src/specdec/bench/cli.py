@@ -125,12 +125,13 @@ def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
     from ..quant import resolve_quant
 
     device = resolve_device(a.device)
+    dtype = resolve_dtype(a.dtype, device)
     draft = a.draft
     if draft == "auto":
         draft = DEFAULT_DRAFT if a.target == DEFAULT_TARGET else "none"
     return {
-        "target": a.target, "draft": draft, "dtype": str(resolve_dtype(a.dtype, device)).replace("torch.", ""),
-        "device": str(device), "draft_quant": resolve_quant(a.draft_quant, device) if draft != "none" else "none",
+        "target": a.target, "draft": draft, "dtype": str(dtype).replace("torch.", ""),
+        "device": str(device), "draft_quant": resolve_quant(a.draft_quant, device, dtype) if draft != "none" else "none",
         "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
         "top_k": settings.top_k, "seed": settings.seed, "prompt_format": FORMAT_VERSION,
         "data": dataset.source if dataset.sha256 is None else f"sha256:{dataset.sha256}",
