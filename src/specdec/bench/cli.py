@@ -74,16 +74,6 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
-def _int(text, what: str, minimum: int = 1) -> int:
-    try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {text!r}") from None
-    if value < minimum:
-        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {text!r}")
-    return value
-
-
 def _float(text, what: str) -> float:
     try:
         return float(str(text).strip())
@@ -95,16 +85,16 @@ def parse_args(a: argparse.Namespace):
     """Flags -> (configs, peers, settings, limit); every check that needs no model."""
     from .runner import Settings
 
-    limit = None if a.limit is None else _int(a.limit, "--limit")
-    k = _int(a.k, "--k")
+    limit = None if a.limit is None else cfgs.parse_int(a.limit, "--limit")
+    k = cfgs.parse_int(a.k, "--k")
     sweep = cfgs.parse_k_sweep(a.k_sweep) if a.k_sweep else None
     settings = Settings(
-        max_new_tokens=_int(a.max_new_tokens, "--max-new-tokens"), temperature=_float(a.temperature, "--temperature"),
-        top_p=_float(a.top_p, "--top-p"), top_k=_int(a.top_k, "--top-k", 0),
-        seed=None if str(a.seed).lower() == "none" else _int(a.seed, "--seed", 0),
-        repeats=_int(a.repeats, "--repeats"), warmup=not a.no_warmup,
+        max_new_tokens=cfgs.parse_int(a.max_new_tokens, "--max-new-tokens"), temperature=_float(a.temperature, "--temperature"),
+        top_p=_float(a.top_p, "--top-p"), top_k=cfgs.parse_int(a.top_k, "--top-k", 0),
+        seed=None if str(a.seed).lower() == "none" else cfgs.parse_int(a.seed, "--seed", 0),
+        repeats=cfgs.parse_int(a.repeats, "--repeats"), warmup=not a.no_warmup,
         sandbox_timeout=_float(a.sandbox_timeout, "--sandbox-timeout"),
-        sandbox_memory_mb=_int(a.sandbox_memory_mb, "--sandbox-memory-mb", 64),
+        sandbox_memory_mb=cfgs.parse_int(a.sandbox_memory_mb, "--sandbox-memory-mb", 64),
     )
     if settings.sandbox_timeout <= 0:
         raise SpecdecError("--sandbox-timeout must be > 0")

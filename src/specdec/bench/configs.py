@@ -117,17 +117,14 @@ def split_list(text: str | None, what: str) -> list[str]:
     return items
 
 
-def parse_positive_int(text: Any, what: str) -> int:
-    """An integer >= 1 from a flag value, or a one-line SpecdecError."""
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
-    else:
-        try:
-            value = int(str(text).strip())
-        except ValueError:
-            raise SpecdecError(f"{what} must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise SpecdecError(f"{what} must be an integer >= 1, got {text!r}")
+def parse_int(text: Any, what: str, minimum: int = 1) -> int:
+    """An integer >= ``minimum`` from a flag or item value, or a one-line SpecdecError."""
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {text!r}")
     return value
 
 
@@ -161,7 +158,7 @@ def build_configs(policies: str, drafters: str, k: int, k_sweep: Iterable[int] |
             continue
         item_ks = ks
         if "k" in params:
-            item_ks = [parse_positive_int(params.pop("k"), f"k in {item!r}")]
+            item_ks = [parse_int(params.pop("k"), f"k in {item!r}")]
         item_drafters = drafter_list
         if "drafter" in params:
             item_drafters = [str(params.pop("drafter"))]

@@ -10,13 +10,13 @@ Nothing is fetched at run time.
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..convert import sha256_file
 from ..errors import SpecdecError
 
 DATASETS = ("humaneval", "spec-bench", "fixture")
@@ -99,10 +99,10 @@ def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | 
         path = Path(data) if data else find_spec_bench()
         rows = read_jsonl(path)
         samples = spec_bench_samples(rows, categories, limit, path)
-        return Dataset(spec, samples, str(path), file_sha256(path))
+        return Dataset(spec, samples, str(path), sha256_file(path))
     if data:
         path = Path(data)
-        rows, source, sha = read_jsonl(path), str(path), file_sha256(path)
+        rows, source, sha = read_jsonl(path), str(path), sha256_file(path)
     elif name == "fixture":
         rows, source, sha = [dict(r) for r in FIXTURE], "built-in", None
     else:
@@ -192,10 +192,3 @@ def read_jsonl(path: Path) -> list[dict]:
         raise SpecdecError(f"cannot read data file {path}: {exc.strerror or exc}") from None
     return rows
 
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

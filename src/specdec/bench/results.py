@@ -168,6 +168,3 @@ def check_run_settings(out_dir: Path, settings: dict[str, Any], invocation: dict
     history.append({**invocation, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     atomic_write_text(path, json.dumps({"settings": settings, "invocations": history}, indent=2) + "\n")
 
-
-def index(records: Iterable[dict]) -> dict[str, dict]:
-    return {r["key"]: r for r in records}

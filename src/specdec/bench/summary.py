@@ -177,18 +177,15 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
 def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
     """For each lossy configuration, its gain over ``lossless`` run with the same drafter and K
     (when that configuration is in the run): tau ratio and speedup ratio."""
-    ref = {(r.get("drafter"), r.get("k"), repr(sorted((r.get("params") or {}).items()))): r for r in rows.values()
-           if r.get("kind") == "specdec" and r.get("policy") == "lossless"}
+    ref = {(r.get("drafter"), r.get("k")): r for r in rows.values()
+           if r.get("kind") == "specdec" and r.get("policy") == "lossless" and not r.get("params")}
     out = {}
     for cid, r in rows.items():
-        if r.get("kind") != "specdec" or not r.get("lossy"):
+        base = ref.get((r.get("drafter"), r.get("k")))
+        if r.get("kind") != "specdec" or not r.get("lossy") or base is None:
             continue
-        base = ref.get((r.get("drafter"), r.get("k"), repr([])))
-        if base is None:
-            continue
-        ratio = {key: _ratio(r[key], base[key]) if r.get(key) is not None and base.get(key) else None
-                 for key in ("tau", "tokens_per_second")}
-        out[cid] = {"lossless": base["id"], "tau_ratio": ratio["tau"], "speed_ratio": ratio["tokens_per_second"]}
+        tau, speed = (None if r.get(key) is None else _ratio(r[key], base.get(key)) for key in ("tau", "tokens_per_second"))
+        out[cid] = {"lossless": base["id"], "tau_ratio": tau, "speed_ratio": speed}
     return out
 
 

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import torch
 
+from ..errors import SpecdecError
 from ..models import CausalLM, common_prefix
 from ..sampling import SamplingParams, draw, probabilities
 from .base import Draft
@@ -31,8 +32,6 @@ class ModelDrafter:
 
     @staticmethod
     def check_confidence(min_confidence: float) -> None:
-        from ..errors import SpecdecError
-
         if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) or not 0 <= min_confidence < 1:
             raise SpecdecError(f"min_confidence must be a number in [0, 1), got {min_confidence!r}")
 
