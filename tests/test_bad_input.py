@@ -103,6 +103,8 @@ def run_cli(*args, stdin=None):
         (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
         (["generate", "hi", "--policy", "nope"], "unknown policy 'nope'"),
         (["generate", "hi", "--drafter", "nope"], "unknown drafter 'nope'"),
+        (["generate", "hi", "--min-confidence", "1.5"], "min_confidence must be a number in [0, 1)"),
+        (["generate", "hi", "--drafter", "pld", "--min-confidence", "0.5"], "drafter 'pld' takes ngram_max, ngram_min"),
         (["generate", "", "--target", "x"], "the prompt is empty"),
         (["generate", "hi", "--target", "/missing/model"], "model not found"),
         (["models", "prepare", "nope"], "unknown bundled model 'nope'"),
