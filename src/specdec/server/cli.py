@@ -8,7 +8,7 @@ import ipaddress
 import os
 import sys
 
-from ..cli import add_decode_args, add_model_args, decode_kwargs, load_pair, make_config, startup_summary
+from ..cliargs import add_decode_args, add_model_args, decode_kwargs, load_pair, make_config, startup_summary
 from ..errors import SpecdecError
 
 
