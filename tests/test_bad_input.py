@@ -13,8 +13,11 @@ from specdec.testing import byte_tokenizer, tiny_model
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"k": 0}, "k (draft length) must be an integer >= 1"),
+        ({"k": 0}, "k (draft length) must be 'auto' or an integer >= 1"),
         ({"k": -3}, "k (draft length)"),
+        ({"k": -1}, "k (draft length) must be 'auto' or an integer >= 1, got -1"),
+        ({"k": "fast"}, "k (draft length) must be 'auto' or an integer >= 1, got 'fast'"),
+        ({"k": 2.5}, "k (draft length)"),
         ({"temperature": -0.5}, "temperature must be >= 0"),
         ({"policy": "bogus"}, "unknown policy 'bogus'"),
         ({"drafter": "bogus"}, "unknown drafter 'bogus'"),
@@ -99,7 +102,7 @@ def run_cli(*args, stdin=None):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["generate", "hi", "-k", "0"], "k (draft length) must be an integer >= 1"),
+        (["generate", "hi", "-k", "0"], "k (draft length) must be 'auto' or an integer >= 1"),
         (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
         (["generate", "hi", "--policy", "nope"], "unknown policy 'nope'"),
         (["generate", "hi", "--drafter", "nope"], "unknown drafter 'nope'"),
@@ -130,5 +133,8 @@ def test_cli_mismatched_vocab_and_long_prompt(tmp_path, tiny_dirs):
 
 
 def test_cli_argparse_errors_exit_2():
-    res = run_cli("generate", "hi", "-k", "five")
+    res = run_cli("generate", "hi", "--max-new-tokens", "five")
     assert res.returncode == 2 and "invalid int value" in res.stderr
+    res = run_cli("generate", "hi", "-k", "five")  # -k takes 'auto' too: checked with the other request fields
+    assert res.returncode == 2 and res.stderr.strip() == (
+        "specdec: error: k (draft length) must be 'auto' or an integer >= 1, got 'five'")

@@ -135,7 +135,9 @@ def test_cli_writes_results_summary_report_and_plots(tiny_dirs, tmp_path, capsys
     run_json = json.loads((out / "run.json").read_text())
     assert run_json["settings"]["max_new_tokens"] == 6 and len(run_json["invocations"]) == 1
     # the stored settings name the draft the run really loaded (float32: auto keeps it unquantized)
-    assert run_json["settings"]["draft_quant"] == summary["run"]["models"]["draft_quant"] == "none"
+    # run.json keeps what was asked (auto is decided at load); the summary what was loaded
+    assert run_json["settings"]["draft_quant"] == "auto" and summary["run"]["models"]["draft_quant"] == "none"
+    assert "cpu_flags" in run_json["settings"] and summary["run"]["models"]["cost_model"]["target"]["widths"][0] == 1
 
     # the same command resumes (nothing to redo); different settings in the same DIR are refused
     assert main(argv) == 0
@@ -155,7 +157,7 @@ def test_spec_bench_run_reports_categories_and_math(tiny_dirs, tmp_path, capsys)
     assert main(argv) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["run"]["categories"] == {"qa": 2, "math_reasoning": 2}
-    row = summary["configs"]["lossless/pld/k5"]
+    row = summary["configs"]["lossless/pld/kauto"]
     assert row["quality_metric"] == "math_accuracy" and set(row["by_category"]) == {"math_reasoning", "qa"}
     recs = lines(out / "results.jsonl")
     assert {r["category"] for r in recs} == {"qa", "math_reasoning"} and len(recs) == 8
@@ -191,7 +193,7 @@ def test_kill_at_any_moment_then_rerun_completes(tiny_dirs, tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--dataset", "mmlu"], "unknown dataset 'mmlu'"),
     (["--dataset", "spec-bench:poetry"], "unknown Spec-Bench category 'poetry'"),
-    (["--policies", "ar,nosuchrule"], "configuration nosuchrule/model/k5"),
+    (["--policies", "ar,nosuchrule"], "configuration nosuchrule/model/kauto"),
     (["--limit", "0"], "--limit must be an integer >= 1"),
     (["--limit=-3"], "--limit must be an integer >= 1"),
     (["--limit", "ten"], "--limit must be an integer >= 1, got 'ten'"),

@@ -52,3 +52,18 @@ def test_gguf_file_loads_through_the_cache(real_pair, tmp_path, monkeypatch):
     assert ids == real_pair.encode(PROMPT)  # the GGUF's own tokenizer matches the bundled one
     out = pair.generate(PROMPT, policy="ar", max_new_tokens=3)
     assert len(out.token_ids) == 3
+
+
+def test_defaults_measure_the_machine_and_stay_lossless(real_pair):
+    """dtype=auto and k=auto as a new user gets them: the cost model is measured (cached), the
+    chosen dtypes are the measured best, and lossless output equals plain decoding's."""
+    pair = specdec.load(progress=False)
+    assert pair.costs.target is not None and pair.costs.why and "expected" in pair.costs.why
+    chosen = str(pair.target.dtype).replace("torch.", "")
+    tables = pair.costs.candidates["target"]
+    assert chosen in tables and set(tables) == {"float32", "bfloat16"}
+    ar = pair.generate(PROMPT, policy="ar", max_new_tokens=8)
+    out = pair.generate(PROMPT, max_new_tokens=8)  # lossless, model drafter, k=auto
+    assert out.stats.k == "auto" and len(out.stats.k_chosen) == out.stats.rounds
+    if chosen == "float32":
+        assert out.token_ids == ar.token_ids

@@ -50,3 +50,32 @@ def test_quantize_int8_replaces_every_linear():
     assert quantize_int8(model) == 2
     assert all(not type(m) is nn.Linear for m in model.modules())
     assert model(torch.randn(3, 8)).shape == (3, 4)
+
+
+def test_int8_kernel_serves_every_width_on_cpu_without_a_dequantized_copy():
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48, bias=True).to(torch.bfloat16)
+    q = Int8Linear(linear)
+    if not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        pytest.skip("this torch has no int8 weight-only kernel")
+    assert q.weight is None and q.out_features == 48  # one int8 copy of the weights, nothing else
+    x = torch.randn(33, 64, dtype=torch.bfloat16)
+    rows = torch.cat([q(x[i:i + 1]) for i in range(33)])
+    torch.testing.assert_close(q(x), rows, rtol=3e-2, atol=3e-2)  # wide passes: the same kernel
+    ref = nn.functional.linear(x.float(), q.qweight.float() * q.scales.float()[:, None], linear.bias.float())
+    torch.testing.assert_close(q(x).float(), ref, rtol=3e-2, atol=3e-2)
+
+
+def test_packed_float32_linears_compute_the_same_function():
+    from specdec.kernels import PackedLinear, can_pack, pack_linears
+
+    if not can_pack(torch.device("cpu")):
+        pytest.skip("no oneDNN in this torch")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16, bias=False), nn.Linear(16, 8).bfloat16())
+    x = torch.randn(2, 5, 32)
+    ref = model[:3](x)
+    assert pack_linears(model) == 2  # float32 ones only
+    assert isinstance(model[0], PackedLinear) and type(model[3]) is nn.Linear
+    torch.testing.assert_close(model[:3](x), ref, rtol=1e-5, atol=1e-5)
+    assert model[:3](x[:, :1]).shape == (2, 1, 16)

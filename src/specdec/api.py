@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from .costmodel import CostTable
 from .engine import DRAFTER_OPTIONS, DecodeConfig, Engine, Generation
 from .errors import SpecdecError
-from .models import CausalLM, check_same_vocabulary, load as load_model, resolve_device, resolve_dtype
-from .quant import quantize_int8, resolve_quant
+from .models import CausalLM, check_same_vocabulary, output_rows, load as load_model, resolve_device, resolve_dtype
+from .quant import resolve_quant
 from .sampling import SamplingParams
 from .stats import Stats
 from .text import StopStrings, TextStream, encode_prompt, eos_ids
@@ -40,6 +42,17 @@ class Output:
         }
 
 
+@dataclass
+class Costs:
+    """The measured cost model of a loaded pair: the tables of the variants in use, why the
+    dtypes were chosen (``dtype="auto"``), and every candidate's table (for ``specdec calibrate``)."""
+
+    target: CostTable | None = None
+    draft: CostTable | None = None
+    why: str | None = None
+    candidates: dict = field(default_factory=dict)
+
+
 class Stream:
     """Iterate for text deltas as tokens are committed; ``output`` is set once iteration ends."""
 
@@ -60,7 +73,7 @@ class Stream:
 
 
 def make_config(
-    *, policy: str = "lossless", drafter: str = "model", k: int = 5, max_new_tokens: int = 128,
+    *, policy: str = "lossless", drafter: str = "model", k: int | str = "auto", max_new_tokens: int = 128,
     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None, **options: Any,
 ) -> DecodeConfig:
     """Validate request parameters into a :class:`DecodeConfig` (no model needed). Options named
@@ -77,13 +90,16 @@ def make_config(
 class Pair:
     """A target model, an optional draft model that shares its tokenizer, and the engine over them."""
 
-    def __init__(self, target: CausalLM, tokenizer, draft: CausalLM | None = None, names: tuple[str, str | None] = ("target", None)):
+    def __init__(self, target: CausalLM, tokenizer, draft: CausalLM | None = None,
+                 names: tuple[str, str | None] = ("target", None), costs: Costs | None = None):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.target_name, self.draft_name = names
         self.draft_quant = "none"
+        self.costs = costs or Costs()
         gen_cfg = getattr(target.model, "generation_config", None)
         self.eos_ids = eos_ids(tokenizer, target.config, gen_cfg)
-        self.engine = Engine(target, draft, self.eos_ids)
+        self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
+                             draft_costs=self.costs.draft)
 
     # ----------------------------------------------------------------- requests
     def encode(self, prompt, chat: bool | None = None, system: str | None = None) -> list[int]:
@@ -157,7 +173,9 @@ class Pair:
 
 def load(
     target: str = DEFAULT_TARGET, draft: str | None = _AUTO, *, dtype: str | torch.dtype = "auto",
-    device: str = "auto", draft_quant: str = "auto", progress: bool = True,
+    draft_dtype: str | torch.dtype = "auto", device: str = "auto", draft_quant: str = "auto",
+    calibrate: bool = True, recalibrate: bool = False, progress: bool = True,
+    log: Callable[[str], None] | None = None,
 ) -> Pair:
     """Load a target and (optionally) a draft model.
 
@@ -165,29 +183,73 @@ def load(
     model folder, a ``.gguf`` file (converted once to a cached bf16 folder) or a hub id.
     ``draft="auto"`` picks the bundled draft for the bundled target and no draft otherwise;
     ``draft=None`` loads none (only ``drafter="pld"`` and ``policy="ar"`` work then).
-    dtype: ``auto`` (bfloat16), ``bfloat16``, ``float16`` or ``float32``. device: ``auto``, ``cpu``,
-    ``cuda``. draft_quant: ``auto`` (int8 weight-only draft for bfloat16 on a CPU, none elsewhere), ``int8`` or
-    ``none``; the draft only proposes, so this never changes what the lossless rules output.
+
+    dtype: ``auto`` (measured: on a CPU the faster of float32 and bfloat16 for this machine,
+    prefill and decoding both counted; bfloat16 on a GPU, float16 without bf16 support),
+    ``bfloat16``, ``float16`` or ``float32``. draft_dtype: ``auto`` (measured with ``dtype="auto"``,
+    else the same as ``dtype``) or a dtype: the draft only proposes, so it may differ from the
+    target's without changing what the lossless rules output. device: ``auto``, ``cpu``, ``cuda``.
+    draft_quant: ``auto`` (int8 weight-only for a bfloat16 draft on a CPU, none elsewhere),
+    ``int8`` or ``none``.
+
+    calibrate: measure each model's forward cost at verify widths 1..32 (once per machine, model
+    and dtype; cached under ``$SPECDEC_HOME/costs``), which ``dtype="auto"`` and ``k="auto"`` use.
+    ``recalibrate`` measures again even when cached. ``log`` receives progress lines (default: stderr
+    when ``progress``).
     """
+    from .calibrate import candidate_tables, draft_candidates, materialize, pick, target_candidates
+    from .costmodel import FALLBACK_K
+
+    if log is None:
+        log = _stderr if progress else (lambda line: None)
     dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    quant = resolve_quant(draft_quant, dev, dt)
+    if dtype != "auto":
+        resolve_dtype(dtype, dev)
+    if draft_dtype != "auto":
+        resolve_dtype(draft_dtype, dev)
+    resolve_quant(draft_quant, dev, torch.float32)  # validates the name
     if draft == _AUTO:
         draft = DEFAULT_DRAFT if target == DEFAULT_TARGET else None
-    t = load_model(target, dt, dev, progress=progress)
+    t_cands = target_candidates(dtype, dev)
+    d_cands = draft_candidates(dtype, draft_dtype, draft_quant, dev) if draft is not None else []
+    calibrate = calibrate or recalibrate
+    t_tables: dict = {}
+    d_tables: dict = {}
+    t_master = d_master = None
+    if calibrate:
+        t_tables, t_master = candidate_tables(target, "target", t_cands, dev, remeasure=recalibrate,
+                                              progress=progress, log=log)
+        if draft is not None:
+            d_tables, d_master = candidate_tables(draft, "draft", d_cands, dev, remeasure=recalibrate,
+                                                  progress=progress, log=log)
+    choice = pick(t_tables, d_tables if draft is not None else None) if calibrate else None
+    t_variant = choice.target if choice is not None else (t_cands[-1] if dtype == "auto" else t_cands[0])
+    d_variant = None
+    if draft is not None:
+        d_variant = choice.draft if choice is not None else d_cands[-1]
+    why = choice.reason() if choice is not None and (len(t_cands) > 1 or len(d_cands) > 1) else None
+    if choice is None and len(t_cands) > 1:
+        why = f"not measured (calibration {'off' if not calibrate else 'failed'}); bfloat16 as before"
+        if calibrate:
+            log(f"specdec: warning: no cost model, so dtype=auto is bfloat16 and k=auto is k={FALLBACK_K}")
+    t = materialize(target, t_variant, dev, t_master, progress=progress)
     d = None
     if draft is not None:
-        d = load_model(draft, dt, dev, progress=progress)
+        d = materialize(draft, d_variant, dev, d_master, progress=progress)
         check_same_vocabulary(t.tokenizer, d.tokenizer, target, draft)
     vocab = len(t.tokenizer)
-    widths = [m.model.get_output_embeddings().weight.shape[0] for m in (t, d) if m is not None]
+    widths = [output_rows(m.model.get_output_embeddings()) for m in (t, d) if m is not None]
     if min(widths) < vocab:
         raise SpecdecError(f"a model's output layer has {min(widths)} rows, fewer than the tokenizer's {vocab} tokens")
     # Rows past the tokenizer's table (padding) are never real tokens; cut them so both models agree.
-    if d is not None and quant == "int8":
-        quantize_int8(d.model)
     target_lm = CausalLM(t.model, target, vocab_limit=vocab)
     draft_lm = CausalLM(d.model, draft, vocab_limit=vocab) if d is not None else None
-    pair = Pair(target_lm, t.tokenizer, draft_lm, names=(target, draft))
-    pair.draft_quant = quant if d is not None else "none"
+    costs = Costs(t_tables.get(t_variant), d_tables.get(d_variant) if d_variant else None, why,
+                  {"target": t_tables, "draft": d_tables})
+    pair = Pair(target_lm, t.tokenizer, draft_lm, names=(target, draft), costs=costs)
+    pair.draft_quant = d_variant.partition("+")[2] or "none" if d_variant else "none"
     return pair
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)

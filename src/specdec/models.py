@@ -44,6 +44,12 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
+def output_rows(head: torch.nn.Module) -> int:
+    """Rows of an LM head (plain, int8-quantized or packed linear)."""
+    rows = getattr(head, "out_features", None)
+    return int(rows) if rows is not None else int(head.weight.shape[0])
+
+
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
@@ -78,13 +84,18 @@ class CausalLM:
         if head is None:
             raise SpecdecError(f"{name}: the model has no output embeddings (LM head); is it a causal LM?")
         self.head = head
-        self.vocab_size = int(head.weight.shape[0])
+        self.vocab_size = output_rows(head)
         self.vocab_limit = vocab_limit or self.vocab_size
         self.max_length = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._captured: torch.Tensor | None = None
-        self.head.register_forward_hook(self._capture_head_input)
+        self._hook = self.head.register_forward_hook(self._capture_head_input)
         self.forward_calls = 0
+        self.reset()
+
+    def close(self) -> None:
+        """Detach from the model (its hook, its cache): the model can be wrapped again."""
+        self._hook.remove()
         self.reset()
 
     def _capture_head_input(self, module, inputs, output) -> None:
@@ -136,6 +147,7 @@ class CausalLM:
         self.truncate(keep)
         return self.forward(context[keep:], num_logits, hidden)
 
+    @torch.inference_mode()
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head applied to hidden states ``[..., H]`` -> float32 logits ``[..., V]``."""
         return self.head(hidden)[..., : self.vocab_limit].float()
@@ -194,8 +206,9 @@ def locate(source: str) -> tuple[str, Path | None]:
     return "hub", None
 
 
-def load(source: str, dtype: torch.dtype, device: torch.device, progress: bool = True) -> Loaded:
-    """Load a causal LM and its tokenizer from a bundled name, folder, .gguf file or hub id."""
+def resolve(source: str, progress: bool = True) -> tuple[str, str, Path | None]:
+    """``(kind, ref, path)``: what ``from_pretrained`` should read for ``source`` (bundled models and
+    GGUF files are prepared into their cached folders first). ``kind`` is ``folder`` or ``hub``."""
     kind, path = locate(source)
     if kind == "bundled":
         from .bundled import ensure_prepared
@@ -207,7 +220,24 @@ def load(source: str, dtype: torch.dtype, device: torch.device, progress: bool =
 
         path = ensure_converted(path, progress=progress)
         kind = "folder"
-    ref = str(path) if path is not None else source
+    return kind, (str(path) if path is not None else source), path
+
+
+def load_config(source: str, progress: bool = True):
+    """The model's transformers config (no weights), e.g. to key a cost table before loading."""
+    kind, ref, _ = resolve(source, progress)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(ref)
+    except OSError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecdecError(f"could not load the config of model {source!r} ({first_line})") from exc
+
+
+def load(source: str, dtype: torch.dtype, device: torch.device, progress: bool = True) -> Loaded:
+    """Load a causal LM and its tokenizer from a bundled name, folder, .gguf file or hub id."""
+    kind, ref, path = resolve(source, progress)
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 

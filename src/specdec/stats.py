@@ -23,7 +23,7 @@ def peak_rss_mb() -> float:
 class Stats:
     policy: str = "ar"
     drafter: str | None = None
-    k: int = 0
+    k: int | str = 0  # draft length, or "auto" (then k_chosen holds each round's K)
     lossy: bool = False
     prompt_tokens: int = 0
     new_tokens: int = 0
@@ -34,6 +34,7 @@ class Stats:
     drafted_at: list[int] = field(default_factory=list)  # [k] rounds that drafted position i
     accepted_at: list[int] = field(default_factory=list)  # [k] rounds that kept position i
     relaxed: dict[str, int] = field(default_factory=dict)  # loose rule -> drafts it added
+    k_chosen: list[int] = field(default_factory=list)  # k=auto: the K of each round (0 = plain step)
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification rule
@@ -86,6 +87,15 @@ class Stats:
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
+    @property
+    def k_label(self) -> str:
+        """``5``, or for k=auto ``auto (mean 6.2, K=0 in 10% of rounds)``."""
+        if self.k != "auto" or not self.k_chosen:
+            return str(self.k)
+        n = len(self.k_chosen)
+        zero = sum(1 for k in self.k_chosen if k == 0) / n
+        return f"auto (mean {sum(self.k_chosen) / n:.1f}, K=0 in {zero:.0%} of rounds)"
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(
@@ -105,7 +115,7 @@ class Stats:
         )
         if self.policy != "ar":
             line += (
-                f" drafter={self.drafter} k={self.k}: tau={self.mean_acceptance_length:.2f}, "
+                f" drafter={self.drafter} k={self.k_label}: tau={self.mean_acceptance_length:.2f}, "
                 f"accepted {self.accepted}/{self.drafted} drafts, "
                 f"{self.zero_accept_share:.0%} rounds kept none, "
                 f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s"

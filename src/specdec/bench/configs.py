@@ -18,6 +18,9 @@ from typing import Any, Iterable
 from ..errors import SpecdecError
 
 AR = "ar"
+#: ``ar:dtype=...``: plain decoding with the target loaded in another dtype (the best plain
+#: decoding on a machine may use another dtype than speculation does)
+AR_DTYPES = ("float32", "bfloat16", "float16")
 PEERS = {
     # peer name -> the generate()/generation-config keys it accepts, and their defaults here
     # draft_quant: run the peer with its own copy of the draft model, loaded with this quantization
@@ -27,6 +30,9 @@ PEERS = {
                     "defaults": {}},
     "hf-pld": {"keys": ("prompt_lookup_num_tokens", "max_matching_ngram_size"),
                "defaults": {"prompt_lookup_num_tokens": 10}},
+    # llama.cpp (llama-cpp-python) plain decoding on the target's GGUF file: what a CPU user would
+    # run instead; needs `pip install llama-cpp-python` and a bundled or .gguf target
+    "llama-cpp": {"keys": ("n_threads", "n_batch"), "defaults": {}},
 }
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-+.]*$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -38,7 +44,7 @@ class Config:
 
     policy: str
     drafter: str | None = None
-    k: int = 0
+    k: int | str = 0  # an integer, or "auto"
     params: dict[str, Any] = field(default_factory=dict)
     kind: str = "specdec"
 
@@ -54,6 +60,11 @@ class Config:
     @property
     def is_ar(self) -> bool:
         return self.kind == "specdec" and self.policy == AR
+
+    @property
+    def ar_dtype(self) -> str | None:
+        """The dtype of an ``ar:dtype=...`` configuration (None: the run's own target)."""
+        return self.params.get("dtype") if self.is_ar else None
 
     def generate_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``Pair.generate`` / ``make_config`` (besides sampling settings)."""
@@ -128,6 +139,13 @@ def parse_int(text: Any, what: str, minimum: int = 1) -> int:
     return value
 
 
+def parse_k(text: Any, what: str = "--k") -> int | str:
+    """``auto`` or an integer >= 1."""
+    if str(text).strip().lower() == "auto":
+        return "auto"
+    return parse_int(text, what + " ('auto' or an integer)")
+
+
 def parse_k_sweep(text: str) -> list[int]:
     """``"2..10"`` (inclusive), ``"2..10..2"`` (with a step) or ``"2,4,8"`` -> sorted distinct Ks."""
     s = text.strip()
@@ -145,7 +163,7 @@ def parse_k_sweep(text: str) -> list[int]:
     raise SpecdecError(f"bad --k-sweep {text!r}: use A..B (e.g. 2..10), A..B..STEP or a list like 2,4,8")
 
 
-def build_configs(policies: str, drafters: str, k: int, k_sweep: Iterable[int] | None = None) -> list[Config]:
+def build_configs(policies: str, drafters: str, k: int | str, k_sweep: Iterable[int] | None = None) -> list[Config]:
     """``ar`` once (always, first: it is the baseline) + every non-ar policy x drafter x K."""
     ks = list(k_sweep) if k_sweep else [k]
     out: list[Config] = [Config(AR)]
@@ -153,12 +171,17 @@ def build_configs(policies: str, drafters: str, k: int, k_sweep: Iterable[int] |
     for item in split_list(policies, "policy"):
         name, params = parse_item(item, "policy")
         if name == AR:
+            extra = sorted(set(params) - {"dtype"})
+            if extra:
+                raise SpecdecError(f"policy 'ar' (plain decoding) takes only dtype=..., got {extra}")
             if params:
-                raise SpecdecError(f"policy 'ar' (plain decoding) takes no parameters, got {sorted(params)}")
+                if params["dtype"] not in AR_DTYPES:
+                    raise SpecdecError(f"ar dtype must be one of {', '.join(AR_DTYPES)}, got {params['dtype']!r}")
+                out.append(Config(AR, None, 0, dict(params)))
             continue
         item_ks = ks
         if "k" in params:
-            item_ks = [parse_int(params.pop("k"), f"k in {item!r}")]
+            item_ks = [parse_k(params.pop("k"), f"k in {item!r}")]
         item_drafters = drafter_list
         if "drafter" in params:
             item_drafters = [str(params.pop("drafter"))]
@@ -207,6 +230,16 @@ def validate(configs: list[Config], **sampling: Any) -> None:
             make_config(**c.generate_kwargs(), **sampling)
         except SpecdecError as exc:
             raise SpecdecError(f"configuration {c.id}: {exc}") from None
+
+
+def check_peer_available(c: Config) -> None:
+    """Fail before any model loads when a peer's library is missing."""
+    if c.kind == "peer" and c.policy == "llama-cpp":
+        import importlib.util
+
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise SpecdecError("peer llama-cpp needs llama-cpp-python: pip install llama-cpp-python "
+                               "(it compiles llama.cpp; a few minutes)")
 
 
 def needs_draft_model(c: Config) -> bool:

@@ -9,17 +9,6 @@ import sys
 from pathlib import Path
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
-
-
 def gpu_name() -> str | None:
     try:
         import torch
@@ -58,8 +47,11 @@ def versions() -> dict:
 def hardware() -> dict:
     import torch
 
-    return {"cpu": cpu_model(), "cpu_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "gpu": gpu_name(), "platform": platform.platform()}
+    from ..costmodel import KEY_FLAGS, cpu_flags, cpu_model
+
+    flags = cpu_flags()
+    return {"cpu": cpu_model(), "cpu_flags": [f for f in KEY_FLAGS if f in flags], "cpu_cores": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "gpu": gpu_name(), "platform": platform.platform()}
 
 
 def describe() -> dict:

@@ -39,12 +39,76 @@ def peer_draft(pair, quant: str):
     return copies[quant]
 
 
+def gguf_of(source: str) -> str:
+    """The GGUF file of a target: a bundled model's (assembled once) or a ``.gguf`` path."""
+    from ..bundled import BUNDLED, gguf_file
+
+    if source in BUNDLED:
+        return str(gguf_file(source, progress=False))
+    if str(source).endswith(".gguf"):
+        return str(source)
+    raise SpecdecError(f"peer llama-cpp needs a GGUF target (a bundled model or a .gguf file), not {source!r}")
+
+
+def llama_model(pair, params: dict):
+    """The llama.cpp model for the pair's target, loaded once per pair."""
+    key = tuple(sorted(params.items()))
+    cache = pair.__dict__.setdefault("_llama", {})
+    if key not in cache:
+        from llama_cpp import Llama
+
+        threads = int(params.get("n_threads") or torch.get_num_threads())
+        cache[key] = Llama(model_path=gguf_of(pair.target_name), n_ctx=4096, n_threads=threads,
+                           n_threads_batch=threads, n_batch=int(params.get("n_batch") or 512), verbose=False)
+    return cache[key]
+
+
+def run_llama(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
+              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> dict[str, Any]:
+    """Plain decoding by llama.cpp on the same prompt token ids (same tokenizer: the GGUF's),
+    greedy at T=0; wall time of prompt evaluation + generation, as ours."""
+    params = {**PEERS[peer.policy]["defaults"], **peer.params}
+    llm = llama_model(pair, params)
+    if seed is not None:
+        llm.set_seed(seed)
+    eos = set(pair.eos_ids)
+    checker = StopStrings(pair.tokenizer, list(stops))
+    new: list[int] = []
+    finish = "length"
+    start = time.perf_counter()
+    sampling = dict(temp=temperature, top_p=top_p if temperature > 0 else 1.0, top_k=top_k if temperature > 0 else 1,
+                    repeat_penalty=1.0)
+    for tok in llm.generate(list(prompt_ids), reset=True, **sampling):
+        new.append(int(tok))
+        if tok in eos:
+            finish = "stop"
+            break
+        if checker.stops and checker(new, 1) is not None:
+            break
+        if len(new) >= max_new_tokens:
+            break
+    seconds = time.perf_counter() - start
+    produced = len(new)
+    if checker.stops:
+        keep = checker(new, len(new))
+        if keep is not None:
+            new, finish = new[:keep], "stop"
+    return {
+        "text": checker.final_text(new), "token_ids": new, "finish_reason": finish, "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(new), "produced_tokens": produced, "seconds": seconds, "target_forwards": produced,
+        "tau": 1.0, "peer_settings": {**params, "gguf": gguf_of(pair.target_name).rsplit("/", 1)[-1]},
+    }
+
+
 def run_peer(
     pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
 ) -> dict[str, Any]:
-    """One generation by a transformers peer: text, token_ids, finish_reason, new_tokens,
-    seconds (wall time of ``generate``), target_forwards, tau, and the settings it used."""
+    """One generation by a peer: text, token_ids, finish_reason, new_tokens, seconds (wall time
+    of ``generate``), target_forwards, tau, and the settings it used."""
+    if peer.policy == "llama-cpp":
+        return run_llama(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
+                         top_p=top_p, top_k=top_k, seed=seed)
     from transformers.utils import logging as hf_logging
 
     model = pair.target.model

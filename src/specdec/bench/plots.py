@@ -100,7 +100,7 @@ def _acceptance(plt, rows, summary):
 def _k_sweep(plt, rows, summary):
     groups = defaultdict(list)
     for cid, row in rows.items():
-        if row.get("kind") == "specdec" and row.get("policy") != "ar" and row.get("k"):
+        if row.get("kind") == "specdec" and row.get("policy") != "ar" and isinstance(row.get("k"), int) and row["k"]:
             groups[cid.rsplit("/k", 1)[0]].append(row)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for name, rs in groups.items():

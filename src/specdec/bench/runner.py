@@ -153,8 +153,8 @@ def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings) -> 
             run_peer(pair, cfg, pair.encode(prompt.text, chat=False), prompt.stop, max_new_tokens=n,
                      **settings.sampling())
         else:
-            pair.generate(prompt.text, chat=False, stop=list(prompt.stop) or None, max_new_tokens=n,
-                          **cfg.generate_kwargs(), **settings.sampling())
+            pair_for(pair, cfg).generate(prompt.text, chat=False, stop=list(prompt.stop) or None, max_new_tokens=n,
+                                         **cfg.generate_kwargs(), **settings.sampling())
 
 
 def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:
@@ -163,7 +163,23 @@ def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:
             "k": None if cfg.is_ar or cfg.kind == "peer" else cfg.k, "params": dict(cfg.params), "repeat": rep}
 
 
+def pair_for(pair, cfg: Config):
+    """The pair a configuration runs on: the run's own, or for ``ar:dtype=X`` a target-only copy
+    loaded in X (once per run), so plain decoding in each dtype is timed in the same process."""
+    dtype = cfg.ar_dtype
+    if dtype is None:
+        return pair
+    variants = pair.__dict__.setdefault("_ar_variants", {})
+    if dtype not in variants:
+        from ..api import load
+
+        variants[dtype] = load(pair.target_name, draft=None, dtype=dtype, device=str(pair.target.device),
+                               calibrate=False, progress=False)
+    return variants[dtype]
+
+
 def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, settings: Settings) -> dict:
+    pair = pair_for(pair, cfg)
     start = time.perf_counter()
     out = pair.generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
                         max_new_tokens=settings.max_new_tokens, **cfg.generate_kwargs(), **settings.sampling(rep))

@@ -171,7 +171,30 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
                 for cat in cats
             }
         out[cid] = row
-    return {"configs": out, "best_k": best_k(out), "pareto_front": pareto_front(out), "vs_lossless": vs_lossless(out)}
+    best_ar = vs_best_ar(out, recs_by_cfg)
+    return {"configs": out, "best_k": best_k(out), "pareto_front": pareto_front(out), "vs_lossless": vs_lossless(out),
+            "best_ar": best_ar}
+
+
+def vs_best_ar(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> str | None:
+    """With plain decoding in several dtypes (``ar``, ``ar[dtype=...]``), set each row's
+    ``speedup_vs_best_ar``: its tokens/s over the fastest of them, on the samples both finished
+    (the smallest of its speedups over each). Returns the fastest ar's id."""
+    ars = [cid for cid, r in rows.items() if r.get("kind") == "specdec" and r.get("policy") == AR_ID]
+    if not ars:
+        return None
+    best = max(ars, key=lambda cid: rows[cid].get("tokens_per_second") or 0.0)
+    for cid, row in rows.items():
+        ratios = []
+        mine = _per_sample(recs_by_cfg.get(cid, []))
+        for ar in ars:
+            theirs = _per_sample(recs_by_cfg.get(ar, []))
+            common = [s for s in mine if s in theirs]
+            if common:
+                ratios.append(_ratio(_speed(mine, common)[2] or 0.0, _speed(theirs, common)[2] or 0.0))
+        ratios = [r for r in ratios if r is not None]
+        row["speedup_vs_best_ar"] = min(ratios) if ratios else None
+    return best
 
 
 def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
@@ -200,8 +223,14 @@ def best_k(rows: dict[str, dict]) -> dict[str, dict]:
     for name, rs in groups.items():
         if len({r["k"] for r in rs}) < 2:
             continue
+        fixed = [r for r in rs if isinstance(r["k"], int)]
+        auto = [r for r in rs if r["k"] == "auto"]
         best = max(rs, key=lambda r: r["speedup_vs_ar"])
         out[name] = {"k": best["k"], "id": best["id"], "speedup_vs_ar": best["speedup_vs_ar"], "tau": best["tau"]}
+        if fixed and auto:  # k=auto against the best fixed K of the sweep
+            top = max(fixed, key=lambda r: r["speedup_vs_ar"])
+            out[name]["best_fixed_k"] = top["k"]
+            out[name]["auto_vs_best_fixed"] = _ratio(auto[0]["speedup_vs_ar"], top["speedup_vs_ar"])
     return out
 
 

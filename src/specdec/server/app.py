@@ -34,8 +34,8 @@ log = logging.getLogger("specdec.server")
 
 
 def default_settings(pair) -> dict:
-    """The library's defaults: lossless over the draft model (prompt lookup without one), greedy, 128 tokens."""
-    return {"policy": "lossless", "drafter": "model" if pair.draft is not None else "pld", "k": 5,
+    """The library's defaults: lossless over the draft model (prompt lookup without one), k=auto, greedy, 128 tokens."""
+    return {"policy": "lossless", "drafter": "model" if pair.draft is not None else "pld", "k": "auto",
             "max_new_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None}
 
 
@@ -85,7 +85,9 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
         raise SpecdecError(f"the default max_new_tokens ({defaults['max_new_tokens']}) is over the "
                            f"max_tokens limit ({limits.max_tokens})")
     name = model_name or str(pair.target_name)
-    metrics = Metrics(name, positions=defaults.get("k", 0) if defaults.get("policy") != "ar" else 0)
+    k = defaults.get("k", 0)
+    positions = k if isinstance(k, int) and defaults.get("policy") != "ar" else 0  # k=auto: series appear as used
+    metrics = Metrics(name, positions=positions)
 
     def finished(job: Job, out) -> None:
         if out is not None:

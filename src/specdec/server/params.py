@@ -69,13 +69,13 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
         if key in SAMPLING or key in _RESERVED:
             raise APIError(400, f"speculative.{key} is a top-level request field; set it there", f"speculative.{key}")
     for key, value in given.items():
-        if not _finite(value):
+        if not (key == "k" and value == "auto") and not _finite(value):
             raise APIError(400, f"speculative.{key} must be a finite number", f"speculative.{key}")
     for key in ("policy", "drafter"):
         if key in given and not isinstance(given[key], str):
             raise APIError(400, f"speculative.{key} must be a string", f"speculative.{key}")
-    if "k" in given and (not isinstance(given["k"], int) or isinstance(given["k"], bool)):
-        raise APIError(400, "speculative.k must be an integer", "speculative.k")
+    if "k" in given and given["k"] != "auto" and (not isinstance(given["k"], int) or isinstance(given["k"], bool)):
+        raise APIError(400, "speculative.k must be an integer or \"auto\"", "speculative.k")
     out = dict(base)
     if given.get("policy", base.get("policy")) != base.get("policy"):
         out = {k: v for k, v in out.items() if k in ("drafter", "k") or k in DRAFTER_OPTIONS}

@@ -1,0 +1,121 @@
+"""``k="auto"``: each round drafts the K that maximises expected tokens per second.
+
+The choice is :func:`specdec.costmodel.best_k` over
+
+- the target's measured pass cost at each width (its :class:`~specdec.costmodel.CostTable`),
+- the drafter's cost per draft token (the draft model's table to start with, then what the
+  rounds actually took; ~0 for prompt lookup),
+- per-position acceptance rates ``a_i = P(draft i kept | drafts 1..i-1 kept)`` estimated online,
+  with exponential forgetting (recent rounds count most) and shrinkage towards the pooled rate,
+  so positions never drafted yet borrow from the ones that were.
+
+Costs are corrected online too: the ratio of observed to predicted seconds (longer contexts,
+another load on the machine) scales the target's and the draft's tables separately.
+
+``K = 0`` is a legal choice: a plain decoding step through the same target pass, so where
+speculation cannot pay the engine costs what plain decoding costs. While at ``K = 0`` nothing is
+learned about acceptance, so every ``probe_every`` rounds one round drafts the best ``K > 0``
+(a bounded price for noticing that the text became predictable).
+
+One controller lives per (policy, drafter, greedy or sampled) on an engine and keeps its estimates
+across requests (warm start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k, expected_tokens
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Per-position conditional acceptance with forgetting. ``reached[i]``/``kept[i]``: decayed
+    counts of rounds that drafted position ``i`` with every earlier draft kept, and of those
+    that kept it too."""
+
+    prior: float = PRIOR_ACCEPTANCE
+    prior_weight: float = 2.0  # pseudo-rounds of the prior (pooled rate) and of the pooled rate (per position)
+    decay: float = 0.97  # per observed round: ~33 rounds of memory
+    reached: list[float] = field(default_factory=list)
+    kept: list[float] = field(default_factory=list)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted <= 0:
+            return
+        self.reached = [x * self.decay for x in self.reached]
+        self.kept = [x * self.decay for x in self.kept]
+        if drafted > len(self.reached):
+            grow = drafted - len(self.reached)
+            self.reached += [0.0] * grow
+            self.kept += [0.0] * grow
+        for i in range(min(accepted + 1, drafted)):  # positions 0..accepted were reached
+            self.reached[i] += 1.0
+        for i in range(accepted):
+            self.kept[i] += 1.0
+
+    @property
+    def pooled(self) -> float:
+        return (sum(self.kept) + self.prior_weight * self.prior) / (sum(self.reached) + self.prior_weight)
+
+    def rates(self, k: int) -> list[float]:
+        pooled, w = self.pooled, self.prior_weight
+        out = []
+        for i in range(k):
+            r, a = (self.reached[i], self.kept[i]) if i < len(self.reached) else (0.0, 0.0)
+            out.append((a + w * pooled) / (r + w))
+        return out
+
+
+class KController:
+    """Chooses K each round and learns from the round (see the module docstring)."""
+
+    def __init__(self, target: CostTable, draft_step: float, k_max: int = 31, probe_every: int = 16,
+                 ema: float = 0.2):
+        self.target = target
+        self.draft_step = max(0.0, float(draft_step))  # seconds per draft token, before any round
+        self.k_max = max(0, int(k_max))
+        self.probe_every = probe_every
+        self.ema = ema
+        self.acceptance = AcceptanceEstimate()
+        self.target_scale = 1.0  # observed / predicted target pass seconds
+        self.draft_seconds_per_token: float | None = None  # observed, EMA
+        self.rounds_at_zero = 0
+
+    def verify_cost(self, width: int) -> float:
+        return self.target_scale * self.target.forward(width)
+
+    @property
+    def draft_cost(self) -> float:
+        return self.draft_step if self.draft_seconds_per_token is None else self.draft_seconds_per_token
+
+    def choose(self, room: int) -> int:
+        """The K for the next round, at most ``room`` (what max_new_tokens and the context allow)."""
+        k_max = min(self.k_max, max(0, room))
+        rates = self.acceptance.rates(k_max)
+        k = best_k(self.verify_cost, self.draft_cost, rates, k_max)
+        if k == 0 and k_max > 0:
+            self.rounds_at_zero += 1
+            if self.rounds_at_zero >= self.probe_every:  # explore: is drafting paying again?
+                self.rounds_at_zero = 0
+                k = _best_positive(self.verify_cost, self.draft_cost, rates, k_max)
+        else:
+            self.rounds_at_zero = 0
+        return k
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
+        """Learn from one round: its acceptance and what its passes really cost."""
+        self.acceptance.update(drafted, accepted)
+        predicted = self.target.forward(drafted + 1)
+        if predicted > 0 and verify_seconds > 0:
+            ratio = min(max(verify_seconds / predicted, 0.1), 10.0)
+            self.target_scale += self.ema * (ratio - self.target_scale)
+        if drafted > 0 and draft_seconds >= 0:
+            per = draft_seconds / drafted
+            prev = self.draft_seconds_per_token
+            self.draft_seconds_per_token = per if prev is None else prev + self.ema * (per - prev)
+
+
+def _best_positive(verify, draft_step: float, rates: list[float], k_max: int) -> int:
+    """The best K among 1..k_max (used to probe while K=0 is the choice)."""
+    return max(range(1, k_max + 1), key=lambda k: (expected_tokens(rates, k) / max(k * draft_step + verify(k + 1), 1e-12), -k))

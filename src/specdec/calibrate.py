@@ -1,0 +1,116 @@
+"""Which dtype each model runs in, decided by the measured cost model (``dtype="auto"``).
+
+Candidates: on a CPU, the target in ``float32`` or ``bfloat16``, and the draft in ``float32`` or
+``bfloat16+int8`` (weight-only int8, bf16 activations; ``bfloat16`` when ``draft_quant="none"``);
+on a GPU, ``bfloat16`` (``float16`` without bf16 support) only. Each candidate's
+:class:`~specdec.costmodel.CostTable` comes from the cache, or is measured once: the model is
+loaded in float32 (exact for bf16 checkpoints such as the bundled pair) and every other candidate
+is a cast (and quantized) copy of it. :func:`specdec.costmodel.choose_dtypes` then picks the
+pair with the fastest reference request, prefill and decoding both counted.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+
+from .costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for
+from .errors import SpecdecError
+from .kernels import pack_linears
+from .models import DTYPES, CausalLM, Loaded, load as load_model, load_config, resolve_dtype
+from .quant import quantize_int8, resolve_quant
+
+Log = Callable[[str], None]
+
+
+def split_variant(name: str) -> tuple[torch.dtype, str]:
+    """``"bfloat16+int8"`` -> ``(torch.bfloat16, "int8")``; ``"float32"`` -> ``(torch.float32, "none")``."""
+    dt, _, quant = name.partition("+")
+    if dt not in DTYPES or quant not in ("", "int8"):
+        raise SpecdecError(f"unknown model variant {name!r}")
+    return DTYPES[dt], quant or "none"
+
+
+def variant_name(dtype: torch.dtype, quant: str) -> str:
+    name = str(dtype).replace("torch.", "")
+    return name if quant == "none" else f"{name}+{quant}"
+
+
+def target_candidates(dtype: str | torch.dtype, device: torch.device) -> list[str]:
+    if dtype == "auto" and device.type == "cpu":
+        return ["float32", "bfloat16"]
+    return [variant_name(resolve_dtype(dtype, device), "none")]
+
+
+def draft_candidates(dtype: str | torch.dtype, draft_dtype: str | torch.dtype, draft_quant: str,
+                     device: torch.device) -> list[str]:
+    """``draft_dtype="auto"`` follows ``dtype`` when that is explicit, and is measured when both are auto."""
+    if draft_dtype == "auto" and dtype == "auto" and device.type == "cpu":
+        if draft_quant == "int8":
+            return ["bfloat16+int8", "float32+int8"]
+        return ["float32", "bfloat16" if draft_quant == "none" else "bfloat16+int8"]
+    chosen = resolve_dtype(dtype if draft_dtype == "auto" else draft_dtype, device)
+    return [variant_name(chosen, resolve_quant(draft_quant, device, chosen))]
+
+
+def build_variant(model: torch.nn.Module, name: str) -> torch.nn.Module:
+    """``model`` as variant ``name``, in place: cast, then int8-quantized, or for float32 on a
+    CPU with its linears packed (:mod:`specdec.kernels`)."""
+    dtype, quant = split_variant(name)
+    model = model.to(dtype)
+    if quant == "int8":
+        quantize_int8(model)
+    elif dtype == torch.float32:
+        pack_linears(model)  # same float32 arithmetic, no per-call weight repacking
+    return model
+
+
+def candidate_tables(source: str, role: str, cands: list[str], device: torch.device, vocab_limit: int | None = None,
+                     *, remeasure: bool = False, progress: bool = True, log: Log | None = None,
+                     ) -> tuple[dict[str, CostTable | None], Loaded | None]:
+    """Every candidate's table: cached where it exists, else measured on a float32 master loaded
+    once, each other variant on a cast copy, float32 last on the master itself. Returns the
+    tables and, when float32 was measured, the master as the float32 variant (so choosing it
+    loads nothing again)."""
+    from .costmodel import fingerprint, load_cached
+
+    key = model_key(source, load_config(source, progress))
+    fp = fingerprint(device)
+    tables: dict[str, CostTable | None] = {c: None if remeasure else load_cached(fp, key, c) for c in cands}
+    todo = sorted((c for c in cands if tables[c] is None), key=lambda c: c == "float32")
+    master: Loaded | None = None
+    for c in todo:
+        if master is None:
+            master = load_model(source, torch.float32, device, progress=progress)
+        last = c == "float32"
+        model = build_variant(master.model if last else copy.deepcopy(master.model), c)
+        lm = CausalLM(model, f"{role} {source}", vocab_limit=vocab_limit)
+        tables[c] = table_for(lm, key, c, remeasure=True, log=log)
+        lm.close()
+        del lm, model
+    if master is not None and "float32" not in todo:
+        master = None  # measured only copies: the chosen variant loads from the cache folder
+    return tables, master
+
+
+def materialize(source: str, variant: str, device: torch.device, master: Loaded | None = None,
+                progress: bool = True) -> Loaded:
+    """The model as ``variant``: the measured float32 ``master`` when that is the variant, else
+    loaded in its dtype (and quantized or packed)."""
+    if master is not None and variant == "float32":
+        return master
+    dtype, _ = split_variant(variant)
+    loaded = load_model(source, dtype, device, progress=progress)
+    loaded.model = build_variant(loaded.model, variant)
+    return loaded
+
+
+def pick(targets: dict[str, CostTable | None], drafts: dict[str, CostTable | None] | None) -> DtypeChoice | None:
+    """The measured choice, or None when a table is missing (a failed measurement)."""
+    t = {k: v for k, v in targets.items() if v is not None}
+    d = None if drafts is None else {k: v for k, v in drafts.items() if v is not None}
+    if not t or len(t) != len(targets) or (d is not None and len(d) != len(drafts or {})):
+        return None
+    return choose_dtypes(t, d)

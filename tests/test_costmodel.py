@@ -1,0 +1,197 @@
+"""The measured cost model: K choice (table tests with hand-made costs and acceptance), the
+per-machine cache, the dtype choice, and k=auto / mixed dtypes through the engine."""
+
+import json
+
+import pytest
+import torch
+
+import specdec
+from specdec import costmodel
+from specdec.autok import AcceptanceEstimate, KController
+from specdec.costmodel import CostTable, best_k, choose_dtypes, expected_tokens
+
+W = [1, 2, 4, 8, 16, 32]
+
+
+def table(seconds, dtype="float32", prefill=None, context=32):
+    return CostTable("m|x", dtype, list(W), list(seconds), context, prefill_seconds=prefill)
+
+
+def linear(c1):  # a pass costs (width) x one token: verify grows like K
+    return table([c1 * w for w in W])
+
+
+def flat(c1):  # a pass costs the same at any width (a GPU, a CPU with native bf16)
+    return table([c1] * len(W))
+
+
+# ------------------------------------------------------------------------------- formulas
+@pytest.mark.parametrize("a, k", [(0.5, 1), (0.75, 5), (0.9, 12), (0.0, 4), (1.0, 7)])
+def test_expected_tokens_is_the_closed_form_for_a_constant_rate(a, k):
+    closed = k + 1.0 if a == 1.0 else (1 - a ** (k + 1)) / (1 - a)
+    assert expected_tokens([a] * k, k) == pytest.approx(closed)
+
+
+def test_expected_tokens_uses_per_position_rates():
+    assert expected_tokens([0.9, 0.5, 0.0, 1.0], 4) == pytest.approx(1 + 0.9 + 0.45)
+
+
+@pytest.mark.parametrize(
+    "verify, draft, rate, k_max, expected",
+    [
+        (linear(0.18), 0.05, 0.9, 16, 0),  # verify costs like K tokens: drafting can never pay
+        (linear(0.18), 0.0, 0.99, 16, 0),  # ... even with a free draft and near-certain acceptance
+        (flat(0.2), 0.0, 0.9, 16, 16),  # flat verify and a free draft: as long as allowed
+        (flat(0.2), 0.0, 0.9, 5, 5),  # bounded by k_max (max_new_tokens / context room)
+        (flat(0.2), 0.05, 0.0, 16, 0),  # nothing is ever accepted: plain decoding
+        (flat(0.2), 0.3, 0.9, 16, 0),  # a draft step dearer than a target step
+    ],
+)
+def test_best_k_table(verify, draft, rate, k_max, expected):
+    assert best_k(verify.forward, draft, [rate] * k_max, k_max) == expected
+
+
+def test_best_k_in_between_grows_with_acceptance():
+    fp32 = table([0.353, 0.5, 0.544, 0.581, 0.781, 1.019])  # measured here (AVX2, float32, packed)
+    ks = [best_k(fp32.forward, 0.058, [a] * 31, 31) for a in (0.3, 0.6, 0.8, 0.9, 0.97)]
+    assert ks == sorted(ks) and ks[0] < ks[-1] and 0 < ks[-1] <= 31
+
+
+def test_table_interpolates_and_extrapolates():
+    t = table([1.0, 2.0, 3.0, 4.0, 5.0, 6.0], prefill=3.2)
+    assert t.forward(1) == 1.0 and t.forward(3) == pytest.approx(2.5) and t.forward(12) == pytest.approx(4.5)
+    assert t.forward(48) == pytest.approx(6.0 + 16 / 16)  # the last slope, beyond the widest width
+    assert t.prefill(64) == pytest.approx(64 * 3.2 / 32) and t.prefill(0) == 0.0
+    with pytest.raises(ValueError):
+        table([1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+
+
+# ---------------------------------------------------------------------------- dtype choice
+def test_dtype_choice_counts_prefill_and_decoding():
+    # the AVX2 machine: bf16 is fastest for one token, but its wide passes (prefill, verify) cost
+    # ~K x one token; float32 is slower per token but nearly flat
+    bf16 = table([0.187, 0.329, 0.644, 1.285, 2.477, 4.953], "bfloat16", prefill=4.9)
+    fp32 = table([0.353, 0.5, 0.544, 0.581, 0.781, 1.019], "float32", prefill=1.0)
+    draft = {"bfloat16+int8": table([0.058, 0.064, 0.083, 0.149, 0.258, 0.472], "bfloat16+int8", prefill=0.47)}
+    choice = choose_dtypes({"bfloat16": bf16, "float32": fp32}, draft)
+    assert (choice.target, choice.draft) == ("float32", "bfloat16+int8") and choice.k > 0
+    assert "next best" in choice.reason()
+    # a machine with native bf16: one bf16 pass over 8 tokens ~1.07x one token
+    native = table([0.15, 0.15, 0.155, 0.16, 0.2, 0.3], "bfloat16", prefill=0.3)
+    assert choose_dtypes({"bfloat16": native, "float32": fp32}, draft).target == "bfloat16"
+    # without a draft model: plain decoding per token + prefill
+    assert choose_dtypes({"bfloat16": bf16, "float32": fp32}, None, prompt=8, new=256).target == "bfloat16"
+
+
+# -------------------------------------------------------------------------- online estimate
+def test_acceptance_estimate_is_conditional_per_position():
+    est = AcceptanceEstimate(prior=0.5, prior_weight=1e-9, decay=1.0)
+    est.update(4, 4)  # all kept: positions 0..3 reached and kept
+    est.update(4, 1)  # position 0 kept, 1 rejected, 2..3 never reached
+    assert est.reached == [2, 2, 1, 1] and est.kept == [2, 1, 1, 1]
+    r = est.rates(4)
+    assert r[0] == pytest.approx(1.0) and r[1] == pytest.approx(0.5) and r[2] == pytest.approx(1.0)
+    assert len(est.rates(6)) == 6  # positions never drafted borrow the pooled rate
+
+
+def test_controller_learns_and_probes_when_plain_decoding_wins():
+    c = KController(linear(0.2), draft_step=0.05, k_max=8, probe_every=4)
+    ks = [c.choose(room=100) for _ in range(8)]
+    assert ks.count(0) == 6 and all(k > 0 for k in (ks[3], ks[7]))  # every 4th round probes
+    c = KController(flat(0.2), draft_step=0.01, k_max=20)
+    for _ in range(30):
+        c.observe(drafted=10, accepted=10, draft_seconds=0.1, verify_seconds=0.2)
+    assert c.choose(room=100) >= 15 and c.choose(room=3) == 3  # bounded by the room left
+    before = c.choose(room=100)
+    for _ in range(60):
+        c.observe(drafted=4, accepted=0, draft_seconds=0.04, verify_seconds=0.2)
+    assert c.acceptance.rates(1)[0] < 0.3 and c.choose(room=100) < before  # recent rounds count most
+
+
+# ------------------------------------------------------------------------ the cache on disk
+@pytest.fixture
+def counting(monkeypatch):
+    calls = []
+    real = costmodel.measure
+
+    def measure(lm, *a, **kw):
+        calls.append(lm.name)
+        return real(lm, widths=(1, 2, 4), repeats=1)
+
+    monkeypatch.setattr(costmodel, "measure", measure)
+    return calls
+
+
+def test_cache_reused_remeasured_on_new_fingerprint_or_corruption(tiny_dirs, counting, monkeypatch):
+    target, _ = tiny_dirs
+    p = specdec.load(str(target), draft=None, dtype="float32", progress=False)
+    assert len(counting) == 1 and p.costs.target.widths == [1, 2, 4]
+    specdec.load(str(target), draft=None, dtype="float32", progress=False)
+    assert len(counting) == 1  # same machine, model, dtype: cached
+    files = list(costmodel.costs_dir().glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["fingerprint"]["threads"] == torch.get_num_threads()
+    files[0].write_text("{not json")
+    specdec.load(str(target), draft=None, dtype="float32", progress=False)
+    assert len(counting) == 2  # corrupt: measured again, and the file is whole again
+    assert costmodel.CostTable.from_dict(json.loads(files[0].read_text())).dtype == "float32"
+    real_fp = costmodel.fingerprint
+    monkeypatch.setattr(costmodel, "fingerprint", lambda d="cpu": {**real_fp(d), "cpu": "another CPU"})
+    specdec.load(str(target), draft=None, dtype="float32", progress=False)
+    assert len(counting) == 3  # another machine: measured again
+
+
+def test_failed_measurement_warns_and_falls_back(tiny_dirs, monkeypatch):
+    def broken(lm, *a, **kw):
+        raise RuntimeError("timer exploded")
+
+    monkeypatch.setattr(costmodel, "measure", broken)
+    lines = []
+    target, draft = tiny_dirs
+    p = specdec.load(str(target), draft=str(draft), progress=False, log=lines.append)
+    assert any("could not measure" in line and "timer exploded" in line for line in lines)
+    assert p.costs.target is None and p.target.dtype == torch.bfloat16  # auto without a cost model
+    out = p.generate("hello", chat=False, max_new_tokens=12)
+    assert out.stats.k == "auto" and max(out.stats.k_chosen) == costmodel.FALLBACK_K  # fixed, within the room left
+
+
+# -------------------------------------------------------------------------- through the engine
+PROMPTS = ["hello world, hello", "abcabcabcabc", "The quick brown fox", "def f(x):\n    return"]
+
+
+def test_k_auto_and_mixed_dtypes_stay_identical_to_plain_decoding(tiny_dirs):
+    target, draft = tiny_dirs
+    # float32 target (the guarantee's dtype) with a bf16 int8 draft, and with a float32 draft
+    for draft_dtype, quant in (("bfloat16", "int8"), ("float32", "none")):
+        pair = specdec.load(str(target), draft=str(draft), dtype="float32", draft_dtype=draft_dtype,
+                            draft_quant=quant, progress=False)
+        assert pair.target.dtype == torch.float32 and pair.draft.dtype == getattr(torch, draft_dtype)
+        for prompt in PROMPTS:
+            ar = pair.generate(prompt, chat=False, policy="ar", max_new_tokens=40)
+            for drafter in ("model", "pld", "model+pld"):
+                out = pair.generate(prompt, chat=False, policy="lossless", drafter=drafter, k="auto", max_new_tokens=40)
+                assert out.token_ids == ar.token_ids, (draft_dtype, drafter, prompt)
+                assert len(out.stats.k_chosen) == out.stats.rounds and out.stats.k == "auto"
+                assert "auto (mean" in out.stats.summary()
+
+
+def test_k_auto_chooses_plain_steps_when_the_draft_costs_as_much_as_the_target(tiny_dirs):
+    target, _ = tiny_dirs
+    # the draft *is* the target: a draft step costs a target step, so K=0 wins (bar probes)
+    pair = specdec.load(str(target), draft=str(target), dtype="float32", progress=False)
+    pair.engine.target_costs = linear(0.01)
+    pair.engine.draft_costs = linear(0.01)
+    out = pair.generate("hello world", chat=False, max_new_tokens=60)
+    assert out.stats.k_chosen.count(0) > len(out.stats.k_chosen) / 2
+    assert out.token_ids == pair.generate("hello world", chat=False, policy="ar", max_new_tokens=60).token_ids
+
+
+def test_dtype_auto_loads_the_measured_choice(tiny_dirs):
+    target, draft = tiny_dirs
+    pair = specdec.load(str(target), draft=str(draft), progress=False)
+    assert pair.costs.why and "expected" in pair.costs.why
+    assert set(pair.costs.candidates["target"]) == {"float32", "bfloat16"}
+    assert set(pair.costs.candidates["draft"]) == {"float32", "bfloat16+int8"}
+    chosen = str(pair.target.dtype).replace("torch.", "")
+    assert pair.costs.target is pair.costs.candidates["target"][chosen]
+    assert pair.generate("hi there", chat=False, max_new_tokens=8).token_ids
