@@ -63,9 +63,8 @@ def test_caches_equal_fresh_prefill_after_any_accept_pattern(k):
     truth = engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=80)).token_ids
     scripted = ScriptedDrafter(truth, len(prompt), seed=k)
     engine.make_drafter = lambda cfg: scripted
-    committed = list(prompt)
-    for chunk in engine.run(prompt, DecodeConfig(policy="lossless", drafter="pld", k=k, max_new_tokens=80)):
-        committed += chunk
+    for gen in engine.run(prompt, DecodeConfig(policy="lossless", drafter="pld", k=k, max_new_tokens=80)):
+        committed = prompt + gen.token_ids
         assert target.tokens == committed[:-1]
         assert_cache_matches(target)
     assert committed[len(prompt):] == truth
@@ -77,9 +76,8 @@ def test_draft_model_cache_after_rounds():
     draft = CausalLM(perturbed_copy(t, 0.1, 7))
     engine = Engine(CausalLM(t), draft)
     prompt = list(range(60, 70))
-    committed = list(prompt)
-    for chunk in engine.run(prompt, DecodeConfig(policy="lossless", drafter="model", k=4, max_new_tokens=50)):
-        committed += chunk
+    for gen in engine.run(prompt, DecodeConfig(policy="lossless", drafter="model", k=4, max_new_tokens=50)):
+        committed = prompt + gen.token_ids
         assert committed[: len(draft.tokens)] == draft.tokens  # the draft cache holds a committed prefix
         assert_cache_matches(draft)
         assert_cache_matches(engine.target)

@@ -79,3 +79,15 @@ def test_packed_float32_linears_compute_the_same_function():
     assert isinstance(model[0], PackedLinear) and type(model[3]) is nn.Linear
     torch.testing.assert_close(model[:3](x), ref, rtol=1e-5, atol=1e-5)
     assert model[:3](x[:, :1]).shape == (2, 1, 16)
+
+
+def test_int8_prefill_path_computes_the_same_layer():
+    from specdec.quant import WIDE_ROWS
+
+    torch.manual_seed(1)
+    linear = nn.Linear(64, 48, bias=True).to(torch.bfloat16)
+    q = Int8Linear(linear)
+    x = torch.randn(1, WIDE_ROWS + 6, 64, dtype=torch.bfloat16)  # a prefill: float32 GEMM on dequantized weights
+    rows = torch.cat([q(x[:, i:i + 1]) for i in range(x.shape[1])], dim=1)  # one row at a time: the int8 kernel
+    assert q(x).shape == (1, WIDE_ROWS + 6, 48) and q(x).dtype == torch.bfloat16
+    torch.testing.assert_close(q(x).float(), rows.float(), rtol=3e-2, atol=3e-2)

@@ -10,7 +10,8 @@ import torch
 
 from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from .costmodel import CostTable
-from .engine import DRAFTER_OPTIONS, DecodeConfig, Engine, Generation
+from .drafters import ALL_DRAFTER_OPTIONS
+from .engine import DecodeConfig, Engine, Generation
 from .errors import SpecdecError
 from .models import CausalLM, check_same_vocabulary, output_rows, load as load_model, resolve_device, resolve_dtype
 from .quant import resolve_quant
@@ -78,8 +79,8 @@ def make_config(
 ) -> DecodeConfig:
     """Validate request parameters into a :class:`DecodeConfig` (no model needed). Options named
     like a drafter option (``ngram_max``, ``ngram_min``) go to the drafter, the rest to the policy."""
-    drafter_params = {k_: v for k_, v in options.items() if k_ in DRAFTER_OPTIONS}
-    policy_params = {k_: v for k_, v in options.items() if k_ not in DRAFTER_OPTIONS}
+    drafter_params = {k_: v for k_, v in options.items() if k_ in ALL_DRAFTER_OPTIONS}
+    policy_params = {k_: v for k_, v in options.items() if k_ not in ALL_DRAFTER_OPTIONS}
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     return DecodeConfig(
         policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,
@@ -96,6 +97,8 @@ class Pair:
         self.target_name, self.draft_name = names
         self.draft_quant = "none"
         self.costs = costs or Costs()
+        #: the drafter a request gets when it names none: the draft model, or prompt lookup without one
+        self.default_drafter = "model" if draft is not None else "pld"
         gen_cfg = getattr(target.model, "generation_config", None)
         self.eos_ids = eos_ids(tokenizer, target.config, gen_cfg)
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
@@ -107,12 +110,18 @@ class Pair:
 
     def stream(
         self, prompt, *, stop: Sequence[str] | str | None = None, chat: bool | None = None,
-        system: str | None = None, should_stop: Callable[[], bool] | None = None, **kwargs: Any,
+        system: str | None = None, should_stop: Callable[[], bool] | None = None,
+        config: DecodeConfig | None = None, **kwargs: Any,
     ) -> Stream:
         """Like :meth:`generate`, but returns a :class:`Stream` of text deltas. All validation
         happens here, before the first delta. ``should_stop()`` is asked before every round; when
-        it returns True the generation ends (finish reason ``cancelled``)."""
-        cfg = make_config(**kwargs)
+        it returns True the generation ends (finish reason ``cancelled``). ``config``: a
+        :class:`DecodeConfig` already made by :func:`make_config` (instead of the keywords)."""
+        if config is None and "drafter" not in kwargs:
+            kwargs["drafter"] = self.default_drafter
+        cfg = config if config is not None else make_config(**kwargs)
+        if config is not None and kwargs:
+            raise SpecdecError(f"pass either config= or decoding keywords, not both (got {sorted(kwargs)})")
         prompt_ids = self.encode(prompt, chat=chat, system=system)
         self.engine.check_prompt(prompt_ids)
         stops = StopStrings(self.tokenizer, stop)
@@ -128,10 +137,10 @@ class Pair:
         def chunks() -> Iterator[str]:
             text = TextStream(stops)
             rounds = self.engine.run(prompt_ids, cfg, gen, stop_check=stops if stops.stops else None,
-                                     should_stop=should_stop)
+                                     should_stop=should_stop, check=False)
             try:
-                for _ in rounds:
-                    delta = text.push(gen.token_ids)
+                for progress in rounds:
+                    delta = text.push(progress.token_ids)
                     if delta:
                         yield delta
                 tail = text.flush(gen.token_ids)
@@ -146,7 +155,8 @@ class Pair:
 
     def generate(
         self, prompt, *, stop: Sequence[str] | str | None = None, chat: bool | None = None,
-        system: str | None = None, on_text: Callable[[str], None] | None = None, **kwargs: Any,
+        system: str | None = None, on_text: Callable[[str], None] | None = None,
+        config: DecodeConfig | None = None, **kwargs: Any,
     ) -> Output:
         """Generate a completion.
 
@@ -156,7 +166,7 @@ class Pair:
         ``top_p``, ``top_k``, ``seed``, ``stop``, ``system``, ``on_text`` (called with each text
         delta), drafter options ``ngram_max``/``ngram_min``, and the policy's own parameters.
         """
-        stream = self.stream(prompt, stop=stop, chat=chat, system=system, **kwargs)
+        stream = self.stream(prompt, stop=stop, chat=chat, system=system, config=config, **kwargs)
         for delta in stream:
             if on_text is not None:
                 on_text(delta)

@@ -14,8 +14,10 @@ another load on the machine) scales the target's and the draft's tables separate
 
 ``K = 0`` is a legal choice: a plain decoding step through the same target pass, so where
 speculation cannot pay the engine costs what plain decoding costs. While at ``K = 0`` nothing is
-learned about acceptance, so every ``probe_every`` rounds one round drafts the best ``K > 0``
-(a bounded price for noticing that the text became predictable).
+learned about acceptance, so after ``probe_every`` rounds at K=0 one round drafts the best
+``K > 0`` (a bounded price for noticing that the text became predictable); while probes keep
+failing the interval doubles, up to ``MAX_PROBE_INTERVAL`` rounds. The draft model's prefill is
+lazy (its first proposal feeds the prompt), so a generation that never drafts never pays it.
 
 One controller lives per (policy, drafter, greedy or sampled) on an engine and keeps its estimates
 across requests (warm start).
@@ -26,6 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k, expected_tokens
+
+
+#: while probes keep finding that drafting does not pay, they come at most this rarely
+MAX_PROBE_INTERVAL = 256
 
 
 @dataclass
@@ -71,16 +77,18 @@ class KController:
     """Chooses K each round and learns from the round (see the module docstring)."""
 
     def __init__(self, target: CostTable, draft_step: float, k_max: int = 31, probe_every: int = 16,
-                 ema: float = 0.2):
+                 ema: float = 0.2, k_min: int = 1):
         self.target = target
         self.draft_step = max(0.0, float(draft_step))  # seconds per draft token, before any round
         self.k_max = max(0, int(k_max))
+        self.k_min = max(1, int(k_min))  # the smallest K > 0 worth drafting (FLy: past its window)
         self.probe_every = probe_every
         self.ema = ema
         self.acceptance = AcceptanceEstimate()
         self.target_scale = 1.0  # observed / predicted target pass seconds
         self.draft_seconds_per_token: float | None = None  # observed, EMA
         self.rounds_at_zero = 0
+        self.probe_interval = probe_every  # doubles while probes keep failing, back to probe_every once K > 0 pays
 
     def verify_cost(self, width: int) -> float:
         return self.target_scale * self.target.forward(width)
@@ -92,30 +100,34 @@ class KController:
     def choose(self, room: int) -> int:
         """The K for the next round, at most ``room`` (what max_new_tokens and the context allow)."""
         k_max = min(self.k_max, max(0, room))
+        k_min = self.k_min if k_max >= self.k_min else 1  # near the end, a shorter block beats none
         rates = self.acceptance.rates(k_max)
-        k = best_k(self.verify_cost, self.draft_cost, rates, k_max)
+        k = best_k(self.verify_cost, self.draft_cost, rates, k_max, k_min)
         if k == 0 and k_max > 0:
             self.rounds_at_zero += 1
-            if self.rounds_at_zero >= self.probe_every:  # explore: is drafting paying again?
+            if self.rounds_at_zero >= self.probe_interval:  # explore: is drafting paying again?
                 self.rounds_at_zero = 0
-                k = _best_positive(self.verify_cost, self.draft_cost, rates, k_max)
+                self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
+                k = _best_positive(self.verify_cost, self.draft_cost, rates, k_max, k_min)
         else:
             self.rounds_at_zero = 0
+            self.probe_interval = self.probe_every
         return k
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float, verify_seconds: float) -> None:
-        """Learn from one round: its acceptance and what its passes really cost."""
+    def observe(self, drafted: int, accepted: int, draft_seconds: float | None, verify_seconds: float) -> None:
+        """Learn from one round: its acceptance and what its passes really cost. ``draft_seconds``
+        None: the round's drafting included a prefill or catch-up, not a per-token cost."""
         self.acceptance.update(drafted, accepted)
         predicted = self.target.forward(drafted + 1)
         if predicted > 0 and verify_seconds > 0:
             ratio = min(max(verify_seconds / predicted, 0.1), 10.0)
             self.target_scale += self.ema * (ratio - self.target_scale)
-        if drafted > 0 and draft_seconds >= 0:
+        if drafted > 0 and draft_seconds is not None and draft_seconds >= 0:
             per = draft_seconds / drafted
             prev = self.draft_seconds_per_token
             self.draft_seconds_per_token = per if prev is None else prev + self.ema * (per - prev)
 
 
-def _best_positive(verify, draft_step: float, rates: list[float], k_max: int) -> int:
-    """The best K among 1..k_max (used to probe while K=0 is the choice)."""
-    return max(range(1, k_max + 1), key=lambda k: (expected_tokens(rates, k) / max(k * draft_step + verify(k + 1), 1e-12), -k))
+def _best_positive(verify, draft_step: float, rates: list[float], k_max: int, k_min: int = 1) -> int:
+    """The best K among k_min..k_max (used to probe while K=0 is the choice)."""
+    return max(range(k_min, k_max + 1), key=lambda k: (expected_tokens(rates, k) / max(k * draft_step + verify(k + 1), 1e-12), -k))

@@ -24,18 +24,20 @@ def cmd_generate(a: argparse.Namespace) -> int:
     kwargs = decode_kwargs(a)
     make_config(**kwargs)  # bad flags fail here, before the models load
     pair = load_pair(a, progress=not a.json)
+    kwargs.setdefault("drafter", pair.default_drafter)
+    config = make_config(**kwargs)
     chat = None if a.chat is None else a.chat
     if not a.quiet and not a.json:
         print(startup_summary(pair), file=sys.stderr, flush=True)
     if a.json:
-        out = pair.generate(prompt, stop=a.stop, chat=chat, system=a.system, **kwargs)
+        out = pair.generate(prompt, stop=a.stop, chat=chat, system=a.system, config=config)
         print(json.dumps(out.to_dict()))
     else:
         def echo(delta: str) -> None:
             sys.stdout.write(delta)
             sys.stdout.flush()
 
-        out = pair.generate(prompt, stop=a.stop, chat=chat, system=a.system, on_text=echo, **kwargs)
+        out = pair.generate(prompt, stop=a.stop, chat=chat, system=a.system, on_text=echo, config=config)
         sys.stdout.write("\n")
         if not a.quiet:
             print(out.stats.summary(), file=sys.stderr)

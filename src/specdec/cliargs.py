@@ -8,25 +8,11 @@ import argparse
 import sys
 
 from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
-from .drafters import DRAFTERS
-from .verify import POLICIES
-from .verify.dropmatch import CRITERIA
+from .checks import options_of
+from .drafters import ALL_DRAFTER_OPTIONS, DRAFTERS
+from .verify import POLICIES, RULES
 
 LOW_TAU = 1.3  # below this, speculation rarely pays for the draft's cost
-
-#: --flag -> (rule, parameter, type, help). Defaults come from the rule classes themselves.
-RULE_FLAGS = {
-    "--mars-theta": ("mars", "theta", float, "mars: accept a top-2 draft when z2/z1 exceeds this"),
-    "--dropmatch-paths": ("dropmatch", "paths", int, "dropmatch: MC-dropout paths on the LM head"),
-    "--dropmatch-p": ("dropmatch", "p", float, "dropmatch: dropout probability"),
-    "--dropmatch-criterion": ("dropmatch", "criterion", str,
-                              "dropmatch: naive | js | majority | paper (= js or majority)"),
-    "--typical-epsilon": ("typical", "epsilon", float, "typical: p(d) > min(epsilon, delta*exp(-H))"),
-    "--typical-delta": ("typical", "delta", float, "typical: see --typical-epsilon"),
-    "--fly-theta": ("fly", "theta", float, "fly: top-3 entropy gate; lower mismatches are rejected"),
-    "--fly-window": ("fly", "window", int, "fly: a mismatch needs window-1 later agreements in the block"),
-}
-
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
@@ -56,9 +42,9 @@ def add_decode_args(p: argparse.ArgumentParser, k_default: str = "auto") -> None
     g.add_argument("--policy", default="lossless",
                    help=f"verification policy: {', '.join(POLICIES)}, or loose rules joined with '+' "
                         "(default: lossless); 'ar' is plain decoding, 'lossless' is exact")
-    g.add_argument("--drafter", default="model",
-                   help=f"{' | '.join(DRAFTERS)} (default: model); model+pld is the draft model sped up by "
-                        "prompt lookup, with the same tokens")
+    g.add_argument("--drafter", default=None,
+                   help=f"{' | '.join(DRAFTERS)} (default: model, or pld when no draft model is loaded); model+pld "
+                        "is the draft model sped up by prompt lookup, with the same tokens")
     g.add_argument("-k", "--k", default=k_default, metavar="K",
                    help="draft tokens per round, or 'auto': each round picks the K (0 = a plain decoding step) "
                         "with the most expected tokens per second from the measured cost model and the "
@@ -68,37 +54,41 @@ def add_decode_args(p: argparse.ArgumentParser, k_default: str = "auto") -> None
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0 = off)")
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default: 0 = off)")
     g.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
-    g.add_argument("--ngram-max", type=int, default=None,
-                   help="prompt lookup: longest n-gram to match (default: 3 for pld, 4 for model+pld)")
-    g.add_argument("--ngram-min", type=int, default=None, help="prompt lookup: shortest n-gram to match (default: 1)")
-    g.add_argument("--lookup-tokens", type=int, default=None,
-                   help="model+pld: tokens prompt lookup proposes per draft-model pass (default: 6)")
-    g.add_argument("--min-confidence", type=float, default=None,
-                   help="model, model+pld: stop a draft after a token the draft gave less than this "
-                        "probability, so a large -k costs little (default: 0 = off)")
+    for name, (spec, owners) in drafter_flags().items():
+        defaults = ", ".join(f"{d} for {o}" for o, d in owners)
+        g.add_argument(f"--{name.replace('_', '-')}", type=spec.kind, default=None,
+                       help=f"{spec.help} (default: {defaults})")
     r = p.add_argument_group(
         "loose rules (lossy: output may differ from the target's; combine with '+', e.g. --policy fly+mars)")
-    for flag, (rule, param, kind, text) in RULE_FLAGS.items():
-        extra = {"choices": list(CRITERIA)} if param == "criterion" else {}
-        r.add_argument(flag, type=kind, default=None, help=f"{text} (default: {rule_default(rule, param)})", **extra)
+    for rule, cls in RULES.items():
+        for param, (spec, default) in options_of(cls).items():
+            extra = {"choices": list(spec.choices)} if spec.choices else {}
+            r.add_argument(f"--{rule}-{param}", type=spec.kind, default=None,
+                           help=f"{rule}: {spec.help} (default: {default})", **extra)
 
 
-def rule_default(rule: str, param: str):
-    from .verify import RULES
-
-    return getattr(RULES[rule](), param)
+def drafter_flags() -> dict:
+    """``{option: (spec, [(drafter, default), ...])}`` over every drafter's declared options."""
+    out: dict = {}
+    for drafter, cls in DRAFTERS.items():
+        for name, (spec, default) in options_of(cls.Options).items():
+            out.setdefault(name, (spec, []))[1].append((drafter, default))
+    return out
 
 
 def decode_kwargs(a: argparse.Namespace) -> dict:
-    kw = dict(policy=a.policy, drafter=a.drafter, k=a.k, max_new_tokens=a.max_new_tokens,
+    kw = dict(policy=a.policy, k=a.k, max_new_tokens=a.max_new_tokens,
               temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed)
-    for name in ("ngram_max", "ngram_min", "lookup_tokens", "min_confidence"):
+    if a.drafter is not None:
+        kw["drafter"] = a.drafter
+    for name in ALL_DRAFTER_OPTIONS:
         if getattr(a, name) is not None:
             kw[name] = getattr(a, name)
-    for rule, param, _, _ in RULE_FLAGS.values():
-        value = getattr(a, f"{rule}_{param}")
-        if value is not None:
-            kw[f"{rule}_{param}"] = value
+    for rule, cls in RULES.items():
+        for param in options_of(cls):
+            value = getattr(a, f"{rule}_{param}")
+            if value is not None:
+                kw[f"{rule}_{param}"] = value
     return kw
 
 

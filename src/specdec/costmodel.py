@@ -283,13 +283,14 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return total
 
 
-def best_k(verify: Callable[[int], float], draft_step: float, rates: Sequence[float], k_max: int) -> int:
-    """The draft length ``K`` in ``0..k_max`` with the most expected tokens per second:
+def best_k(verify: Callable[[int], float], draft_step: float, rates: Sequence[float], k_max: int,
+           k_min: int = 1) -> int:
+    """The draft length ``K`` in ``{0} + k_min..k_max`` with the most expected tokens per second:
     ``expected_tokens(rates, K) / (K * draft_step + verify(K + 1))``. ``verify(w)`` is the target's
     pass over ``w`` tokens; ``K = 0`` is a plain decoding step (``1 / verify(1)``). Ties go to the
     smaller K."""
     best, best_rate = 0, 1.0 / max(verify(1), 1e-12)
-    for k in range(1, max(0, k_max) + 1):
+    for k in range(max(1, k_min), max(0, k_max) + 1):
         rate = expected_tokens(rates, k) / max(k * draft_step + verify(k + 1), 1e-12)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate

@@ -15,26 +15,21 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from .drafters import (
-    DRAFTER_OPTIONS as OPTIONS_BY_DRAFTER, Draft, Drafter, LookupDrafter, LookupModelDrafter, ModelDrafter,
-    check_drafter_options,
-)
+from .checks import check_int
+from .drafters import Draft, Drafter, check_drafter_options, make_drafter
 from .autok import KController
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .models import CausalLM
 from .sampling import SamplingParams, make_generator, next_token, probabilities
 from .stats import Stats, peak_rss_mb
-from .verify import Round, make_policy
+from .verify import Policy, Round, make_policy
 
 #: ``stop_check(generated_ids, n_new) -> keep``: how many generated tokens to keep when a stop
 #: sequence ends inside the last ``n_new`` tokens, else None.
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
 AUTO_K = "auto"
-
-#: Every drafter option name (each drafter takes a subset; see ``specdec.drafters.DRAFTER_OPTIONS``).
-DRAFTER_OPTIONS = tuple(sorted({o for opts in OPTIONS_BY_DRAFTER.values() for o in opts}))
 
 
 def check_k(k) -> int | str:
@@ -50,6 +45,12 @@ def check_k(k) -> int | str:
     return k
 
 
+def window_of(policy) -> int:
+    """FLy's window size in a policy (0 when it has none)."""
+    fly = getattr(policy, "window", None)
+    return int(getattr(fly, "window", 0) or 0)
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
     """Everything that shapes one generation besides the prompt. Validated on creation."""
@@ -62,13 +63,22 @@ class DecodeConfig:
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     drafter_params: Mapping[str, Any] = field(default_factory=dict)
 
+    #: the parsed policy (None for ``ar``): parsed once, here, and used by the engine as is
+    parsed: Policy | None = field(default=None, init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
-        make_policy(self.policy, dict(self.policy_params))  # unknown names and bad parameters raise
+        # unknown names and bad parameters raise here, before any work; the result is kept
+        object.__setattr__(self, "parsed", make_policy(self.policy, dict(self.policy_params)))
         if self.policy != "ar":
-            check_drafter_options(self.drafter, dict(self.drafter_params))
+            object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
         object.__setattr__(self, "k", check_k(self.k))
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise SpecdecError(f"max_new_tokens must be an integer >= 1, got {self.max_new_tokens!r}")
+        check_int("max_new_tokens", self.max_new_tokens, lo=1)
+        w = window_of(self.parsed)
+        if w and isinstance(self.k, int) and self.k <= w:
+            raise SpecdecError(
+                f"policy {self.policy!r}: FLy's window ({w}) acts only on draft blocks longer than it, so k={self.k} "
+                f"would leave it inert; use k >= {w + 1} (FLy's reference uses 15), k='auto', or a smaller "
+                "fly window")
 
 
 @dataclass
@@ -108,18 +118,13 @@ class Engine:
             else:
                 step = self.target_costs.forward(1) / 3  # unmeasured draft: a third of a target step
             k_max = max(1, self.target_costs.widths[-1] - 1)
-            self.controllers[key] = KController(self.target_costs, step, k_max=k_max)
+            k_min = window_of(cfg.parsed) + 1  # a FLy policy drafts past its window, or not at all
+            self.controllers[key] = KController(self.target_costs, step, k_max=max(k_max, k_min), k_min=k_min)
         return self.controllers[key]
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
-        opts = dict(cfg.drafter_params)  # validated by DecodeConfig
-        if cfg.drafter == "pld":
-            return LookupDrafter(**opts)
-        if self.draft is None:
-            raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
-        if cfg.drafter == "model":
-            return ModelDrafter(self.draft, self.eos_ids, **opts)
-        return LookupModelDrafter(self.draft, self.eos_ids, **opts)
+        """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`)."""
+        return make_drafter(cfg.drafter, self.draft, self.eos_ids, dict(cfg.drafter_params))
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         if len(prompt_ids) == 0:
@@ -132,15 +137,17 @@ class Engine:
 
     def run(
         self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None = None,
-        stop_check: StopCheck | None = None, should_stop: Callable[[], bool] | None = None,
-    ) -> Iterator[list[int]]:
-        """Generate; yields each round's committed tokens. ``out`` collects ids, stats and the
-        finish reason (pass your own to read them after the loop). ``should_stop`` is asked before
-        every round (from any thread's point of view, e.g. a client that went away); when it says
-        yes, the generation ends with finish reason ``cancelled``."""
-        self.check_prompt(prompt_ids)
+        stop_check: StopCheck | None = None, should_stop: Callable[[], bool] | None = None, check: bool = True,
+    ) -> Iterator[Generation]:
+        """Generate; yields ``out`` (a :class:`Generation`) after every round that committed
+        tokens: the one channel, holding the ids so far (a stop string may cut tokens of earlier
+        rounds, so read ``out.token_ids``, not differences), then the stats and finish reason. ``should_stop`` is asked before every round (from any thread's
+        point of view, e.g. a client that went away); when it says yes, the generation ends with
+        finish reason ``cancelled``. ``check=False`` skips the prompt check (the caller did it)."""
+        if check:
+            self.check_prompt(prompt_ids)
         out = out if out is not None else Generation(list(prompt_ids))
-        policy = None if cfg.policy == "ar" else make_policy(cfg.policy, dict(cfg.policy_params))
+        policy = cfg.parsed
         drafter = None if policy is None else self.make_drafter(cfg)
         auto = policy is not None and cfg.k == AUTO_K
         control = self.controller(cfg) if auto else None
@@ -174,7 +181,7 @@ class Engine:
             elif control is not None:
                 k = control.choose(room - 1)
             else:
-                k = max(0, min(FALLBACK_K if auto else cfg.k, room - 1))
+                k = max(0, min(max(FALLBACK_K, window_of(policy) + 1) if auto else cfg.k, room - 1))
             # 1. draft
             t0 = clock()
             draft = drafter.propose(context, k, params, generator) if k else Draft()
@@ -209,7 +216,7 @@ class Engine:
             if auto:
                 stats.k_chosen.append(k)
             if control is not None:
-                control.observe(n, accepted, t1 - t0, t2 - t1)
+                control.observe(n, accepted, t1 - t0 if draft.fed <= 2 else None, t2 - t1)
             # 4. commit, cut at the first stop
             new = draft.tokens[:accepted] + [token]
             for i, t in enumerate(new):
@@ -224,7 +231,7 @@ class Engine:
                     cut = len(out.token_ids) - keep
                     del out.token_ids[keep:]
                     del context[len(context) - cut :]
-                    new = new[: len(new) - cut]
+                    new = new[: max(0, len(new) - cut)]
                     out.finish_reason = "stop"
             if out.finish_reason is None and (len(out.token_ids) >= cfg.max_new_tokens or len(context) >= limit):
                 out.finish_reason = "length"
@@ -234,8 +241,9 @@ class Engine:
                 drafter.commit(context, n, accepted)
             stats.new_tokens = len(out.token_ids)
             stats.total_seconds = clock() - t_start
+            stats.round_ends.append(stats.total_seconds)
             if new:
-                yield new
+                yield out
             if out.finish_reason is not None:
                 break
         stats.peak_rss_mb = peak_rss_mb()

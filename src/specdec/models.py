@@ -44,6 +44,23 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return DTYPES[dtype]
 
 
+def tensor_bytes(tensors) -> int:
+    """Bytes of distinct tensors (shared storage counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        try:
+            key = ("dense", t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):  # oneDNN (mkldnn) tensors have no storage
+            key = ("id", id(t))
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
 def output_rows(head: torch.nn.Module) -> int:
     """Rows of an LM head (plain, int8-quantized or packed linear)."""
     rows = getattr(head, "out_features", None)
@@ -153,7 +170,9 @@ class CausalLM:
         return self.head(hidden)[..., : self.vocab_limit].float()
 
     def parameter_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes of the weights as held: parameters and buffers (int8 and packed layers keep their
+        weights in buffers), each storage counted once (tied embeddings share one)."""
+        return tensor_bytes([*self.model.parameters(), *self.model.buffers()])
 
     def cache_bytes(self) -> int:
         total = 0

@@ -13,6 +13,10 @@ from torch import nn
 from .errors import SpecdecError
 
 QUANT_MODES = ("none", "int8", "auto")
+#: From this many rows (a prefill), an int8 layer on the CPU kernel path multiplies in float32 by a
+#: dequantized copy made for that call: the int8 kernel's cost grows ~linearly with rows, a float32
+#: GEMM's much less, and a per-call copy costs no memory between calls.
+WIDE_ROWS = 64
 
 
 class Int8Linear(nn.Module):
@@ -21,7 +25,8 @@ class Int8Linear(nn.Module):
     On a CPU with bf16/fp16 activations every pass uses torch's int8 weight-only kernel
     (``_weight_int8pack_mm``), whatever its width: measured on a 2-core AVX2 EPYC it stays cheap
     up to 16 rows (1536x8960: 1.15 ms for 1 row, 3.65 for 8, 6.94 for 16), where the bf16 GEMM
-    grows ~1.4 ms per row. Elsewhere (GPUs, float32 activations, where that kernel was measured
+    grows ~1.4 ms per row. From ``WIDE_ROWS`` rows (a prefill) it dequantizes the weight for that
+    call and runs one float32 GEMM, whose cost grows far less with rows. Elsewhere (GPUs, float32 activations, where that kernel was measured
     ~2.3x slower than float32) it multiplies by ``weight``, the dequantized matrix, kept only
     there: on the int8 path no dequantized copy is held, so an int8 layer takes about half the
     memory of a bf16 one.
@@ -46,6 +51,11 @@ class Int8Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._int8_kernel and x.dtype == self.scales.dtype:
             rows = x.numel() // x.shape[-1]
+            if rows >= WIDE_ROWS:  # a prefill: one float32 GEMM on a transient dequantized weight
+                w = self.qweight.float() * self.scales.float()[:, None]
+                y = nn.functional.linear(x.reshape(rows, x.shape[-1]).float(), w).to(x.dtype)
+                y = y.reshape(*x.shape[:-1], self.out_features)
+                return y if self.bias is None else y + self.bias
             y = torch.ops.aten._weight_int8pack_mm(x.reshape(rows, x.shape[-1]), self.qweight, self.scales)
             y = y.reshape(*x.shape[:-1], self.out_features)
             return y if self.bias is None else y + self.bias

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import SpecdecError
+from .checks import check_int, check_number
 
 
 @dataclass(frozen=True)
@@ -22,14 +22,11 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
-            raise SpecdecError(f"temperature must be a number, got {self.temperature!r}")
-        if self.temperature < 0:
-            raise SpecdecError(f"temperature must be >= 0, got {self.temperature}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise SpecdecError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise SpecdecError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+        check_number("temperature", self.temperature, lo=0)
+        check_number("top_p", self.top_p, lo=0, hi=1, lo_open=True)
+        check_int("top_k (0 = off)", self.top_k, lo=0)
+        if self.seed is not None:
+            check_int("seed", self.seed)
 
     @property
     def greedy(self) -> bool:

@@ -35,6 +35,8 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)  # [k] rounds that kept position i
     relaxed: dict[str, int] = field(default_factory=dict)  # loose rule -> drafts it added
     k_chosen: list[int] = field(default_factory=list)  # k=auto: the K of each round (0 = plain step)
+    accepted_per_round: list[int] = field(default_factory=list)  # drafts kept in each round
+    round_ends: list[float] = field(default_factory=list)  # seconds from the start to each round's commit
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification rule
@@ -48,6 +50,7 @@ class Stats:
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.accepted_per_round.append(accepted)
         if drafted and not accepted:
             self.zero_accept_rounds += 1
         if drafted > len(self.drafted_at):

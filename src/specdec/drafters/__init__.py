@@ -1,5 +1,13 @@
-"""Drafters behind one small interface (see :mod:`specdec.drafters.base`)."""
+"""Drafters behind one small interface (see :mod:`specdec.drafters.base`), in one registry.
 
+Each drafter class declares its options once (``Options``: a dataclass whose fields carry default,
+range and help); validation, the CLI flags and the server's option names all come from there.
+"""
+
+from __future__ import annotations
+
+from ..checks import check_options, options_of
+from ..errors import SpecdecError
 from .base import Draft, Drafter
 from .lookup import LookupDrafter, lookup
 from .mla import LookupModelDrafter
@@ -7,32 +15,37 @@ from .model import ModelDrafter
 
 #: ``model``: the draft model; ``pld``: prompt lookup; ``model+pld``: the draft model accelerated by
 #: prompt lookup (FLy's multi-level acceleration; same tokens as ``model``, cheaper when text repeats).
-DRAFTERS = ("model", "pld", "model+pld")
+DRAFTERS: dict[str, type] = {"model": ModelDrafter, "pld": LookupDrafter, "model+pld": LookupModelDrafter}
 
-#: The options each drafter takes (passed through ``generate(..., ngram_max=4)`` etc.).
-DRAFTER_OPTIONS = {
-    "model": ("min_confidence",),
-    "pld": ("ngram_max", "ngram_min"),
-    "model+pld": ("ngram_max", "ngram_min", "lookup_tokens", "min_confidence"),
-}
+#: drafter -> the option names it takes (passed through ``generate(..., ngram_max=4)`` etc.)
+DRAFTER_OPTIONS: dict[str, tuple[str, ...]] = {name: tuple(options_of(cls.Options)) for name, cls in DRAFTERS.items()}
 
-
-def check_drafter_options(drafter: str, options: dict) -> None:
-    """Raise a user error for an unknown drafter, an option it does not take, or a bad value."""
-    from ..errors import SpecdecError
-
-    if drafter not in DRAFTERS:
-        raise SpecdecError(f"unknown drafter {drafter!r}; choose one of: {', '.join(DRAFTERS)}")
-    takes = DRAFTER_OPTIONS[drafter]
-    extra = sorted(set(options) - set(takes))
-    if extra:
-        raise SpecdecError(f"drafter {drafter!r} takes {', '.join(takes) or 'no options'}, got {extra}")
-    if drafter == "pld":
-        LookupDrafter(**options)
-    else:
-        ModelDrafter.check_confidence(options.get("min_confidence", 0.0))
-        if drafter == "model+pld":
-            LookupModelDrafter.check(**{k: v for k, v in options.items() if k != "min_confidence"})
+#: every drafter option name (a request's options that are not these go to the policy)
+ALL_DRAFTER_OPTIONS: tuple[str, ...] = tuple(sorted({o for opts in DRAFTER_OPTIONS.values() for o in opts}))
 
 
-__all__ = ["DRAFTERS", "DRAFTER_OPTIONS", "check_drafter_options", "Draft", "Drafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "lookup"]
+def drafter_class(name: str) -> type:
+    if name not in DRAFTERS:
+        raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}")
+    return DRAFTERS[name]
+
+
+def check_drafter_options(drafter: str, options: dict) -> dict:
+    """Raise a user error for an unknown drafter, an option it does not take, or a bad value;
+    returns the options normalized."""
+    cls = drafter_class(drafter)
+    out = check_options(f"drafter {drafter!r}", cls.Options, dict(options))
+    cls.check(**out)
+    return out
+
+
+def make_drafter(name: str, draft_lm, stop_ids: frozenset[int], options: dict) -> Drafter:
+    """The drafter ``name`` over the draft model ``draft_lm`` (None when none is loaded)."""
+    cls = drafter_class(name)
+    if cls.needs_model and draft_lm is None:
+        raise SpecdecError(f"drafter {name!r} needs a draft model; load one (draft=...) or use drafter='pld'")
+    return cls.build(draft_lm, stop_ids, **options)
+
+
+__all__ = ["ALL_DRAFTER_OPTIONS", "DRAFTERS", "DRAFTER_OPTIONS", "check_drafter_options", "drafter_class", "make_drafter",
+           "Draft", "Drafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "lookup"]

@@ -18,12 +18,15 @@ from ..sampling import SamplingParams
 @dataclass
 class Draft:
     """Proposed tokens ``[k']`` (``k' <= k``), the distributions ``[k', V]`` they were drawn from
-    (None at T=0 and for drafters without probabilities, which count as one-hot), and the draft
-    model's raw logits ``[k', V]`` (None for drafters without a model)."""
+    (None at T=0 and for drafters without probabilities, which count as one-hot), the draft
+    model's raw logits ``[k', V]`` (None for drafters without a model), and how many context
+    tokens the draft model was fed before drafting (so its cost per draft token can be told apart
+    from a prefill)."""
 
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
     logits: torch.Tensor | None = None
+    fed: int = 0  # context tokens the drafter had to feed its model first (1-2 normally; a prefill or catch-up more)
 
     def __len__(self) -> int:
         return len(self.tokens)

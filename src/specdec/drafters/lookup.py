@@ -3,11 +3,13 @@ occurrence in prompt + generated text. No second model; no probabilities (a one-
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
+from ..checks import option, options_of
 from ..errors import SpecdecError
 from ..sampling import SamplingParams
 from .base import Draft
@@ -31,17 +33,37 @@ def lookup(tokens: np.ndarray, k: int, ngram_max: int, ngram_min: int = 1) -> li
     return []
 
 
+@dataclass(frozen=True)
+class LookupOptions:
+    ngram_max: int = option(3, lo=1, help="prompt lookup: longest n-gram to match")
+    ngram_min: int = option(1, lo=1, help="prompt lookup: shortest n-gram to match")
+
+
 class LookupDrafter:
     """Prompt lookup (Saxena 2023; transformers' ``PromptLookupCandidateGenerator``; vLLM's n-gram
     proposer). Deviation: we take the *most recent* match, not transformers' leftmost one, since
     recent text predicts the continuation better in code and chat."""
 
     name = "pld"
+    needs_model = False
+    Options = LookupOptions
 
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1):
-        if not (isinstance(ngram_min, int) and isinstance(ngram_max, int) and 1 <= ngram_min <= ngram_max):
-            raise SpecdecError(f"n-gram range must satisfy 1 <= min <= max, got min={ngram_min}, max={ngram_max}")
+        self.check(ngram_max=ngram_max, ngram_min=ngram_min)
         self.ngram_max, self.ngram_min = ngram_max, ngram_min
+
+    @classmethod
+    def check(cls, **options) -> None:
+        """Constraints across options: the n-gram range must not be empty."""
+        defaults = {k: d for k, (_, d) in options_of(cls.Options).items()}
+        lo, hi = options.get("ngram_min", defaults["ngram_min"]), options.get("ngram_max", defaults["ngram_max"])
+        if not (isinstance(lo, int) and isinstance(hi, int) and not isinstance(lo, bool)
+                and not isinstance(hi, bool) and 1 <= lo <= hi):
+            raise SpecdecError(f"n-gram range must satisfy 1 <= min <= max, got min={lo}, max={hi}")
+
+    @classmethod
+    def build(cls, lm, stop_ids, **options) -> "LookupDrafter":
+        return cls(**options)
 
     def start(self, prompt: Sequence[int]) -> None:
         pass

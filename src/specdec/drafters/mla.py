@@ -10,18 +10,27 @@ sampling against the draft's distribution, so sampled drafts keep their distribu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import torch
 
-from ..errors import SpecdecError
-from ..models import CausalLM
+from ..checks import check_options, option, options_of
+from ..models import CausalLM, common_prefix
 from ..sampling import SamplingParams, next_token, probabilities
 from ..verify.base import Lossless, Round
 from .base import Draft
 from .lookup import LookupDrafter, lookup
-from .model import ModelDrafter
+from .model import ModelDrafter, min_confidence_option
+
+
+@dataclass(frozen=True)
+class LookupModelOptions:
+    ngram_max: int = option(4, lo=1, help="prompt lookup: longest n-gram to match")
+    ngram_min: int = option(1, lo=1, help="prompt lookup: shortest n-gram to match")
+    lookup_tokens: int = option(6, lo=1, help="model+pld: tokens prompt lookup proposes per draft-model pass")
+    min_confidence: float = min_confidence_option()
 
 
 class LookupModelDrafter(ModelDrafter):
@@ -30,28 +39,31 @@ class LookupModelDrafter(ModelDrafter):
     plain draft model's."""
 
     name = "model+pld"
+    Options = LookupModelOptions
 
     def __init__(self, lm: CausalLM, stop_ids: frozenset[int] = frozenset(), ngram_max: int = 4,
                  ngram_min: int = 1, lookup_tokens: int = 6, min_confidence: float = 0.0):
-        self.check(ngram_max, ngram_min, lookup_tokens)
+        check_options(f"drafter {self.name!r}", LookupModelOptions, {"lookup_tokens": lookup_tokens})
+        self.check(ngram_max=ngram_max, ngram_min=ngram_min)
         super().__init__(lm, stop_ids, min_confidence)
         self.ngram_max, self.ngram_min, self.lookup_tokens = ngram_max, ngram_min, lookup_tokens
         self.inner = Lossless()
         self.lookups = 0  # draft-model passes that verified a lookup proposal
         self.lookup_hits = 0  # proposed tokens the draft model agreed with
 
-    @staticmethod
-    def check(ngram_max: int = 4, ngram_min: int = 1, lookup_tokens: int = 6) -> None:
-        """Raise a user error for bad options."""
-        LookupDrafter(ngram_max, ngram_min)  # validates the n-gram range
-        if isinstance(lookup_tokens, bool) or not isinstance(lookup_tokens, int) or lookup_tokens < 1:
-            raise SpecdecError(f"lookup_tokens must be an integer >= 1, got {lookup_tokens!r}")
+    @classmethod
+    def check(cls, **options) -> None:
+        """Constraints across options: the n-gram range must not be empty."""
+        defaults = {k: d for k, (_, d) in options_of(cls.Options).items()}
+        LookupDrafter.check(ngram_max=options.get("ngram_max", defaults["ngram_max"]),
+                            ngram_min=options.get("ngram_min", defaults["ngram_min"]))
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
         tokens: list[int] = []
         raw: list[torch.Tensor] = []  # [V] per token: the draft's logits it was chosen from
+        fed = len(context) - min(common_prefix(self.lm.tokens, list(context)), len(context) - 1)
         while len(tokens) < k:
             ctx = list(context) + tokens
             want = k - len(tokens)
@@ -77,4 +89,4 @@ class LookupModelDrafter(ModelDrafter):
         tokens, raw = tokens[:k], raw[:k]
         logits = torch.stack(raw)  # [k', V]
         probs = None if params.greedy else probabilities(logits, params)
-        return Draft(tokens, probs, logits)
+        return Draft(tokens, probs, logits, fed=fed)

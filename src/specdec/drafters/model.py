@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
-from ..errors import SpecdecError
+from ..checks import check_options, option
 from ..models import CausalLM, common_prefix
 from ..sampling import SamplingParams, draw, probabilities
 from .base import Draft
+
+
+def min_confidence_option():
+    return option(0.0, lo=0, hi=1, hi_open=True,
+                  help="model, model+pld: stop a draft after a token the draft gave less than this probability, "
+                       "so a large -k costs little")
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    min_confidence: float = min_confidence_option()
 
 
 class ModelDrafter:
@@ -23,17 +35,22 @@ class ModelDrafter:
     """
 
     name = "model"
+    needs_model = True
+    Options = ModelOptions
 
     def __init__(self, lm: CausalLM, stop_ids: frozenset[int] = frozenset(), min_confidence: float = 0.0):
-        self.check_confidence(min_confidence)
+        check_options(f"drafter {self.name!r}", ModelOptions, {"min_confidence": min_confidence})
         self.lm = lm
         self.stop_ids = stop_ids
         self.min_confidence = float(min_confidence)
 
-    @staticmethod
-    def check_confidence(min_confidence: float) -> None:
-        if isinstance(min_confidence, bool) or not isinstance(min_confidence, (int, float)) or not 0 <= min_confidence < 1:
-            raise SpecdecError(f"min_confidence must be a number in [0, 1), got {min_confidence!r}")
+    @classmethod
+    def check(cls, **options) -> None:
+        """Constraints across options (each option's own range is declared on ``Options``): none."""
+
+    @classmethod
+    def build(cls, lm: CausalLM, stop_ids: frozenset[int], **options) -> "ModelDrafter":
+        return cls(lm, stop_ids, **options)
 
     def unsure(self, logits: torch.Tensor, token: int) -> bool:
         """True when the draft gave ``token`` less than ``min_confidence`` (off at 0)."""
@@ -42,13 +59,15 @@ class ModelDrafter:
         return float(torch.softmax(logits, dim=-1)[token]) < self.min_confidence
 
     def start(self, prompt: Sequence[int]) -> None:
+        """Forget the last generation. The prompt is prefilled lazily, by the first :meth:`propose`
+        (``logits_for`` feeds what the cache lacks): a generation that never drafts (k=auto at K=0)
+        never pays the draft's prefill."""
         self.lm.reset()
-        if len(prompt) > 1:
-            self.lm.forward(list(prompt[:-1]))
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
+        fed = len(context) - min(common_prefix(self.lm.tokens, context), len(context) - 1)
         logits = self.lm.logits_for(context, 1)[0]  # [V]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
@@ -65,7 +84,7 @@ class ModelDrafter:
             if i == k - 1 or token in self.stop_ids or self.unsure(logits, token):
                 break
             logits = self.lm.forward([token])[0]
-        return Draft(tokens, torch.stack(rows) if rows else None, torch.stack(raw))
+        return Draft(tokens, torch.stack(rows) if rows else None, torch.stack(raw), fed=fed)
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         self.lm.truncate(min(common_prefix(self.lm.tokens, context), len(context) - 1))

@@ -49,13 +49,12 @@ class Verdict:
 
 class Policy(Protocol):
     """A verification policy. ``lossy`` marks policies whose output can differ from the target's;
-    ``needs_hidden``/``needs_draft_logits`` ask the engine to fill those fields of the round;
-    ``params`` are the policy's parameters, defaults included, for the record."""
+    ``needs_hidden`` asks the engine for the target's final hidden states; ``params`` are the
+    policy's parameters, defaults included, for the record."""
 
     name: str
     lossy: bool
     needs_hidden: bool
-    needs_draft_logits: bool
     params: dict
 
     def verify(self, rnd: Round) -> Verdict: ...
@@ -96,7 +95,6 @@ class Lossless:
     name: str = "lossless"
     lossy: bool = False
     needs_hidden: bool = False
-    needs_draft_logits: bool = False
 
     @property
     def params(self) -> dict:
@@ -105,3 +103,23 @@ class Lossless:
     def verify(self, rnd: Round) -> Verdict:
         accepted = leading_true(lossless_mask(rnd))
         return Verdict(accepted, finish(rnd, accepted))
+
+
+def rule_target_probs(rnd: Round) -> torch.Tensor:
+    """``[K+1, V]`` the target distributions loose criteria read: the sampling distribution at T>0,
+    the model's own softmax (temperature 1) at T=0, where the sampling distribution is one-hot."""
+    if rnd.params.greedy or rnd.target_probs is None:
+        return torch.softmax(rnd.target_logits, dim=-1)
+    return rnd.target_probs
+
+
+def rule_draft_probs(rnd: Round) -> torch.Tensor:
+    """``[K, V]`` the draft's distributions: what drafts were drawn from at T>0, the draft model's
+    softmax at T=0, and one-hot at the drafts for drafters without a model (prompt lookup)."""
+    if not rnd.params.greedy and rnd.draft_probs is not None:
+        return rnd.draft_probs
+    if rnd.draft_logits is not None:
+        t = rnd.params.temperature if rnd.params.temperature > 0 else 1.0
+        return torch.softmax(rnd.draft_logits / t, dim=-1)
+    one_hot = torch.zeros(rnd.k, rnd.target_logits.shape[-1], device=rnd.target_logits.device)
+    return one_hot.scatter_(-1, rnd.draft_tokens[:, None], 1.0)

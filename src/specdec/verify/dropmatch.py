@@ -1,4 +1,5 @@
-"""DropMatch: MC dropout on the target's LM head (dropmatch-paper.txt). No public code exists;
+"""DropMatch: MC dropout on the target's LM head ("Training-free Dropout Sampling for Semantic Token
+Acceptance in Speculative Decoding"). No public code exists;
 this is our reading of the paper, and each guess is marked below.
 
 N dropout paths over the target's final hidden states (after the final norm, before the LM head)
@@ -8,9 +9,13 @@ cluster is accepted.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from ..checks import option
+from .base import Round, rule_draft_probs
 
 CRITERIA = ("naive", "js", "majority", "paper")
 
@@ -69,3 +74,40 @@ def js_accept(path_logits: torch.Tensor, draft_dist: torch.Tensor, temperature: 
     centroid = torch.softmax(path_logits.mean(dim=0) / t, dim=-1)  # [M, V]
     spread = js_divergence(paths, centroid[None]).amax(dim=0)  # [M]
     return js_divergence(draft_dist, centroid) <= spread
+
+
+@dataclass(frozen=True)
+class DropMatch:
+    """The ``dropmatch`` token rule: ``paths`` MC-dropout LM-head paths with dropout ``p``;
+    criterion ``naive`` (any path's token), ``js`` (JS divergence to the paths' centroid),
+    ``majority`` (more than half of the paths) or ``paper`` (js or majority, the paper's
+    Algorithm 1). ``p = 0`` means no dropout, so no path differs from the target and the rule adds
+    nothing (at any temperature).
+
+    Only positions the lossless rule rejected are evaluated, so a round the lossless rule accepts
+    whole costs nothing extra; otherwise one LM-head matmul over paths x those positions."""
+
+    paths: int = option(5, lo=1, hi=64, help="MC-dropout paths on the LM head")
+    p: float = option(0.1, lo=0.0, hi=1.0, hi_open=True, help="dropout probability")
+    criterion: str = option("paper", choices=CRITERIA, help="naive | js | majority | paper (= js or majority)")
+    name = "dropmatch"
+    needs_hidden = True
+
+    def accepts(self, rnd: Round, where: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(where)
+        if self.p == 0 or not bool(where.any()):
+            return out
+        if rnd.target_hidden is None or rnd.lm_head is None:
+            raise RuntimeError("dropmatch needs the target's hidden states and LM head")
+        idx = where.nonzero().squeeze(-1)  # [M]
+        logits = dropout_logits(rnd.target_hidden[idx], rnd.lm_head, self.paths, self.p, rnd.generator)  # [N, M, V]
+        drafts = rnd.draft_tokens[idx]
+        temperature = rnd.params.temperature
+        ok = torch.zeros_like(drafts, dtype=torch.bool)
+        if self.criterion in ("naive", "majority", "paper"):
+            tokens = path_tokens(logits, temperature, rnd.generator)  # [N, M]
+            ok |= naive_accept(tokens, drafts) if self.criterion == "naive" else majority_accept(tokens, drafts)
+        if self.criterion in ("js", "paper"):
+            ok |= js_accept(logits, rule_draft_probs(rnd)[idx], temperature)
+        out[idx] = ok
+        return out

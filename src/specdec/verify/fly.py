@@ -1,4 +1,6 @@
-"""FLy: entropy gate + deferred window (fly-paper-summary.txt; code github AMD-AGI/FLy, ``fly/models/FLy.py``).
+"""FLy: entropy gate + deferred window ("Training-Free Loosely Speculative Decoding: Accepting
+Semantically Correct Drafts Beyond Exact Match", ICLR 2026, OpenReview JjoTg34YiU; code github
+AMD-AGI/FLy, ``fly/models/FLy.py``).
 
 A mismatch at draft position ``i`` (0-based) is accepted when the target is unsure there and then
 agrees with the draft's continuation for the rest of a window: the target "did not self-correct".
@@ -6,7 +8,12 @@ agrees with the draft's continuation for the rest of a window: the target "did n
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from ..checks import option
+from .base import Round
 
 
 def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:
@@ -14,8 +21,8 @@ def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:
 
     This is the reference code's gate (``calculate_topk_entropy(logits, 3)``, threshold 0.3). The
     paper describes a normalized entropy instead; the code's form is what the defaults were tuned
-    with, so we follow the code. Its maximum is ``k / e`` (1.10 for k = 3), so ``theta > 1.11``
-    turns the gate (and the rule) off.
+    with, so we follow the code. The top-``k`` probabilities sum to at most 1, so its maximum is
+    ``ln k`` (1.0986 for k = 3, all three at 1/3): ``theta > ln 3`` turns the gate (and the rule) off.
     """
     log_p = torch.log_softmax(logits.float(), dim=-1)
     top = log_p.topk(k, dim=-1).values  # [K, k]
@@ -45,3 +52,16 @@ def fly_flips(accept: torch.Tensor, gate_entropy: torch.Tensor, theta: float, wi
         if not ok[i] and gate[i] and all(ok[i + 1 : i + window]):
             flips[i] = True
     return flips
+
+
+@dataclass(frozen=True)
+class Fly:
+    """The ``fly`` window: FLy's entropy gate + deferred window over the block (:func:`fly_flips`)."""
+
+    theta: float = option(0.3, lo=0.0, help="top-3 entropy gate; lower mismatches are rejected")
+    window: int = option(6, lo=1, hi=1024, help="a mismatch needs window-1 later agreements in the block")
+    name = "fly"
+    needs_hidden = False
+
+    def flips(self, rnd: Round, accept: torch.Tensor) -> torch.Tensor:
+        return fly_flips(accept, topk_entropy(rnd.target_logits[:-1]), self.theta, self.window)

@@ -1,4 +1,5 @@
-"""MARS: margin-aware speculative verification (mars-paper.txt, Algorithm 1; code github 5SSjw/MARS).
+"""MARS: margin-aware speculative verification ("MARS: Unleashing the Power of Speculative Decoding
+via Margin-Aware Verification", Song, Wang et al., Algorithm 1; code github 5SSjw/MARS).
 
 A draft that is the target's top-2 token is accepted when the target barely prefers its top-1:
 the ratio of raw logits ``r = z_(2) / z_(1)`` exceeds ``theta``.
@@ -6,7 +7,12 @@ the ratio of raw logits ``r = z_(2) / z_(1)`` exceeds ``theta``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from ..checks import option
+from .base import Round
 
 
 def mars_accept(target_logits: torch.Tensor, draft_tokens: torch.Tensor, theta: float) -> torch.Tensor:
@@ -28,3 +34,15 @@ def mars_accept(target_logits: torch.Tensor, draft_tokens: torch.Tensor, theta: 
     relax = (z1 > 0) & (z2 > theta * z1)  # == z2 / z1 > theta, without dividing, for z1 > 0
     in_top2 = (indices == draft_tokens[:, None]).any(dim=-1)
     return relax & in_top2
+
+
+@dataclass(frozen=True)
+class Mars:
+    """The ``mars`` token rule: accept a top-2 draft when ``z_(2) / z_(1) > theta`` (:func:`mars_accept`)."""
+
+    theta: float = option(0.9, lo=0.0, hi=1.0, help="accept a top-2 draft when z2/z1 exceeds this")
+    name = "mars"
+    needs_hidden = False
+
+    def accepts(self, rnd: Round, where: torch.Tensor) -> torch.Tensor:
+        return mars_accept(rnd.target_logits[:-1], rnd.draft_tokens, self.theta) & where

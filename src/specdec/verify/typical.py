@@ -1,11 +1,17 @@
-"""Typical acceptance (Medusa, Cai et al. 2024; vLLM V0 ``typical_acceptance_sampler.py``).
+"""Typical acceptance ("Medusa: Simple LLM Inference Acceleration Framework with Multiple Decoding
+Heads", Cai et al. 2024, arXiv 2401.10774; vLLM V0 ``typical_acceptance_sampler.py``).
 
 A training-free lossy anchor: accept ``d`` when ``p(d) > min(epsilon, delta * exp(-H(p)))``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+from ..checks import option
+from .base import Round, rule_target_probs
 
 
 def entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -17,9 +23,23 @@ def typical_accept(probs: torch.Tensor, draft_tokens: torch.Tensor, epsilon: flo
     """``[K]`` bool: ``p_i(d_i) > min(epsilon, delta * exp(-H(p_i)))``.
 
     probs: ``[K, V]`` the target's distributions at the draft positions. Deviation: at T=0 the
-    sampling distribution is one-hot, which would make the rule exact match; we use the model's own
-    softmax (temperature 1) there, as Medusa's greedy-typical setting effectively does.
+    sampling distribution is one-hot and Medusa falls back to exact match; we read the model's own
+    softmax (temperature 1) there instead, so the rule still relaxes at T=0.
     """
     threshold = torch.clamp(delta * torch.exp(-entropy(probs)), max=epsilon)  # [K]
     p_d = probs.gather(-1, draft_tokens[:, None]).squeeze(-1)  # [K]
     return p_d > threshold
+
+
+@dataclass(frozen=True)
+class Typical:
+    """The ``typical`` token rule: ``p(d) > min(epsilon, delta * exp(-H(p)))`` (:func:`typical_accept`)."""
+
+    epsilon: float = option(0.09, lo=0.0, hi=1.0, help="p(d) > min(epsilon, delta*exp(-H))")
+    delta: float = option(0.3, lo=0.0, help="see epsilon")
+    name = "typical"
+    needs_hidden = False
+
+    def accepts(self, rnd: Round, where: torch.Tensor) -> torch.Tensor:
+        probs = rule_target_probs(rnd)[:-1]
+        return typical_accept(probs, rnd.draft_tokens, self.epsilon, self.delta) & where

@@ -1,0 +1,85 @@
+"""One way to validate a number, and one way to declare an option: its range and help live on
+the dataclass field that holds it (``option(0.9, lo=0, hi=1, help=...)``), and validation, CLI
+flags and documentation are generated from that one declaration."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import Field, dataclass, field, fields
+from typing import Any
+
+from .errors import SpecdecError
+
+
+def check_number(where: str, value: Any, lo: float | None = None, hi: float | None = None,
+                 lo_open: bool = False, hi_open: bool = False) -> float:
+    """A finite int or float (never a bool) in the range; returned as float, else SpecdecError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise SpecdecError(f"{where} must be a number, got {value!r}")
+    below = lo is not None and (value < lo or (lo_open and value == lo))
+    above = hi is not None and (value > hi or (hi_open and value == hi))
+    if below or above:
+        raise SpecdecError(f"{where} must be a number {span(lo, hi, lo_open, hi_open)}, got {value}")
+    return float(value)
+
+
+def span(lo, hi, lo_open: bool = False, hi_open: bool = False) -> str:
+    """``>= 0``, ``> 0``, ``<= 1`` or ``in [0, 1)``."""
+    if hi is None:
+        return f"{'>' if lo_open else '>='} {lo}"
+    if lo is None:
+        return f"{'<' if hi_open else '<='} {hi}"
+    return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+
+def check_int(where: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """An int (never a bool) in ``[lo, hi]``, else SpecdecError."""
+    if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo) or (
+            hi is not None and value > hi):
+        raise SpecdecError(f"{where} must be an integer {span(lo, hi)}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What values an option takes, and its one-line help."""
+
+    kind: type  # int, float or str
+    help: str = ""
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    choices: tuple[str, ...] | None = None
+
+    def check(self, where: str, value: Any) -> Any:
+        if self.choices is not None:
+            if value not in self.choices:
+                raise SpecdecError(f"{where} must be one of {', '.join(self.choices)}, got {value!r}")
+            return value
+        if self.kind is int:
+            return check_int(where, value, None if self.lo is None else int(self.lo),
+                             None if self.hi is None else int(self.hi))
+        return check_number(where, value, self.lo, self.hi, self.lo_open, self.hi_open)
+
+
+def option(default: Any, *, help: str, kind: type | None = None, lo: float | None = None, hi: float | None = None,
+           lo_open: bool = False, hi_open: bool = False, choices: tuple[str, ...] | None = None) -> Field:
+    """A dataclass field declaring an option: default, range or choices, help."""
+    spec = Spec(kind or type(default), help, lo, hi, lo_open, hi_open, choices)
+    return field(default=default, metadata={"spec": spec})
+
+
+def options_of(cls) -> dict[str, tuple[Spec, Any]]:
+    """``{name: (spec, default)}`` for every declared option of a dataclass."""
+    return {f.name: (f.metadata["spec"], f.default) for f in fields(cls) if "spec" in f.metadata}
+
+
+def check_options(owner: str, cls, values: dict[str, Any]) -> dict[str, Any]:
+    """Validate ``values`` against ``cls``'s declared options: unknown names and bad values are
+    SpecdecErrors naming ``owner``; returns the normalized values."""
+    declared = options_of(cls)
+    unknown = sorted(set(values) - set(declared))
+    if unknown:
+        raise SpecdecError(f"{owner} takes {', '.join(declared) or 'no options'}, got {unknown}")
+    return {k: declared[k][0].check(f"{owner} {k}", v) for k, v in values.items()}

@@ -1,0 +1,137 @@
+"""Structure: imports go down, every rule and drafter option is declared once, optional
+dependencies are checked before work, memory figures are the tensors' real bytes."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+from specdec.checks import options_of
+from specdec.cli import build_parser
+from specdec.drafters import ALL_DRAFTER_OPTIONS, DRAFTERS, check_drafter_options
+from specdec.errors import SpecdecError
+from specdec.verify import RULES, make_policy
+
+SRC = Path(specdec.__file__).parent
+#: a module in a layer may import its own layer and the layers below, never one above
+LAYERS = [
+    {"cli"},  # the command line: imports everything
+    {"bench", "server"},  # callers of the engine with their own commands
+    {"cliargs"},  # the flags the commands share
+    {"api"},  # load(), Pair
+]
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[0]
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    return len(LAYERS)  # the core: engine, models, verify, drafters, ...
+
+
+def imports_of(path: Path) -> set[str]:
+    rel = path.relative_to(SRC).with_suffix("")
+    package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
+            name = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            if name:
+                out.add(name)
+            else:  # "from . import x"
+                out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec."):
+            out.add(node.module[len("specdec."):])
+    return out
+
+
+def test_no_module_imports_a_module_above_it():
+    bad = []
+    for path in SRC.rglob("*.py"):
+        mine = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        for imported in imports_of(path):
+            if layer_of(imported) < layer_of(mine):
+                bad.append(f"{mine} imports {imported}")
+    assert not bad, bad
+
+
+def test_rule_flags_defaults_and_ranges_come_from_one_declaration():
+    parser = build_parser()
+    generate = parser._subparsers._group_actions[0].choices["generate"]
+    flags = {a.dest: a for a in generate._actions}
+    for rule, cls in RULES.items():
+        for param, (spec, default) in options_of(cls).items():
+            action = flags[f"{rule}_{param}"]
+            assert action.type is spec.kind and f"(default: {default})" in action.help
+            assert getattr(cls(), param) == default
+            assert make_policy(rule, {param: default}).params[f"{rule}_{param}"] == default
+            bad = "x" if spec.kind is not str else "nonsense"
+            with pytest.raises(SpecdecError, match=f"{rule} {param} must be"):
+                make_policy(rule, {param: bad})
+            if spec.lo is not None:
+                with pytest.raises(SpecdecError, match=f"{rule} {param} must be"):
+                    make_policy(rule, {param: spec.lo - 1})
+    for name, cls in DRAFTERS.items():
+        for option, (spec, default) in options_of(cls.Options).items():
+            assert option in ALL_DRAFTER_OPTIONS and option in flags and flags[option].type is spec.kind
+            assert check_drafter_options(name, {option: default}) == {option: default}
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"max_new_tokens": True}, "max_new_tokens must be an integer >= 1, got True"),
+    ({"top_p": "high"}, "top_p must be a number in (0, 1], got 'high'"),
+    ({"top_k": 2.5}, "top_k (0 = off) must be an integer >= 0"),
+    ({"temperature": float("nan")}, "temperature must be a number"),
+    ({"seed": "s"}, "seed must be an integer"),
+])
+def test_one_validation_for_numbers(kwargs, message):
+    from specdec.api import make_config
+
+    with pytest.raises(SpecdecError) as err:
+        make_config(**kwargs)
+    assert message in str(err.value)
+
+
+def test_config_parses_the_policy_once():
+    from specdec.api import make_config
+
+    cfg = make_config(policy="fly+mars", mars_theta=0.8, k=12)
+    assert cfg.parsed.params["mars_theta"] == 0.8 and cfg.parsed.window.window == 6
+    assert make_config(policy="ar").parsed is None
+
+
+def test_bench_checks_optional_dependencies_before_any_work(tmp_path):
+    code = ("import importlib.util, sys; real = importlib.util.find_spec; "
+            "importlib.util.find_spec = lambda n, *a: None if n == 'matplotlib' else real(n, *a); "
+            "from specdec.cli import main; sys.exit(main(sys.argv[1:]))")
+    res = subprocess.run([sys.executable, "-c", code, "bench", "--out", str(tmp_path / "o"), "--limit", "1",
+                          "--target", "/no/such/model"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "needs matplotlib" in res.stderr and "pip install 'specdec[bench]'" in res.stderr
+    assert not (tmp_path / "o").exists()  # failed before touching anything
+
+
+def test_memory_is_the_real_bytes_of_the_tensors(tiny_dirs):
+    target, draft = tiny_dirs
+    pair = specdec.load(str(target), draft=str(draft), dtype="float32", draft_dtype="bfloat16", draft_quant="int8",
+                        progress=False)
+    model = pair.draft.model
+    expected = sum(t.numel() * t.element_size() for t in {id(t): t for t in
+                   [*model.parameters(), *model.buffers()]}.values())
+    mem = pair.memory()
+    assert mem["draft_weights"] == expected
+    int8 = [m for m in model.modules() if type(m).__name__ == "Int8Linear"]
+    assert int8 and all(m.weight is None for m in int8)  # one int8 copy, no dequantized twin
+    assert mem["target_weights"] >= sum(p.numel() * 4 for p in torch.nn.Module.parameters(pair.target.model)) * 0.9
+
+
+def test_target_without_a_draft_uses_prompt_lookup_by_default(tiny_dirs):
+    pair = specdec.load(str(tiny_dirs[0]), draft=None, dtype="float32", progress=False)
+    out = pair.generate("abcabcabcabc", chat=False, max_new_tokens=16)
+    assert out.stats.drafter == "pld" and pair.default_drafter == "pld"
