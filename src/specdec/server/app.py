@@ -16,17 +16,17 @@ from typing import AsyncIterator
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from ..api import make_config
 from ..errors import SpecdecError
 from .errors import APIError, error_body
 from .gate import Gate
-from .metrics import Metrics
+from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from .params import SAMPLING, Limits, build
 from .responses import Shaper, sse
-from .schemas import ChatRequest, CompletionRequest
+from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from .worker import Busy, Job, Worker
 
 __all__ = ["Limits", "create_app", "default_settings"]
@@ -152,9 +152,17 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
         except Busy as exc:
             raise APIError(503 if "shutting" in str(exc) else 429, str(exc)) from None
         watcher = asyncio.create_task(_watch_disconnect(request.receive, job))
+        getter = asyncio.ensure_future(job.events.get())
         try:
-            first = await job.events.get()
+            if body.stream:
+                done, _ = await asyncio.wait({getter}, timeout=limits.stream_wait_seconds)
+                if not done:  # queued behind another request: headers now, keep-alive comments until it runs
+                    shaper = Shaper(isinstance(body, ChatRequest), body.model or name)
+                    usage = bool(body.stream_options and body.stream_options.include_usage)
+                    return EventStream(_pending(getter, job, shaper, usage), job, watcher)
+            first = await getter
         except BaseException:
+            getter.cancel()
             job.cancel()
             watcher.cancel()
             raise
@@ -164,13 +172,31 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
             param = ("messages" if isinstance(body, ChatRequest) else "prompt") if "prompt" in first[2] else None
             raise APIError(first[1], first[2], param)
         if first[0] == "cancelled":
-            metrics.inc("specdec_requests_cancelled")
+            metrics.cancel()
             return Response(status_code=499)
         shaper = Shaper(isinstance(body, ChatRequest), body.model or name)
         if not body.stream:
             return JSONResponse(shaper.response(first[1]))
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return EventStream(_events(job, first, shaper, usage), job, watcher)
+
+    async def _pending(getter: asyncio.Future, job: Job, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:
+        """A stream whose headers went out before the engine took the request: SSE comments until
+        the first event; an error then arrives as an error event (the status is already 200)."""
+        while not getter.done():
+            done, _ = await asyncio.wait({getter}, timeout=limits.keepalive_seconds)
+            if not done:
+                yield b": keep-alive\n\n"
+        first = getter.result()
+        if first[0] == "error":
+            yield sse(error_body(first[1], first[2]))
+            yield sse("[DONE]")
+            return
+        if first[0] == "cancelled":
+            metrics.cancel()
+            return
+        async for chunk in _events(job, first, shaper, usage):
+            yield chunk
 
     async def _events(job: Job, event: tuple, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:
         if shaper.chat:
@@ -190,7 +216,7 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
                 yield sse("[DONE]")
                 return
             else:  # cancelled: the client is gone
-                metrics.inc("specdec_requests_cancelled")
+                metrics.cancel()
                 return
             event = await job.events.get()
 
@@ -219,6 +245,30 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
             raise APIError(404, f"no model {model_id!r}; this server serves {name!r}", "model", "model_not_found")
         return card()
 
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest):
+        """vLLM's shape: ``{"tokens": [...], "count": n, "max_model_len": L}``."""
+        if (body.prompt is None) == (body.messages is None):
+            raise APIError(400, "send either prompt or messages", "prompt")
+        if body.messages is not None:
+            messages = [{"role": m.role, "content": m.content if isinstance(m.content, str) else ""}
+                        for m in body.messages]
+            ids = pair.tokenizer.apply_chat_template(messages, tokenize=True,
+                                                     add_generation_prompt=body.add_generation_prompt)
+            ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        else:
+            ids = pair.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        return {"tokens": [int(t) for t in ids], "count": len(ids), "max_model_len": pair.target.max_length}
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest):
+        """vLLM's shape: ``{"prompt": text}``."""
+        vocab = len(pair.tokenizer)
+        bad = [t for t in body.tokens if not 0 <= t < vocab]
+        if bad:
+            raise APIError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "tokens")
+        return {"prompt": pair.tokenizer.decode(body.tokens)}
+
     @app.get("/health")
     async def health():
         ok = worker.alive
@@ -228,8 +278,7 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
 
     @app.get("/metrics")
     async def prometheus():
-        return PlainTextResponse(metrics.render(worker.waiting, worker.running),
-                                 media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(metrics.render(worker.waiting, worker.running), media_type=METRICS_CONTENT_TYPE)
 
     app.add_middleware(Gate, metrics=metrics, api_key=api_key, max_body_bytes=limits.max_body_bytes)
     return app

@@ -10,7 +10,9 @@ import json
 from .errors import error_body
 from .metrics import Metrics
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics")
+#: paths that need the API key when one is set (health and metrics stay open)
+KEYED = ("/v1/", "/tokenize", "/detokenize")
 
 
 def endpoint_label(path: str) -> str:
@@ -50,7 +52,7 @@ class Gate:
 
     async def _gate(self, scope, receive, send):
         headers = dict(scope.get("headers") or [])
-        if self.key is not None and scope["path"].startswith("/v1/"):
+        if self.key is not None and scope["path"].startswith(KEYED):
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, self.key):
                 return await send_error(send, 401, "missing or wrong API key (send 'Authorization: Bearer <key>')",

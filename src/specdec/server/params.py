@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..api import make_config
-from ..engine import DRAFTER_OPTIONS
+from ..drafters import ALL_DRAFTER_OPTIONS as DRAFTER_OPTIONS
 from ..errors import SpecdecError
 from .errors import APIError
 from .schemas import ChatRequest, CompletionRequest
@@ -27,11 +27,15 @@ _RESERVED = ("max_tokens", "stop", "n", "stream", "prompt", "chat", "system", "o
 
 @dataclass
 class Limits:
-    """Server limits: largest ``max_tokens``, largest request body, most requests queued or running."""
+    """Server limits: largest ``max_tokens``, largest request body, most requests queued or running;
+    and for a streaming request still queued: when its headers go out and how often a keep-alive
+    comment follows until its first tokens."""
 
     max_tokens: int = 4096
     max_body_bytes: int = 2 * 1024 * 1024
     max_queue: int = 64
+    stream_wait_seconds: float = 0.5  # a streaming request not started by then gets its headers now
+    keepalive_seconds: float = 10.0  # ... and an SSE comment this often until its first tokens
 
 
 @dataclass
@@ -65,6 +69,13 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
         return base
     if given is None:
         return {"policy": "ar"}
+    given = dict(given)
+    for alias, key in ALIASES.items():
+        if alias in given:
+            if key in given:
+                raise APIError(400, f"speculative.{alias} and speculative.{key} name the same setting; send one",
+                               f"speculative.{alias}")
+            given[key] = given.pop(alias)
     for key in given:
         if key in SAMPLING or key in _RESERVED:
             raise APIError(400, f"speculative.{key} is a top-level request field; set it there", f"speculative.{key}")
@@ -85,6 +96,17 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
     return out
 
 
+#: vLLM sampling fields -> the value that leaves the output unchanged (anything else is refused)
+VLLM_FIELDS = {"ignore_eos": (None, False), "min_tokens": (None, 0), "stop_token_ids": (None, []),
+               "repetition_penalty": (None, 1.0), "min_p": (None, 0.0), "length_penalty": (None, 1.0),
+               "use_beam_search": (None, False), "bad_words": (None, []), "include_stop_str_in_output": (None, False),
+               "skip_special_tokens": (None, True), "guided_json": (None,), "guided_regex": (None,),
+               "guided_choice": (None,), "guided_grammar": (None,)}
+#: other servers' names for the draft length and confidence threshold, inside ``speculative``
+#: (llama.cpp: ``speculative.n_max``/``speculative.p_min``; vLLM: ``num_speculative_tokens``)
+ALIASES = {"n_max": "k", "num_speculative_tokens": "k", "p_min": "min_confidence"}
+
+
 def _unsupported(req, chat: bool) -> None:
     if req.n not in (None, 1):
         raise APIError(400, "only n=1 is supported", "n")
@@ -99,6 +121,8 @@ def _unsupported(req, chat: bool) -> None:
                    ("response_format", (req.response_format or {}).get("type", "text") != "text")]
     else:
         checks += [("best_of", req.best_of not in (None, 1)), ("echo", req.echo), ("suffix", bool(req.suffix))]
+    for name, neutral in VLLM_FIELDS.items():
+        checks.append((name, getattr(req, name) not in neutral))
     for name, bad in checks:
         if bad:
             raise APIError(400, f"{name} is not supported by this server", name)
@@ -178,7 +202,13 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
     for name, key in _FIELDS.items():
         if getattr(req, name) is not None:
             kwargs[key] = getattr(req, name)
-    kwargs.update(speculative(defaults, req.speculative, "speculative" in req.model_fields_set))
+    spec = req.speculative
+    if req.num_speculative_tokens is not None:  # vLLM's top-level name for the draft length
+        if spec is None and "speculative" in req.model_fields_set:
+            raise APIError(400, "num_speculative_tokens with speculative: null (plain decoding)", "num_speculative_tokens")
+        spec = {**(spec or {}), "k": req.num_speculative_tokens}
+    present = "speculative" in req.model_fields_set or req.num_speculative_tokens is not None
+    kwargs.update(speculative(defaults, spec, present))
     try:
         make_config(**kwargs)
     except SpecdecError as exc:

@@ -38,6 +38,23 @@ class _Common(_Body):
     logit_bias: dict[str, Any] | None = None
     user: str | None = None
     speculative: dict[str, Any] | None = None
+    # vLLM's extra sampling fields: each changes the output, so a non-default value is refused
+    # (400) rather than silently ignored (see params.VLLM_FIELDS)
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
+    repetition_penalty: float | None = None
+    min_p: float | None = None
+    length_penalty: float | None = None
+    use_beam_search: bool | None = None
+    bad_words: list[str] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    num_speculative_tokens: int | None = None  # vLLM's name for the draft length: an alias of speculative.k
 
 
 class CompletionRequest(_Common):
@@ -61,3 +78,18 @@ class ChatRequest(_Common):
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     response_format: dict[str, Any] | None = None
+
+
+class TokenizeRequest(_Body):
+    """vLLM's ``/tokenize``: a ``prompt`` (raw text) or chat ``messages`` (through the template)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(_Body):
+    model: str | None = None
+    tokens: list[int]

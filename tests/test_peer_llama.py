@@ -1,0 +1,76 @@
+"""The llama-cpp peer's logic (stop at EOS, stop strings, budget, timing fields) with a fake
+``llama_cpp`` module: llama-cpp-python compiles llama.cpp, so CI does not install it."""
+
+import sys
+import types
+
+import pytest
+
+from specdec.bench import peers
+from specdec.bench.configs import Config, build_peers, check_peer_available
+from specdec.errors import SpecdecError
+
+
+class FakeLlama:
+    made: list = []
+    script: list = []
+
+    def __init__(self, model_path, **kw):
+        self.model_path, self.kw = model_path, kw
+        FakeLlama.made.append(self)
+        self.seeds = []
+
+    def set_seed(self, seed):
+        self.seeds.append(seed)
+
+    def generate(self, tokens, reset=True, **sampling):
+        self.last = (list(tokens), sampling)
+        yield from FakeLlama.script
+
+
+@pytest.fixture
+def fake_llama(monkeypatch, tmp_path):
+    module = types.ModuleType("llama_cpp")
+    module.Llama = FakeLlama
+    monkeypatch.setitem(sys.modules, "llama_cpp", module)
+    monkeypatch.setattr(peers, "gguf_of", lambda source: str(tmp_path / "model.gguf"))
+    FakeLlama.made = []
+    return FakeLlama
+
+
+def run(pair, stops=(), max_new_tokens=8, **kw):
+    (cfg,) = build_peers("llama-cpp:n_threads=1")
+    return peers.run_peer(pair, cfg, [5, 6, 7], stops, max_new_tokens=max_new_tokens, **kw)
+
+
+def test_budget_eos_and_stop_strings(tiny_pair, fake_llama):
+    eos = min(tiny_pair.eos_ids)
+    fake_llama.script = tiny_pair.encode("abcdefghijklmnop", chat=False)
+    res = run(tiny_pair, max_new_tokens=5)
+    assert res["new_tokens"] == 5 and res["finish_reason"] == "length" and res["tau"] == 1.0
+    assert res["target_forwards"] == res["produced_tokens"] == 5 and res["seconds"] >= 0
+    llm = fake_llama.made[0]
+    assert llm.last[0] == [5, 6, 7] and llm.last[1]["temp"] == 0.0 and llm.last[1]["top_k"] == 1  # greedy
+    assert llm.kw["n_threads"] == 1 and llm.model_path.endswith("model.gguf")
+    fake_llama.script = tiny_pair.encode("ab", chat=False) + [eos] + tiny_pair.encode("zz", chat=False)
+    res = run(tiny_pair)
+    assert res["finish_reason"] == "stop" and res["token_ids"][-1] == eos and res["text"] == "ab"
+    fake_llama.script = tiny_pair.encode("xy```zzzz", chat=False)
+    res = run(tiny_pair, stops=("```",))
+    assert res["finish_reason"] == "stop" and res["text"] == "xy"
+    run(tiny_pair, temperature=0.8, top_p=0.9, top_k=20, seed=3)
+    assert fake_llama.made[0].seeds == [3] and fake_llama.made[0].last[1]["temp"] == 0.8
+    assert len(fake_llama.made) == 1  # the model loads once per pair and settings
+
+
+def test_missing_library_and_non_gguf_target(monkeypatch, tiny_pair):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    with pytest.raises(SpecdecError, match="pip install llama-cpp-python"):
+        check_peer_available(Config("llama-cpp", kind="peer"))
+    with pytest.raises(SpecdecError, match="needs a GGUF target"):
+        peers.gguf_of("/some/folder")
+    with pytest.raises(SpecdecError, match="takes n_threads, n_batch"):
+        build_peers("llama-cpp:threads=2")
