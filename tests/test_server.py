@@ -3,6 +3,7 @@ the ``speculative`` extension, usage stats, metrics, one-at-a-time queueing and 
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from types import SimpleNamespace
@@ -37,12 +38,34 @@ def local(pair, prompt, **kw):
         return pair.generate(prompt, **kw)
 
 
+def canonical(key: str) -> str:
+    """``name{b="2",a="1"}`` -> ``name{a="1",b="2"}``: series compare whatever the label order."""
+    if "{" not in key:
+        return key
+    name, labels = key.split("{", 1)
+    pairs = sorted(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', labels[:-1]))
+    return name + "{" + ",".join(f'{k}="{v}"' for k, v in pairs) + "}"
+
+
+class Series(dict):
+    """Scraped samples, looked up by series whatever the label order."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(canonical(key))
+
+    def get(self, key, default=None):
+        return super().get(canonical(key), default)
+
+    def __contains__(self, key):
+        return super().__contains__(canonical(key))
+
+
 def scrape(url: str) -> dict[str, float]:
-    out = {}
+    out = Series()
     for line in httpx.get(url + "/metrics").text.splitlines():
         if line and not line.startswith("#"):
             key, value = line.rsplit(" ", 1)
-            out[key] = float(value)
+            dict.__setitem__(out, canonical(key), float(value))
     return out
 
 
@@ -390,8 +413,7 @@ def test_a_queued_stream_gets_headers_and_keepalives_at_once(server):
                           json={"prompt": "hi", "max_tokens": 4, "stream": True}) as r:
             headers_after = time.perf_counter() - t0
             assert r.status_code == 200
-            for line in r.iter_lines():
-                lines.append(line)
+            lines = [line for line in r.iter_lines() if line]
         t.join(60)
     assert headers_after < done["seconds"] / 2  # not stuck behind the running request
     assert lines[0] == ": keep-alive" and lines[-1] == "data: [DONE]"
