@@ -225,12 +225,12 @@ def load(
     calibrate = calibrate or recalibrate
     t_tables: dict = {}
     d_tables: dict = {}
-    t_master = d_master = None
+    t_measured = d_measured = None
     if calibrate:
-        t_tables, t_master = candidate_tables(target, "target", t_cands, dev, remeasure=recalibrate,
+        t_tables, t_measured = candidate_tables(target, "target", t_cands, dev, remeasure=recalibrate,
                                               progress=progress, log=log)
         if draft is not None:
-            d_tables, d_master = candidate_tables(draft, "draft", d_cands, dev, remeasure=recalibrate,
+            d_tables, d_measured = candidate_tables(draft, "draft", d_cands, dev, remeasure=recalibrate,
                                                   progress=progress, log=log)
     choice = pick(t_tables, d_tables if draft is not None else None) if calibrate else None
     t_variant = choice.target if choice is not None else (t_cands[-1] if dtype == "auto" else t_cands[0])
@@ -242,10 +242,10 @@ def load(
         why = f"not measured (calibration {'off' if not calibrate else 'failed'}); bfloat16 as before"
         if calibrate:
             log(f"specdec: warning: no cost model, so dtype=auto is bfloat16 and k=auto is k={FALLBACK_K}")
-    t = materialize(target, t_variant, dev, t_master, progress=progress)
+    t = materialize(target, t_variant, dev, t_measured, progress=progress)
     d = None
     if draft is not None:
-        d = materialize(draft, d_variant, dev, d_master, progress=progress)
+        d = materialize(draft, d_variant, dev, d_measured, progress=progress)
         check_same_vocabulary(t.tokenizer, d.tokenizer, target, draft)
     vocab = len(t.tokenizer)
     widths = [output_rows(m.model.get_output_embeddings()) for m in (t, d) if m is not None]

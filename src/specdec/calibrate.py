@@ -3,9 +3,9 @@
 Candidates: on a CPU, the target in ``float32`` or ``bfloat16``, and the draft in ``float32`` or
 ``bfloat16+int8`` (weight-only int8, bf16 activations; ``bfloat16`` when ``draft_quant="none"``);
 on a GPU, ``bfloat16`` (``float16`` without bf16 support) only. Each candidate's
-:class:`~specdec.costmodel.CostTable` comes from the cache, or is measured once: the model is
-loaded in float32 (exact for bf16 checkpoints such as the bundled pair) and every other candidate
-is a cast (and quantized) copy of it. :func:`specdec.costmodel.choose_dtypes` then picks the
+:class:`~specdec.costmodel.CostTable` comes from the cache, or is measured once: a lone candidate
+on the model loaded as that variant (which is then kept), several on a float32 master (exact for
+bf16 checkpoints such as the bundled pair) and cast (and quantized) copies of it. :func:`specdec.costmodel.choose_dtypes` then picks the
 pair with the fastest reference request, prefill and decoding both counted.
 """
 
@@ -69,38 +69,49 @@ def build_variant(model: torch.nn.Module, name: str) -> torch.nn.Module:
 
 def candidate_tables(source: str, role: str, cands: list[str], device: torch.device, vocab_limit: int | None = None,
                      *, remeasure: bool = False, progress: bool = True, log: Log | None = None,
-                     ) -> tuple[dict[str, CostTable | None], Loaded | None]:
-    """Every candidate's table: cached where it exists, else measured on a float32 master loaded
-    once, each other variant on a cast copy, float32 last on the master itself. Returns the
-    tables and, when float32 was measured, the master as the float32 variant (so choosing it
-    loads nothing again)."""
+                     ) -> tuple[dict[str, CostTable | None], tuple[str, Loaded] | None]:
+    """Every candidate's table: cached where it exists, else measured. One candidate to measure
+    loads in its own variant; several load one float32 master, each other variant measured on a
+    cast copy, float32 last on the master itself. Returns the tables and the model measured in
+    place as ``(variant, loaded)`` (so choosing that variant loads nothing again), or None."""
     from .costmodel import fingerprint, load_cached
 
     key = model_key(source, load_config(source, progress))
     fp = fingerprint(device)
     tables: dict[str, CostTable | None] = {c: None if remeasure else load_cached(fp, key, c) for c in cands}
     todo = sorted((c for c in cands if tables[c] is None), key=lambda c: c == "float32")
-    master: Loaded | None = None
+    if not todo:
+        return tables, None
+    if len(todo) == 1:
+        only = todo[0]
+        loaded = load_model(source, split_variant(only)[0], device, progress=progress)
+        loaded.model = build_variant(loaded.model, only)
+        tables[only] = _measure(loaded.model, role, source, key, only, vocab_limit, log)
+        return tables, (only, loaded)
+    master = load_model(source, torch.float32, device, progress=progress)
     for c in todo:
-        if master is None:
-            master = load_model(source, torch.float32, device, progress=progress)
         last = c == "float32"
         model = build_variant(master.model if last else copy.deepcopy(master.model), c)
-        lm = CausalLM(model, f"{role} {source}", vocab_limit=vocab_limit)
-        tables[c] = table_for(lm, key, c, remeasure=True, log=log)
+        tables[c] = _measure(model, role, source, key, c, vocab_limit, log)
+        del model
+    return tables, (("float32", master) if "float32" in todo else None)
+
+
+def _measure(model: torch.nn.Module, role: str, source: str, key: str, variant: str, vocab_limit: int | None,
+             log: Log | None) -> CostTable | None:
+    lm = CausalLM(model, f"{role} {source}", vocab_limit=vocab_limit)
+    try:
+        return table_for(lm, key, variant, remeasure=True, log=log)
+    finally:
         lm.close()
-        del lm, model
-    if master is not None and "float32" not in todo:
-        master = None  # measured only copies: the chosen variant loads from the cache folder
-    return tables, master
 
 
-def materialize(source: str, variant: str, device: torch.device, master: Loaded | None = None,
+def materialize(source: str, variant: str, device: torch.device, measured: tuple[str, Loaded] | None = None,
                 progress: bool = True) -> Loaded:
-    """The model as ``variant``: the measured float32 ``master`` when that is the variant, else
-    loaded in its dtype (and quantized or packed)."""
-    if master is not None and variant == "float32":
-        return master
+    """The model as ``variant``: the one measured in place when it is that variant, else loaded
+    in its dtype (and quantized or packed)."""
+    if measured is not None and measured[0] == variant:
+        return measured[1]
     dtype, _ = split_variant(variant)
     loaded = load_model(source, dtype, device, progress=progress)
     loaded.model = build_variant(loaded.model, variant)
