@@ -207,15 +207,13 @@ def load(
     ``recalibrate`` measures again even when cached. ``log`` receives progress lines (default: stderr
     when ``progress``).
     """
-    from .calibrate import candidate_tables, draft_candidates, materialize, pick, target_candidates
+    from .calibrate import candidate_tables, draft_candidates, materialize, pick, split_variant, target_candidates
     from .costmodel import FALLBACK_K
 
     if log is None:
         log = _stderr if progress else (lambda line: None)
     dev = resolve_device(device)
-    if dtype != "auto":
-        resolve_dtype(dtype, dev)
-    if draft_dtype != "auto":
+    if draft_dtype != "auto":  # (dtype is checked by target_candidates)
         resolve_dtype(draft_dtype, dev)
     resolve_quant(draft_quant, dev, torch.float32)  # validates the name
     if draft == _AUTO:
@@ -257,7 +255,7 @@ def load(
     costs = Costs(t_tables.get(t_variant), d_tables.get(d_variant) if d_variant else None, why,
                   {"target": t_tables, "draft": d_tables})
     pair = Pair(target_lm, t.tokenizer, draft_lm, names=(target, draft), costs=costs)
-    pair.draft_quant = d_variant.partition("+")[2] or "none" if d_variant else "none"
+    pair.draft_quant = split_variant(d_variant)[1] if d_variant else "none"
     return pair
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k, expected_tokens
+from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k
 
 
 #: while probes keep finding that drafting does not pay, they come at most this rarely
@@ -108,7 +108,7 @@ class KController:
             if self.rounds_at_zero >= self.probe_interval:  # explore: is drafting paying again?
                 self.rounds_at_zero = 0
                 self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
-                k = _best_positive(self.verify_cost, self.draft_cost, rates, k_max, k_min)
+                k = best_k(self.verify_cost, self.draft_cost, rates, k_max, k_min, allow_zero=False)
         else:
             self.rounds_at_zero = 0
             self.probe_interval = self.probe_every
@@ -127,7 +127,3 @@ class KController:
             prev = self.draft_seconds_per_token
             self.draft_seconds_per_token = per if prev is None else prev + self.ema * (per - prev)
 
-
-def _best_positive(verify, draft_step: float, rates: list[float], k_max: int, k_min: int = 1) -> int:
-    """The best K among k_min..k_max (used to probe while K=0 is the choice)."""
-    return max(range(k_min, k_max + 1), key=lambda k: (expected_tokens(rates, k) / max(k * draft_step + verify(k + 1), 1e-12), -k))

@@ -101,7 +101,7 @@ def _measure(model: torch.nn.Module, role: str, source: str, key: str, variant: 
              log: Log | None) -> CostTable | None:
     lm = CausalLM(model, f"{role} {source}", vocab_limit=vocab_limit)
     try:
-        return table_for(lm, key, variant, remeasure=True, log=log)
+        return table_for(lm, key, variant, log=log)
     finally:
         lm.close()
 

@@ -92,6 +92,7 @@ def cost_header(tables) -> str:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
+    from .calibrate import variant_name
     from .costmodel import fingerprint
 
     a.recalibrate = True
@@ -104,11 +105,9 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         cands = [t for t in pair.costs.candidates.get(role, {}).values() if t is not None]
         if lm is None or not cands:
             continue
-        from .cliargs import dtype_label
-
         print(f"{role}:")
         print(cost_header(cands))
-        for row in cost_rows(cands, chosen=dtype_label(lm, quant)):
+        for row in cost_rows(cands, chosen=variant_name(lm.dtype, quant)):
             print(row)
     if pair.costs.why:
         print(f"dtype auto: {pair.costs.why}")

@@ -107,16 +107,14 @@ def load_pair(a: argparse.Namespace, progress: bool = True):
                 recalibrate=getattr(a, "recalibrate", False))
 
 
-def dtype_label(lm, quant: str = "none") -> str:
-    name = str(lm.dtype).replace("torch.", "")
-    return name if quant == "none" else f"{name}+{quant}"
-
-
 def startup_summary(pair) -> str:
     """One line: the models, their dtypes, memory, and why the dtypes were chosen."""
     mem = pair.memory()
-    target = f"{pair.target_name} ({dtype_label(pair.target)})"
-    draft = f"{pair.draft_name} ({dtype_label(pair.draft, pair.draft_quant)})" if pair.draft is not None else "none"
+    from .calibrate import variant_name
+
+    target = f"{pair.target_name} ({variant_name(pair.target.dtype, 'none')})"
+    draft = (f"{pair.draft_name} ({variant_name(pair.draft.dtype, pair.draft_quant)})"
+             if pair.draft is not None else "none")
     weights = (mem["target_weights"] + mem.get("draft_weights", 0)) / 2**20
     line = f"specdec: target {target}, draft {draft} on {pair.target.device}, weights {weights:.0f} MiB"
     if pair.costs.why:

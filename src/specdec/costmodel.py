@@ -204,17 +204,20 @@ def cache_path(fp: Mapping, model: str, dtype: str) -> Path:
     return costs_dir() / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
+def read_table(path: Path) -> CostTable | None:
+    """The table in ``path``, or None when it is missing or unreadable (corrupt: the caller
+    measures again and overwrites it)."""
+    try:
+        return CostTable.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def load_cached(fp: Mapping, model: str, dtype: str) -> CostTable | None:
     """The cached table for this machine, model and dtype, or None (missing, corrupt, or made on
     another machine: the fingerprint inside must match too)."""
-    path = cache_path(fp, model, dtype)
-    try:
-        table = CostTable.from_dict(json.loads(path.read_text()))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # corrupt: re-measured and overwritten by the caller
-    if table.fingerprint != dict(fp) or table.model != model or table.dtype != dtype:
+    table = read_table(cache_path(fp, model, dtype))
+    if table is None or table.fingerprint != dict(fp) or table.model != model or table.dtype != dtype:
         return None
     return table
 
@@ -229,26 +232,15 @@ def save(table: CostTable) -> None:
 
 def cached_tables(fp: Mapping | None = None) -> list[CostTable]:
     """Every readable table in the cache (only this machine's when ``fp`` is given)."""
-    out = []
-    for p in sorted(costs_dir().glob("*.json")) if costs_dir().is_dir() else []:
-        try:
-            t = CostTable.from_dict(json.loads(p.read_text()))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-        if fp is None or t.fingerprint == dict(fp):
-            out.append(t)
-    return out
+    tables = [read_table(p) for p in (sorted(costs_dir().glob("*.json")) if costs_dir().is_dir() else [])]
+    return [t for t in tables if t is not None and (fp is None or t.fingerprint == dict(fp))]
 
 
-def table_for(lm, model: str, dtype: str, *, remeasure: bool = False,
-              log: Callable[[str], None] | None = None) -> CostTable | None:
-    """The cost table of ``lm`` (cached, or measured now and cached). A failed measurement warns
-    through ``log`` and returns None: the caller falls back, nothing breaks."""
+def table_for(lm, model: str, dtype: str, log: Callable[[str], None] | None = None) -> CostTable | None:
+    """Measure the cost table of ``lm`` now and cache it (the caller looked in the cache first).
+    A failed measurement warns through ``log`` and returns None: the caller falls back, nothing
+    breaks."""
     fp = fingerprint(lm.device)
-    if not remeasure:
-        table = load_cached(fp, model, dtype)
-        if table is not None:
-            return table
     try:
         if log:
             log(f"specdec: measuring {model.split('|')[0]} in {dtype} on this machine (once; cached)")
@@ -284,17 +276,18 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
 
 
 def best_k(verify: Callable[[int], float], draft_step: float, rates: Sequence[float], k_max: int,
-           k_min: int = 1) -> int:
+           k_min: int = 1, allow_zero: bool = True) -> int:
     """The draft length ``K`` in ``{0} + k_min..k_max`` with the most expected tokens per second:
     ``expected_tokens(rates, K) / (K * draft_step + verify(K + 1))``. ``verify(w)`` is the target's
-    pass over ``w`` tokens; ``K = 0`` is a plain decoding step (``1 / verify(1)``). Ties go to the
-    smaller K."""
-    best, best_rate = 0, 1.0 / max(verify(1), 1e-12)
-    for k in range(max(1, k_min), max(0, k_max) + 1):
+    pass over ``w`` tokens; ``K = 0`` is a plain decoding step (``1 / verify(1)``), left out with
+    ``allow_zero=False`` (then at least ``k_min``). Ties go to the smaller K."""
+    ks = ([0] if allow_zero else []) + list(range(max(1, k_min), max(0, k_max) + 1))
+    best, best_rate = None, -1.0
+    for k in ks:
         rate = expected_tokens(rates, k) / max(k * draft_step + verify(k + 1), 1e-12)
-        if rate > best_rate * (1 + 1e-9):
+        if best is None or rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
-    return best
+    return best if best is not None else 0
 
 
 def seconds_per_token(target: CostTable, draft: CostTable | None, rate: float = PRIOR_ACCEPTANCE,

@@ -142,10 +142,13 @@ def parse_int(text: Any, what: str, minimum: int = 1) -> int:
 
 
 def parse_k(text: Any, what: str = "--k") -> int | str:
-    """``auto`` or an integer >= 1."""
-    if str(text).strip().lower() == "auto":
-        return "auto"
-    return parse_int(text, what + " ('auto' or an integer)")
+    """``auto`` or an integer >= 1 (:func:`specdec.engine.check_k`), the error naming ``what``."""
+    from ..engine import check_k
+
+    try:
+        return check_k(str(text))
+    except SpecdecError as exc:
+        raise SpecdecError(f"{what}: {exc}") from None
 
 
 def parse_k_sweep(text: str) -> list[int]:

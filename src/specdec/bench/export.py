@@ -54,7 +54,7 @@ def spec_bench_line(r: dict, model_id: str, config_id: str) -> dict:
     s = r.get("stats") or {}
     rounds = s.get("rounds") or s.get("target_forwards") or r["new_tokens"]
     qid = r["sample_id"].split("/", 1)[-1]
-    accept_lengths = [1 + a for a in s.get("accepted_per_round", [])] if s.get("accepted_per_round") else []
+    accept_lengths = [1 + a for a in s.get("accepted_per_round") or []]
     return {
         "question_id": int(qid) if qid.isdigit() else qid,
         "category": r.get("category"),
