@@ -138,3 +138,18 @@ def test_cli_argparse_errors_exit_2():
     res = run_cli("generate", "hi", "-k", "five")  # -k takes 'auto' too: checked with the other request fields
     assert res.returncode == 2 and res.stderr.strip() == (
         "specdec: error: k (draft length) must be 'auto' or an integer >= 1, got 'five'")
+
+
+def test_bad_draft_dtype_and_config_with_keywords(tiny_dirs, tiny_pair):
+    with pytest.raises(SpecdecError, match="unknown dtype 'int3'"):
+        specdec.load(str(tiny_dirs[0]), draft=str(tiny_dirs[1]), draft_dtype="int3", progress=False)
+    config = specdec.api.make_config(k=3)
+    with pytest.raises(SpecdecError, match=r"pass either config= or decoding keywords, not both \(got \['k'\]\)"):
+        tiny_pair.generate("hi", config=config, k=4)
+
+
+def test_cli_bad_draft_dtype_is_a_usage_error():
+    res = run_cli("generate", "hi", "--draft-dtype", "int3")
+    assert res.returncode == 2 and "invalid choice: 'int3'" in res.stderr and "Traceback" not in res.stderr
+    res = run_cli("calibrate", "--dtype", "int3")
+    assert res.returncode == 2 and "invalid choice: 'int3'" in res.stderr

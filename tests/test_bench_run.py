@@ -197,6 +197,8 @@ def test_kill_at_any_moment_then_rerun_completes(tiny_dirs, tmp_path):
     (["--limit", "0"], "--limit must be an integer >= 1"),
     (["--limit=-3"], "--limit must be an integer >= 1"),
     (["--limit", "ten"], "--limit must be an integer >= 1, got 'ten'"),
+    (["--k", "fast"], "--k: k (draft length) must be 'auto' or an integer >= 1, got 'fast'"),
+    (["--policies", "ar,lossless:k=0"], "k in 'lossless:k=0': k (draft length) must be 'auto' or an integer >= 1"),
     (["--k-sweep", "2-10"], "bad --k-sweep '2-10'"),
     (["--k-sweep", "10..2"], "bad --k-sweep"),
     (["--policies", "mars:theta"], "bad policy item"),

@@ -436,3 +436,22 @@ def test_latencies_from_round_times():
     ttft, itl = latencies([0.5, 0.9, 1.5], [2, 1, 0], queued_s=0.25)
     assert ttft == pytest.approx(0.75) and itl == pytest.approx([0.2, 0.2, 0.6])
     assert latencies([], [], 1.0) == (None, [])
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"speculative": None, "num_speculative_tokens": 3}, "num_speculative_tokens"),
+    ({"num_speculative_tokens": "3"}, "num_speculative_tokens"),
+    ({"speculative": {"k": "fast"}}, "speculative.k"),
+    ({"speculative": {"p_min": 1.5}}, "speculative"),
+])
+def test_bad_speculative_values_and_aliases(server, body, param):
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 2, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
+
+
+def test_tokenize_refuses_both_prompt_and_messages_and_bad_types(server):
+    both = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(server.url + "/tokenize", timeout=60, json=both)
+    assert r.status_code == 400 and "either prompt or messages" in r.json()["error"]["message"]
+    assert httpx.post(server.url + "/detokenize", timeout=60, json={"tokens": "1 2"}).status_code == 400
+    assert httpx.post(server.url + "/tokenize", timeout=60, json={"prompt": 5}).status_code == 400
