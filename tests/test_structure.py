@@ -22,7 +22,7 @@ LAYERS = [
     {"cli"},  # the command line: imports everything
     {"bench", "server"},  # callers of the engine with their own commands
     {"cliargs"},  # the flags the commands share
-    {"api"},  # load(), Pair
+    {"api", "configfile"},  # load(), Pair, config files
 ]
 
 

@@ -8,7 +8,8 @@
 Heavy imports (transformers) happen only when models are loaded.
 """
 
-from .api import Output, Pair, Stream, load
+from .api import Output, Pair, Stream, load, make_config
+from .configfile import read_config, write_config
 from .engine import DecodeConfig, Engine, Generation
 from .errors import SpecdecError
 from .sampling import SamplingParams
@@ -18,5 +19,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DecodeConfig", "Engine", "Generation", "Output", "Pair", "SamplingParams", "SpecdecError", "Stats",
-    "Stream", "load", "__version__",
+    "Stream", "load", "make_config", "read_config", "write_config", "__version__",
 ]

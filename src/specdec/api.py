@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -111,12 +112,19 @@ class Pair:
     def stream(
         self, prompt, *, stop: Sequence[str] | str | None = None, chat: bool | None = None,
         system: str | None = None, should_stop: Callable[[], bool] | None = None,
-        config: DecodeConfig | None = None, **kwargs: Any,
+        config: DecodeConfig | str | os.PathLike | None = None, **kwargs: Any,
     ) -> Stream:
         """Like :meth:`generate`, but returns a :class:`Stream` of text deltas. All validation
         happens here, before the first delta. ``should_stop()`` is asked before every round; when
         it returns True the generation ends (finish reason ``cancelled``). ``config``: a
-        :class:`DecodeConfig` already made by :func:`make_config` (instead of the keywords)."""
+        :class:`DecodeConfig` already made by :func:`make_config` (instead of the keywords), or the
+        path of a config file (:mod:`specdec.configfile`, as ``specdec tune`` writes; keywords
+        given next to it override its values)."""
+        if isinstance(config, (str, os.PathLike)):
+            from .configfile import read_config
+
+            kwargs = {**read_config(config), **kwargs}
+            config = None
         if config is None and "drafter" not in kwargs:
             kwargs["drafter"] = self.default_drafter
         cfg = config if config is not None else make_config(**kwargs)
@@ -156,7 +164,7 @@ class Pair:
     def generate(
         self, prompt, *, stop: Sequence[str] | str | None = None, chat: bool | None = None,
         system: str | None = None, on_text: Callable[[str], None] | None = None,
-        config: DecodeConfig | None = None, **kwargs: Any,
+        config: DecodeConfig | str | os.PathLike | None = None, **kwargs: Any,
     ) -> Output:
         """Generate a completion.
 

@@ -1,4 +1,4 @@
-"""``specdec``: generate, models, calibrate, bench, serve. A thin caller of the engine.
+"""``specdec``: generate, models, calibrate, bench, tune, serve. A thin caller of the engine.
 
 User errors print one line (``specdec: error: ...``) and exit 2; no traceback.
 """
@@ -11,6 +11,7 @@ import sys
 from typing import Sequence
 
 from .bench.cli import register as register_bench
+from .bench.tune import register as register_tune
 from .bundled import BUNDLED
 from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_kwargs, load_pair, make_config, startup_summary
 from .errors import SpecdecError
@@ -174,6 +175,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_calibrate)
 
     register_bench(sub)
+    register_tune(sub)
     register_serve(sub)
     return p
 

@@ -37,22 +37,34 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "measurements are cached per machine, so this only saves the first load")
 
 
-def add_decode_args(p: argparse.ArgumentParser, k_default: str = "auto") -> None:
+#: built-in values of the decoding flags; a --config file's values come before these, flags after
+DECODE_DEFAULTS = dict(policy="lossless", k="auto", max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
+                       seed=None)
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    """The decoding flags. Their argparse default is None (= not given), so that :func:`decode_kwargs`
+    can layer them: built-in default, then ``--config FILE``, then the flags given."""
+    d = DECODE_DEFAULTS
     g = p.add_argument_group("decoding")
-    g.add_argument("--policy", default="lossless",
+    g.add_argument("--config", default=None, metavar="FILE",
+                   help="decoding settings from a JSON file (as 'specdec tune' writes); flags given next to it "
+                        "override its values")
+    g.add_argument("--policy", default=None,
                    help=f"verification policy: {', '.join(POLICIES)}, or loose rules joined with '+' "
-                        "(default: lossless); 'ar' is plain decoding, 'lossless' is exact")
+                        f"(default: {d['policy']}); 'ar' is plain decoding, 'lossless' is exact")
     g.add_argument("--drafter", default=None,
                    help=f"{' | '.join(DRAFTERS)} (default: model, or pld when no draft model is loaded); model+pld "
                         "is the draft model sped up by prompt lookup, with the same tokens")
-    g.add_argument("-k", "--k", default=k_default, metavar="K",
+    g.add_argument("-k", "--k", default=None, metavar="K",
                    help="draft tokens per round, or 'auto': each round picks the K (0 = a plain decoding step) "
                         "with the most expected tokens per second from the measured cost model and the "
-                        f"acceptance seen so far (default: {k_default})")
-    g.add_argument("--max-new-tokens", type=int, default=128, help="generation budget (default: 128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: 1.0 = off)")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (default: 0 = off)")
+                        f"acceptance seen so far (default: {d['k']})")
+    g.add_argument("--max-new-tokens", type=int, default=None,
+                   help=f"generation budget (default: {d['max_new_tokens']})")
+    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: 0)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default: 1.0 = off)")
+    g.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default: 0 = off)")
     g.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
     for name, (spec, owners) in drafter_flags().items():
         defaults = ", ".join(f"{d} for {o}" for o, d in owners)
@@ -77,18 +89,28 @@ def drafter_flags() -> dict:
 
 
 def decode_kwargs(a: argparse.Namespace) -> dict:
-    kw = dict(policy=a.policy, k=a.k, max_new_tokens=a.max_new_tokens,
-              temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, seed=a.seed)
+    """Request keywords from the flags: built-in defaults, then ``--config FILE``, then every flag
+    given (a flag given wins over the file; a file's key wins over a built-in default)."""
+    kw = dict(DECODE_DEFAULTS)
+    if getattr(a, "config", None):
+        from .configfile import read_config
+
+        kw.update(read_config(a.config))
+    given = {name: getattr(a, name) for name in DECODE_DEFAULTS if getattr(a, name) is not None}
     if a.drafter is not None:
-        kw["drafter"] = a.drafter
+        given["drafter"] = a.drafter
     for name in ALL_DRAFTER_OPTIONS:
         if getattr(a, name) is not None:
-            kw[name] = getattr(a, name)
+            given[name] = getattr(a, name)
     for rule, cls in RULES.items():
         for param in options_of(cls):
             value = getattr(a, f"{rule}_{param}")
             if value is not None:
-                kw[f"{rule}_{param}"] = value
+                given[f"{rule}_{param}"] = value
+    if "policy" in given and given["policy"] != kw["policy"]:
+        # another policy than the file's: the file's policy parameters do not apply to it
+        kw = {k: v for k, v in kw.items() if k in DECODE_DEFAULTS or k in ALL_DRAFTER_OPTIONS or k == "drafter"}
+    kw.update(given)
     return kw
 
 

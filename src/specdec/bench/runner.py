@@ -86,7 +86,7 @@ def _progress(enabled: bool, total: int, done: int):
 
     progress = Progress(
         TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
-        TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+        TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}", markup=False),
         console=Console(stderr=True), disable=not enabled, transient=False,
     )
     task = progress.add_task("bench", total=total, completed=done, info="")

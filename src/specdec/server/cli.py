@@ -64,8 +64,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     for flag in ("max_tokens_limit", "max_body_bytes", "max_queue"):
         if getattr(a, flag) < 1:
             raise SpecdecError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
-    if a.max_new_tokens > a.max_tokens_limit:
-        raise SpecdecError(f"--max-new-tokens ({a.max_new_tokens}) is over --max-tokens-limit ({a.max_tokens_limit})")
+    if kwargs["max_new_tokens"] > a.max_tokens_limit:
+        raise SpecdecError(f"--max-new-tokens ({kwargs['max_new_tokens']}) is over --max-tokens-limit "
+                           f"({a.max_tokens_limit})")
     if not _is_loopback(a.host) and not a.api_key:
         print(f"specdec: warning: serving on {a.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)

@@ -41,6 +41,8 @@ class Mars:
     """The ``mars`` token rule: accept a top-2 draft when ``z_(2) / z_(1) > theta`` (:func:`mars_accept`)."""
 
     theta: float = option(0.9, lo=0.0, hi=1.0, help="accept a top-2 draft when z2/z1 exceeds this")
+    #: what ``specdec tune`` sweeps by default (lower = looser)
+    tune_grid = {"theta": (0.7, 0.8, 0.9)}
     name = "mars"
     needs_hidden = False
 

@@ -1,0 +1,194 @@
+"""``specdec tune`` and config files: the grid, the pick, the config file that generate/serve/bench
+and the API read back, the tuning split, and bad input as one-line errors (issue 10, item 3)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specdec.bench import tune
+from specdec.bench.datasets import load_dataset
+from specdec.bench.prompts import build_prompt
+from specdec.cli import build_parser, main
+from specdec.cliargs import decode_kwargs
+from specdec.configfile import FORMAT, read_config, write_config
+from specdec.errors import SpecdecError
+
+DATA = Path(__file__).parent / "data"
+#: HumanEval-format problems whose prompt holds the solution and opens a raw string the test
+#: closes, so a tiny random model's completion passes: plain decoding has a quality to keep
+ROBUST = DATA / "humaneval_robust.jsonl"
+
+
+def tiny_args(tiny_dirs):
+    target, draft = tiny_dirs
+    return ["--target", str(target), "--draft", str(draft), "--dtype", "float32", "--device", "cpu"]
+
+
+def test_tune_writes_a_config_that_generate_and_bench_reproduce(tiny_dirs, tmp_path, capsys):
+    out = tmp_path / "tune"
+    argv = ["tune", "--policy", "mars", "--k", "3", "--grid", "theta=0.5,0.9", "--dataset", "fixture", "--data",
+            str(ROBUST), "--max-new-tokens", "10", "--proxy-tokens", "5", "--proxy-samples", "2", "--confirm", "1",
+            "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["format"] == FORMAT and printed["config"] == str(out / "config.json")
+    assert cfg["decode"]["policy"] == "mars" and cfg["decode"]["k"] == 3 and cfg["decode"]["mars_theta"] in (0.5, 0.9)
+    record = json.loads((out / "tune.json").read_text())
+    chosen = cfg["tuned"]["setting"]
+    assert record["pick"]["setting"] == chosen and record["confirm"][chosen]["within_budget"]
+    assert set(record["proxy"]) == {"ar", "mars[mars_theta=0.5]/model/k3", "mars[mars_theta=0.9]/model/k3"}
+    assert record["confirmed"][0] == record["proxy_order"][0]  # fastest proxy first
+    assert cfg["tuned"]["recovery"] >= 0.99 and cfg["tuned"]["ar_quality"] > 0 and cfg["tuned"]["samples"] == 6
+    # generate --config reproduces the pick's tokens on a tuning sample
+    sample = load_dataset("fixture", None, ROBUST).samples[0]
+    rec = next(json.loads(x) for x in (out / "confirm" / "results.jsonl").read_text().splitlines()
+               if json.loads(x)["sample_id"] == sample.id and json.loads(x)["config"] == chosen)
+    import specdec
+
+    pair = specdec.load(*map(str, tiny_dirs), dtype="float32", device="cpu", progress=False)
+    prompt = build_prompt(pair.tokenizer, sample)
+    assert main(["generate", prompt.text, "--no-chat", "--stop", prompt.stop[0], "--json", "--max-new-tokens", "10",
+                 "--config", str(out / "config.json"), *tiny_args(tiny_dirs)]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["token_ids"] == rec["token_ids"] and got["stats"]["policy"] == "mars"
+    api = pair.generate(prompt.text, chat=False, stop=list(prompt.stop), max_new_tokens=10, config=out / "config.json")
+    assert api.token_ids == rec["token_ids"]
+    # bench --config runs it as one more configuration
+    bench = tmp_path / "bench"
+    assert main(["bench", "--dataset", "fixture", "--data", str(ROBUST), "--limit", "1", "--policies", "ar",
+                 "--config", str(out / "config.json"), "--max-new-tokens", "10", "--no-plots", "--out", str(bench),
+                 "-q", *tiny_args(tiny_dirs)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert list(summary["configs"]) == ["ar", chosen]
+
+
+def test_pick_is_the_fastest_within_budget_and_none_outside_it():
+    rows = {"ar": {"tokens_per_second": 1.0, "recovery": 1.0},
+            "a": {"tokens_per_second": 3.0, "recovery": 0.95}, "b": {"tokens_per_second": 2.0, "recovery": 1.0},
+            "c": {"tokens_per_second": 2.5, "recovery": 0.99}, "d": {"tokens_per_second": 9.0, "recovery": None}}
+    assert tune.pick(rows, ["a", "b", "c", "d"], 0.01) == "c"
+    assert tune.pick(rows, ["a", "b", "c"], 0.0) == "b"
+    assert tune.pick(rows, ["a", "b", "c"], 0.05) == "a"
+    assert tune.pick(rows, ["a", "d"], 0.01) is None
+
+
+def test_proxy_order_by_speed_and_agreement_floor():
+    rows = {"ar": {"speedup_vs_ar": 1.0}, "x": {"speedup_vs_ar": 1.2, "agreement": {"token_agreement": 0.9}},
+            "y": {"speedup_vs_ar": 1.5, "agreement": {"token_agreement": 0.3}},
+            "z": {"speedup_vs_ar": 1.1, "agreement": {"token_agreement": 1.0}}}
+    assert tune.proxy_order(rows, 0.0) == (["y", "x", "z"], [])
+    assert tune.proxy_order(rows, 0.5) == (["x", "z"], ["y"])
+
+
+def test_grid_axes_come_from_the_rules_and_from_grid_items():
+    assert tune.grid_axes("fly+mars", None) == {"fly_theta": [0.2, 0.3, 0.5], "mars_theta": [0.7, 0.8, 0.9]}
+    assert tune.grid_axes("lossless", None) == {}
+    assert tune.grid_axes("mars", ["theta=0.6,0.95"]) == {"mars_theta": [0.6, 0.95]}
+    assert tune.grid_axes("fly+mars", ["fly_window=4,8"])["fly_window"] == [4, 8]
+    with pytest.raises(SpecdecError, match="ambiguous in 'fly\\+mars'; prefix it: fly_theta, mars_theta"):
+        tune.grid_axes("fly+mars", ["theta=0.5"])
+    with pytest.raises(SpecdecError, match="'epsilon' is not a parameter of policy 'mars'"):
+        tune.grid_axes("mars", ["epsilon=0.1"])
+    with pytest.raises(SpecdecError, match="bad --grid"):
+        tune.grid_axes("mars", ["theta"])
+    with pytest.raises(SpecdecError, match="nothing to tune"):
+        tune.grid_axes("ar", None)
+
+
+def test_grid_skips_k_that_fly_window_cannot_act_on():
+    from specdec.bench.runner import Settings
+
+    configs, skipped = tune.grid_configs("fly", "model", ["auto", 4, 8], {"fly_theta": [0.3]}, Settings())
+    assert [c.id for c in configs] == ["fly[fly_theta=0.3]/model/kauto", "fly[fly_theta=0.3]/model/k8"]
+    assert skipped == ["fly[fly_theta=0.3]/model/k4"]
+    with pytest.raises(SpecdecError, match="must be a number"):
+        tune.grid_configs("mars", "model", [3], {"mars_theta": [1.5]}, Settings())
+
+
+def _write(path, data):
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"format": FORMAT, "decode": {"policy": "mars", "theta": 2.0}}, "mars theta must be a number in"),
+    ({"format": FORMAT, "decode": {"policy": "mars", "bogus": 1}}, "has no parameter 'bogus'"),
+    ({"format": FORMAT, "decode": {"policy": "warp"}}, "warp"),
+    ({"format": FORMAT, "decode": {"policy": "mars", "k": 0}}, "k \\(draft length\\)"),
+    ({"format": FORMAT, "decode": {}}, "'decode' must be a non-empty object"),
+    ({"format": FORMAT, "decode": {"policy": "mars"}, "extra": 1}, "unknown key\\(s\\) \\['extra'\\]"),
+    ({"format": "specdec-config/9", "decode": {"policy": "mars"}}, "'format' must be"),
+    ([1, 2], "expected a JSON object"),
+])
+def test_bad_config_files_are_one_line_errors(tmp_path, data, message):
+    path = _write(tmp_path / "c.json", data)
+    with pytest.raises(SpecdecError, match=message) as e:
+        read_config(path)
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_unreadable_config_files(tmp_path):
+    with pytest.raises(SpecdecError, match="does not exist"):
+        read_config(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(SpecdecError, match="is not JSON"):
+        read_config(tmp_path / "bad.json")
+    with pytest.raises(SpecdecError, match="must be a number"):
+        write_config(tmp_path / "w.json", {"policy": "mars", "mars_theta": -1})
+    assert not (tmp_path / "w.json").exists()
+
+
+def test_generate_with_a_bad_config_fails_before_loading(tmp_path, capsys):
+    path = _write(tmp_path / "c.json", {"format": FORMAT, "decode": {"policy": "mars", "mars_theta": 7}})
+    assert main(["generate", "hi", "--config", str(path), "--target", str(tmp_path / "no-such-model")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mars theta must be a number" in err[0]
+
+
+def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):
+    path = write_config(tmp_path / "c.json", {"policy": "fly+mars", "k": 8, "mars_theta": 0.7, "max_new_tokens": 64})
+    parser = build_parser()
+
+    def kw(*argv):
+        return decode_kwargs(parser.parse_args(["generate", "x", "--config", str(path), *argv]))
+
+    assert kw() == {"policy": "fly+mars", "k": 8, "mars_theta": 0.7, "max_new_tokens": 64, "temperature": 0.0,
+                    "top_p": 1.0, "top_k": 0, "seed": None}
+    assert kw("-k", "10", "--mars-theta", "0.9")["mars_theta"] == 0.9
+    assert kw("-k", "10")["k"] == "10"
+    other = kw("--policy", "lossless")  # another policy: the file's policy parameters do not follow
+    assert other["policy"] == "lossless" and "mars_theta" not in other and other["max_new_tokens"] == 64
+    plain = decode_kwargs(parser.parse_args(["generate", "x"]))
+    assert plain["policy"] == "lossless" and plain["k"] == "auto" and plain["max_new_tokens"] == 128
+
+
+def test_samples_select_positions_per_dataset_and_per_category():
+    ds = load_dataset("fixture", None, ROBUST, (2, 4))
+    assert [s.id for s in ds.samples] == ["Robust/2", "Robust/3", "Robust/4"]
+    assert [s.id for s in load_dataset("fixture", 2, ROBUST, (2, 4)).samples] == ["Robust/2", "Robust/3"]
+    sb = load_dataset("spec-bench", None, DATA / "spec_bench_mini.jsonl", (1, 1))
+    assert sorted(s.category for s in sb.samples) == ["math_reasoning", "qa"]  # the 2nd of each; writing has 1
+    with pytest.raises(SpecdecError, match="no problems"):
+        load_dataset("fixture", None, ROBUST, (50, 60))
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--dataset", "spec-bench:qa"], "tune needs a dataset with a task-quality score"),
+    (["--max-quality-loss", "1.5"], "--max-quality-loss must be a number in [0.0, 1.0)"),
+    (["--min-agreement", "x"], "--min-agreement must be a number"),
+    (["--samples", "9..3"], "bad --samples '9..3'"),
+    (["--policy", "ar"], "nothing to tune"),
+    (["--k", "auto,0"], "--k: k (draft length) must be"),
+    (["--confirm", "0"], "--confirm must be an integer >= 1"),
+])
+def test_tune_errors_are_one_line_and_fast(tmp_path, capsys, extra, message):
+    argv = ["tune", "--policy", "mars", "--dataset", "fixture", "--out", str(tmp_path / "t"),
+            "--target", str(tmp_path / "no-such-model"), *extra]
+    i = argv.index("--policy")
+    if "--policy" in extra:
+        del argv[i:i + 2]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
