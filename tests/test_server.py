@@ -449,6 +449,17 @@ def test_bad_speculative_values_and_aliases(server, body, param):
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.json()
 
 
+def test_tokenizer_info_serves_what_lm_evals_remote_tokenizer_reads(server):
+    """lm-evaluation-harness (tokenizer_backend=remote) probes GET /tokenizer_info, then encodes
+    its eos_token through /tokenize: both must work, and the eos id must be the tokenizer's."""
+    info = httpx.get(server.url + "/tokenizer_info", timeout=60).json()
+    assert set(info) >= {"tokenizer_class", "eos_token", "bos_token", "pad_token", "chat_template"}
+    assert info["vocab_size"] > 0 and info["model_max_length"] > 0
+    eos = httpx.post(server.url + "/tokenize", timeout=60, json={"prompt": info["eos_token"],
+                                                                  "add_special_tokens": False}).json()["tokens"]
+    assert len(eos) == 1
+
+
 def test_tokenize_refuses_both_prompt_and_messages_and_bad_types(server):
     both = {"prompt": "hi", "messages": [{"role": "user", "content": "hi"}]}
     r = httpx.post(server.url + "/tokenize", timeout=60, json=both)

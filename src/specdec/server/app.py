@@ -73,6 +73,19 @@ async def _watch_disconnect(receive, job: Job) -> None:
             return
 
 
+def tokenizer_summary(tokenizer, max_model_len: int) -> dict:
+    """``tokenizer_class``, the special tokens as text, ``chat_template``, lengths."""
+    def text(name: str):
+        tok = getattr(tokenizer, name, None)
+        return None if tok is None else str(tok)
+
+    template = getattr(tokenizer, "chat_template", None)
+    return {"tokenizer_class": type(tokenizer).__name__, "eos_token": text("eos_token"),
+            "bos_token": text("bos_token"), "pad_token": text("pad_token"), "unk_token": text("unk_token"),
+            "chat_template": template if isinstance(template, str) else None, "vocab_size": len(tokenizer),
+            "model_max_length": max_model_len}
+
+
 def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
                model_name: str | None = None) -> FastAPI:
     """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
@@ -259,6 +272,12 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
         else:
             ids = pair.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
         return {"tokens": [int(t) for t in ids], "count": len(ids), "max_model_len": pair.target.max_length}
+
+    @app.get("/tokenizer_info")
+    async def tokenizer_info():
+        """vLLM's ``/tokenizer_info`` fields that clients read (lm-evaluation-harness's remote
+        tokenizer: special tokens and the chat template)."""
+        return tokenizer_summary(pair.tokenizer, pair.target.max_length)
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):

@@ -10,9 +10,10 @@ import json
 from .errors import error_body
 from .metrics import Metrics
 
-ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/health", "/metrics")
+ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/tokenizer_info",
+             "/health", "/metrics")
 #: paths that need the API key when one is set (health and metrics stay open)
-KEYED = ("/v1/", "/tokenize", "/detokenize")
+KEYED = ("/v1/", "/tokenize", "/detokenize", "/tokenizer_info")
 
 
 def endpoint_label(path: str) -> str:
