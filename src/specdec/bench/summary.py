@@ -8,17 +8,38 @@
   tokens / target forward passes). Per-position acceptance and the zero-accept share pool counts.
 - ``quality``: HumanEval pass@1 (mean of passed), else Spec-Bench math_reasoning accuracy;
   ``recovery`` = quality / ``ar`` quality on the same samples (None when ``ar`` scores 0).
+- ``paired``: the quality against ``ar`` sample by sample, so "90% on 10 problems" reads as what it
+  is. Each sample's pass/fail (or correct/incorrect) is its first repeat's (repeat 0: the same
+  outcome as recovery's with one repeat or greedy decoding), on the ``n`` samples both scored.
+  ``lost``: solved by ``ar`` and not by the configuration; ``gained``: the reverse.
+  ``mcnemar_p``: exact (conditional) McNemar test, two-sided: the binomial test of ``lost`` against
+  ``gained`` with p = 1/2, ``min(1, 2 P(X <= min(lost, gained)))``, X ~ Bin(lost + gained, 1/2);
+  1 with no discordant pair. ``difference``: pass rate minus ``ar``'s, with a 95% interval by
+  Newcombe's square-and-add (hybrid score) method for paired proportions (Newcombe 1998, method 10:
+  Wilson score limits of both rates, combined with the correlation of the pair, phi corrected as
+  there). ``recovery`` (rate / ``ar``'s rate) with the Bonett-Price hybrid Wilson score interval for
+  a ratio of paired proportions (Bonett & Price 2006). Both are closed-form (deterministic, no
+  resampling) and keep a width when the two agree on every sample, where a bootstrap over samples
+  collapses to a point; both are among those Fagerland, Lydersen & Laake (2014) recommend for the
+  paired 2x2 table. ``paired`` is None for ``ar`` itself, without ``ar``, with no sample both scored,
+  or where the dataset has no quality measure; ``recovery`` and its interval are None when ``ar``
+  solved none of the ``n``.
 - ``agreement``: exact-match rate of token ids with ``ar`` (same sample and repeat) and mean
   token-level agreement (matching positions / longer length).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
 AR_ID = "ar"
+#: the per-record verdict behind each quality metric
+OUTCOME_KEY = {"pass@1": "passed", "math_accuracy": "correct"}
+#: two-sided 95%: the normal quantile at 0.975
+Z95 = statistics.NormalDist().inv_cdf(0.975)
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -70,6 +91,77 @@ def _quality(recs: list[dict]) -> dict[str, Any]:
         if not passed:
             out.update(quality=_mean(correct), quality_metric="math_accuracy", quality_n=len(correct))
     return out
+
+
+def _outcomes(by_sample: dict[str, dict[int, dict]], key: str) -> dict[str, bool]:
+    """Each sample's verdict ``quality[key]`` at its first repeat that has one."""
+    out = {}
+    for s, reps in by_sample.items():
+        scored = [reps[r]["quality"][key] for r in sorted(reps) if key in (reps[r].get("quality") or {})]
+        if scored:
+            out[s] = bool(scored[0])
+    return out
+
+
+def mcnemar_exact(lost: int, gained: int) -> float:
+    """Two-sided exact McNemar p-value: the binomial test of ``lost`` vs ``gained`` at p = 1/2."""
+    m = lost + gained
+    tail = sum(math.comb(m, i) for i in range(min(lost, gained) + 1))
+    return min(1.0, 2 * tail / 2**m)
+
+
+def wilson(x: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for ``x`` successes of ``n``."""
+    half = z * math.sqrt(z * z + 4 * x * (1 - x / n))
+    return (2 * x + z * z - half) / (2 * (n + z * z)), (2 * x + z * z + half) / (2 * (n + z * z))
+
+
+def newcombe_paired_difference(both: int, gained: int, lost: int, neither: int,
+                               z: float = Z95) -> tuple[float, float]:
+    """Newcombe's square-and-add interval for p1 - p2 of paired proportions (his method 10):
+    p1 = (both + gained) / n is the configuration's rate, p2 = (both + lost) / n ``ar``'s."""
+    n = both + gained + lost + neither
+    x1, x2 = both + gained, both + lost
+    p1, p2 = x1 / n, x2 / n
+    (l1, u1), (l2, u2) = wilson(x1, n, z), wilson(x2, n, z)
+    margins = x1 * (n - x1) * x2 * (n - x2)
+    cross = both * neither - gained * lost
+    # phi: the correlation of the pair, with Newcombe's correction towards 0 for positive values
+    phi = 0.0 if not margins else (cross - n / 2 if cross > n / 2 else min(cross, 0)) / math.sqrt(margins)
+    down = (p1 - l1) ** 2 + (u2 - p2) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2)
+    up = (u1 - p1) ** 2 + (p2 - l2) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2)
+    return p1 - p2 - math.sqrt(max(0.0, down)), p1 - p2 + math.sqrt(max(0.0, up))
+
+
+def bonett_price_ratio(both: int, gained: int, lost: int, z: float = Z95) -> tuple[float, float] | None:
+    """Bonett-Price hybrid Wilson score interval for p1 / p2 of paired proportions (p1 the
+    configuration's rate, p2 ``ar``'s); None when ``ar`` solved none (the ratio is undefined)."""
+    x1, x2, m = both + gained, both + lost, both + gained + lost
+    if x2 == 0:
+        return None
+    a = math.sqrt((gained + lost + 2) / ((x1 + 1) * (x2 + 1)))
+    b = math.sqrt((1 - (x1 + 1) / (m + 2)) / (x1 + 1))
+    c = math.sqrt((1 - (x2 + 1) / (m + 2)) / (x2 + 1))
+    zz = z * a / (b + c)
+    (l1, u1), (l2, u2) = wilson(x1, m, zz), wilson(x2, m, zz)
+    return l1 / u2, u1 / l2
+
+
+def paired_quality(mine: dict[str, bool], ar: dict[str, bool]) -> dict[str, Any] | None:
+    """The paired comparison of per-sample verdicts with ``ar``'s on the samples both have
+    (module docstring); None when there are none."""
+    common = [s for s in mine if s in ar]
+    if not common:
+        return None
+    both = sum(mine[s] and ar[s] for s in common)
+    gained = sum(mine[s] and not ar[s] for s in common)
+    lost = sum(ar[s] and not mine[s] for s in common)
+    n = len(common)
+    ratio_ci = bonett_price_ratio(both, gained, lost)
+    return {"n": n, "lost": lost, "gained": gained, "mcnemar_p": mcnemar_exact(lost, gained),
+            "difference": (gained - lost) / n,
+            "difference_ci": list(newcombe_paired_difference(both, gained, lost, n - both - gained - lost)),
+            "recovery": _ratio(both + gained, both + lost), "recovery_ci": None if ratio_ci is None else list(ratio_ci)}
 
 
 def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, Any]:
@@ -136,6 +228,9 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
     ar_q = _quality([r for r in ar_recs if r["sample_id"] in set(common)]).get("quality")
     my_q = _quality([r for r in recs if r["sample_id"] in set(common)]).get("quality")
     out["recovery"] = (my_q / ar_q) if (my_q is not None and ar_q) else None
+    key = OUTCOME_KEY.get(out["quality_metric"])
+    out["paired"] = None if is_ar or key is None else paired_quality(_outcomes(by_sample, key),
+                                                                    _outcomes(ar_by_sample, key))
     agree = [r["agreement"] for r in recs if r.get("agreement")]
     out["agreement"] = {"exact_match": _mean([bool(a["exact"]) for a in agree]),
                         "token_agreement": _mean([float(a["token"]) for a in agree]), "n": len(agree)}
