@@ -273,8 +273,8 @@ def cmd_tune(a: argparse.Namespace) -> int:
 def tune_record(a, settings, dataset, positions, max_loss, proxy_rows, order, dropped, rows, confirmed, chosen, skipped,
                 env, pair) -> dict:
     """What tune.json holds; its ``pick`` part is stored in the config file as ``tuned``."""
-    keep = ("tokens_per_second", "speedup_vs_ar", "tau", "quality", "quality_metric", "recovery", "agreement",
-            "samples")
+    keep = ("tokens_per_second", "speedup_vs_ar", "tau", "quality", "quality_metric", "recovery", "paired",
+            "agreement", "samples")
     ar = rows.get(cfgs.AR, {})
     pick_info = None
     if chosen is not None:
@@ -283,6 +283,7 @@ def tune_record(a, settings, dataset, positions, max_loss, proxy_rows, order, dr
             "setting": chosen, "speedup_vs_ar": r.get("speedup_vs_ar"), "tokens_per_second": r.get("tokens_per_second"),
             "ar_tokens_per_second": ar.get("tokens_per_second"), "tau": r.get("tau"), "quality": r.get("quality"),
             "ar_quality": ar.get("quality"), "quality_metric": r.get("quality_metric"), "recovery": r.get("recovery"),
+            "paired_vs_ar": r.get("paired"),
             "max_quality_loss": max_loss, "dataset": a.dataset, "positions": positions,
             "samples": len(dataset.samples), "max_new_tokens": settings.max_new_tokens,
             "sampling": settings.sampling(),

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The issue-10 figures: each loose rule tuned by `specdec tune` on HumanEval problems 100-107
+# (positions 100..107, the tuning split), then every pick in one report run on HumanEval 1-20
+# (positions 0..19, disjoint) with plain decoding and the default lossless configuration.
+# Resumable: rerun to continue (finished tunes are skipped, bench resumes). Needs nothing else
+# running (timings) and: pip install -e '.[all]'.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+TUNE=(--k auto --limit 8 --max-new-tokens 128 --proxy-samples 2 --proxy-tokens 48 --confirm 2 -q)
+declare -A GRID=([mars]="" [typical]="" [dropmatch]="" [fly]="" [fly+mars]="--grid fly_theta=0.3")
+CONFIGS=()
+POLICIES="ar,lossless"  # + a rule at its defaults where no setting was within the budget
+for policy in mars typical dropmatch fly fly+mars; do
+  out="benchmarks/issue10-tune-${policy/+/-}"
+  if [ ! -f "$out/config.json" ]; then
+    # shellcheck disable=SC2086
+    specdec tune --policy "$policy" ${GRID[$policy]} "${TUNE[@]}" --out "$out" > /dev/null 2> "$out.log" \
+      || echo "tune $policy: $(tail -1 "$out.log")"
+  fi
+  if [ -f "$out/config.json" ]; then CONFIGS+=(--config "$out/config.json"); else POLICIES+=",$policy"; fi
+done
+specdec bench -q --dataset humaneval --samples 0..19 --max-new-tokens 128 --policies "$POLICIES" "${CONFIGS[@]}" \
+  --out benchmarks/issue10-he20 > /dev/null
