@@ -200,19 +200,13 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
             done, _ = await asyncio.wait({getter}, timeout=limits.keepalive_seconds)
             if not done:
                 yield b": keep-alive\n\n"
-        first = getter.result()
-        if first[0] == "error":
-            yield sse(error_body(first[1], first[2]))
-            yield sse("[DONE]")
-            return
-        if first[0] == "cancelled":
-            metrics.cancel()
-            return
-        async for chunk in _events(job, first, shaper, usage):
+        async for chunk in _events(job, getter.result(), shaper, usage):
             yield chunk
 
     async def _events(job: Job, event: tuple, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:
-        if shaper.chat:
+        """SSE chunks from ``event`` (the first) on. An error ends the stream with an error event, a
+        cancellation ends it silently; a chat stream opens with the role chunk unless it begins so."""
+        if shaper.chat and event[0] in ("delta", "done"):
             yield sse(shaper.chunk("", role=True, with_usage=usage))
         while True:
             if event[0] == "delta":
