@@ -11,6 +11,8 @@ import pytest
 
 import specdec
 from specdec import bundled
+from specdec.testing import per_rule
+from specdec.verify import RULES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -35,6 +37,22 @@ def test_bundled_pair_generates_and_lossless_matches_ar(real_pair):
     assert len(ar.token_ids) == 6 and ar.text.strip()
     assert spec.token_ids == ar.token_ids == pld.token_ids
     assert spec.stats.rounds <= 6
+
+
+#: settings under which each rule relaxes readily (top-k 1 must still leave it nothing to relax)
+EAGER = {"mars": {"theta": 0.5}, "dropmatch": {"p": 0.5, "criterion": "naive"}, "fly": {"theta": 0.0}}
+
+
+def test_top_k_one_makes_every_loose_policy_greedy(real_pair):
+    """At temperature 0.8 with top-k 1 the sampling distribution is one-hot at the argmax, so every
+    loose rule, alone and all four composed, must emit plain greedy decoding's tokens and relax
+    nothing: no rule may keep a draft the request's sampling could not produce."""
+    ar = real_pair.generate(PROMPT, policy="ar", max_new_tokens=16)
+    for policy in [*RULES, "+".join(RULES)]:
+        out = real_pair.generate(PROMPT, policy=policy, k=8, temperature=0.8, top_k=1, seed=0, max_new_tokens=16,
+                                 **per_rule(policy, EAGER))
+        assert out.token_ids == ar.token_ids, policy
+        assert sum(out.stats.relaxed.values()) == 0, (policy, out.stats.relaxed)
 
 
 def test_gguf_file_loads_through_the_cache(real_pair, tmp_path, monkeypatch):

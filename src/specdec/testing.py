@@ -1,4 +1,5 @@
-"""Tiny random models and a byte-level tokenizer, built from a config: no downloads.
+"""Tiny random models and a byte-level tokenizer, built from a config: no downloads; and the
+Monte Carlo harness of the seeded output-distribution (chi-square) tests.
 
 Used by the test suite and by anyone who wants to exercise the engine without real weights.
 """
@@ -99,3 +100,142 @@ def save_tiny_pair(root: Path, noise: float = 0.1, seed: int = 0) -> tuple[Path,
         tok.save_pretrained(path)
         paths.append(path)
     return paths[0], paths[1]
+
+
+# --------------------------------------------------------------------------- output-distribution checks
+# The seeded chi-square tests (tests/test_distribution.py, tests/test_loose_sampling.py) share these:
+# a verification rule is exact iff the first three output tokens follow the target's joint law.
+
+
+def table(gen: torch.Generator, shape: tuple, vocab: int, sharpness: float = 2.0) -> torch.Tensor:
+    """Random conditional distributions: ``table[prefix...] -> [vocab]``."""
+    return torch.softmax(torch.randn(*shape, vocab, generator=gen) * sharpness, dim=-1)
+
+
+def joint3(p1: torch.Tensor, p2: torch.Tensor, p3: torch.Tensor) -> torch.Tensor:
+    """``[V, V, V]``: the joint ``p(x1) p(x2|x1) p(x3|x1,x2)`` from ``[V]``, ``[V, V]``, ``[V, V, V]`` tables."""
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def chisquare_joint(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """(p-value of a chi-square test of ``counts`` against ``probs``, count outside the support).
+
+    Cells with zero probability are left out of the test; a correct sampler puts nothing there."""
+    from scipy.stats import chisquare
+
+    counts, probs = counts.flatten().double(), probs.flatten().double()
+    inside = probs > 0
+    n = counts[inside].sum()
+    stat = chisquare(counts[inside].numpy(), (probs[inside] / probs[inside].sum() * n).numpy())
+    return float(stat.pvalue), int(counts[~inside].sum())
+
+
+class ToyChain:
+    """A target and a draft over ``vocab`` tokens, three tokens deep: all that the first three output
+    tokens of a K = 2 round depend on. The target is given by raw logits per prefix (``z1 [V]``,
+    ``z2 [V, V]``, ``z3 [V, V, V]``), so sampling settings and logit-reading rules (MARS, FLy) apply
+    to it; the draft by distributions ``q1 [V]``, ``q2 [V, V]``.
+
+    The target's logits are the log of random distributions plus ``offset``: a positive offset
+    gives positive top logits (MARS's margin is a ratio of them). For rules that read hidden states
+    (DropMatch), the hidden state is the logits row itself and the LM head is the identity.
+    """
+
+    def __init__(self, seed: int, vocab: int = 4, offset: float = 0.0):
+        gen = torch.Generator().manual_seed(seed)
+        self.vocab = vocab
+        self.z = tuple(table(gen, (vocab,) * i, vocab).log() + offset for i in range(3))
+        self.q = (table(gen, (), vocab, 1.0), table(gen, (vocab,), vocab, 1.0))
+
+    def target_probs(self, params) -> tuple[torch.Tensor, ...]:
+        """The target's sampling distributions under ``params`` (temperature, top-k, top-p)."""
+        from .sampling import probabilities
+
+        return tuple(probabilities(z.reshape(-1, self.vocab), params).reshape(z.shape) for z in self.z)
+
+    def joint(self, params) -> torch.Tensor:
+        """``[V, V, V]``: the joint law of the first three tokens plain sampling produces."""
+        return joint3(*self.target_probs(params))
+
+    def sample(self, policy, params, n: int, seed: int, fixed: tuple[int, int] | None = None):
+        """Run ``n`` rounds of ``policy`` (K = 2) and complete each output to three tokens by plain
+        sampling, as later rounds would. Drafts are drawn from ``q``, or are ``fixed`` (a drafter
+        without probabilities). Returns (``[V, V, V]`` counts, rejections, total of ``relaxed``)."""
+        from .verify import Round
+
+        gen = torch.Generator().manual_seed(seed)
+        p1, p2, p3 = self.target_probs(params)
+        z1, z2, z3 = self.z
+        q1, q2 = self.q
+        counts = torch.zeros(self.vocab, self.vocab, self.vocab)
+        rejected = relaxed = 0
+        for _ in range(n):
+            if fixed is None:
+                d1 = int(torch.multinomial(q1, 1, generator=gen))
+                d2 = int(torch.multinomial(q2[d1], 1, generator=gen))
+                q = torch.stack([q1, q2[d1]])
+            else:
+                (d1, d2), q = fixed, None
+            logits = torch.stack([z1, z2[d1], z3[d1, d2]])
+            rnd = Round(logits, torch.tensor([d1, d2]), q, params, gen,
+                        target_probs=torch.stack([p1, p2[d1], p3[d1, d2]]), target_hidden=logits,
+                        lm_head=lambda h: h)
+            v = policy.verify(rnd)
+            rejected += v.accepted < 2
+            relaxed += sum(v.relaxed.values())
+            out = [d1, d2][: v.accepted] + [v.token]
+            while len(out) < 3:  # later rounds: the target's own next-token distribution
+                row = p2[out[0]] if len(out) == 1 else p3[out[0], out[1]]
+                out.append(int(torch.multinomial(row, 1, generator=gen)))
+            counts[tuple(out)] += 1
+        return counts, rejected, relaxed
+
+
+def per_rule(policy: str, params: dict[str, dict]) -> dict:
+    """Parameters for each rule of ``policy`` (``fly+mars``) taken from ``params[rule]``, prefixed by
+    the rule (``mars_theta``) so they apply to single rules and compositions alike."""
+    return {f"{rule}_{k}": v for rule in policy.split("+") for k, v in params.get(rule, {}).items()}
+
+
+def tiny_engine(vocab: int = 4, seeds: tuple[int, int] = (21, 22)):
+    """An :class:`~specdec.engine.Engine` over two random one-layer models with ``vocab`` tokens:
+    a target and a draft far enough apart that rounds reject often (no EOS)."""
+    from .engine import Engine
+    from .models import CausalLM
+
+    target, draft = (CausalLM(tiny_model(s, vocab_size=vocab, layers=1, hidden=16, initializer_range=0.2))
+                     for s in seeds)
+    return Engine(target, draft, eos_ids=[])
+
+
+def target_joint(target, prompt: list[int], params, vocab: int) -> torch.Tensor:
+    """``[V, V, V]``: the joint law of a :class:`~specdec.models.CausalLM`'s first three sampled tokens."""
+    from .sampling import probabilities
+
+    def dist(context):
+        target.reset()
+        return probabilities(target.forward(context), params)[0]
+
+    p2 = torch.stack([dist(prompt + [a]) for a in range(vocab)])
+    p3 = torch.stack([torch.stack([dist(prompt + [a, b]) for b in range(vocab)]) for a in range(vocab)])
+    return joint3(dist(prompt), p2, p3)
+
+
+def engine_sample(engine, n: int, params, prompt: tuple[int, ...] = (1, 3, 0, 2), **config):
+    """Generate three tokens ``n`` times (seeds ``0 .. n-1``, K = 2, sampling ``params``; ``config``:
+    further :class:`~specdec.engine.DecodeConfig` fields such as ``policy``). Returns (``[V, V, V]``
+    counts, the target's ``[V, V, V]`` joint, the fraction of drafts accepted, drafts relaxed)."""
+    from dataclasses import replace
+
+    from .engine import DecodeConfig
+
+    vocab, prompt = engine.target.config.vocab_size, list(prompt)
+    counts = torch.zeros(vocab, vocab, vocab)
+    accepted = relaxed = 0
+    for seed in range(n):
+        cfg = DecodeConfig(k=2, max_new_tokens=3, sampling=replace(params, seed=seed), **config)
+        out = engine.generate(prompt, cfg)
+        counts[tuple(out.token_ids)] += 1
+        accepted += out.stats.accepted
+        relaxed += sum(out.stats.relaxed.values())
+    return counts, target_joint(engine.target, prompt, params, vocab), accepted / (2 * n), relaxed
