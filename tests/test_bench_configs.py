@@ -195,6 +195,26 @@ def test_check_program_is_human_evals_convention():
     assert check_program(p, "    return a + b\n") == p["prompt"] + "    return a + b\n" + "\n" + p["test"] + "\ncheck(add)"
 
 
+PROMPT = 'def pile(n):\n    """Return a list."""\n'
+BODY = "    out = [n]\n    # column-0 comments below do not end the body\n# like this one\n    return out\n"
+RAW_STRING = "    s = '''\nraw text at column 0\n'''\n    return s\n"
+
+
+@pytest.mark.parametrize("completion, expected", [
+    (BODY, BODY),  # nothing after the body
+    (BODY + "\n# Test cases\nprint(pile(3))  # Output: [3, 5,", BODY + "\n# Test cases"),
+    (BODY + "\ndef check_solution():\n    assert pile(3) == [3], \"Test case ", BODY),  # truncated def dropped
+    (BODY + "\nimport math\n\ndef helper(x):\n    return x\n\nassert pile(1)\ndef late():\n    pass\n",
+     BODY + "\nimport math\n\ndef helper(x):\n    return x\n"),  # defs kept, the first statement cuts
+    (BODY + "\nif __name__ == '__main__':\n    print(pile(2))\n", BODY),
+    (RAW_STRING, RAW_STRING),  # the cut would not compile, the whole completion does: kept whole
+])
+def test_solution_part_cuts_test_code_after_the_solution(completion, expected):
+    from specdec.bench.quality import solution_part
+
+    assert solution_part(PROMPT, completion) == expected
+
+
 def test_hf_assisted_draft_quant_parameter():
     from specdec.bench.configs import build_peers
     from specdec.errors import SpecdecError

@@ -16,6 +16,7 @@ from ..errors import SpecdecError
 from . import configs as cfgs
 from .datasets import DATASETS, SPEC_BENCH_CATEGORIES, load_dataset
 from .prompts import FORMAT_VERSION
+from .quality import SCORER_VERSION
 
 EPILOG = """\
 examples:
@@ -161,7 +162,7 @@ def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
         "target": a.target, "draft": draft, "dtype": a.dtype, "draft_dtype": a.draft_dtype,
         "device": str(device), "draft_quant": a.draft_quant if draft != "none" else "none",
         "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
-        "top_k": settings.top_k, "seed": settings.seed, "prompt_format": FORMAT_VERSION,
+        "top_k": settings.top_k, "seed": settings.seed, "prompt_format": FORMAT_VERSION, "scorer": SCORER_VERSION,
         "data": dataset.source if dataset.sha256 is None else f"sha256:{dataset.sha256}",
         "cpu": env["hardware"]["cpu"], "cpu_flags": env["hardware"]["cpu_flags"], "gpu": env["hardware"]["gpu"],
         "torch": env["versions"]["torch"], "transformers": env["versions"]["transformers"],

@@ -1,5 +1,5 @@
-"""Quality measures: HumanEval pass@1 (the completion executed against the tests in the
-sandbox), exact final-answer accuracy for Spec-Bench ``math_reasoning`` (the last number of the
+"""Quality measures: HumanEval pass@1 (the solution part of the completion, see
+:func:`solution_part`, executed against the tests in the sandbox), exact final-answer accuracy for Spec-Bench ``math_reasoning`` (the last number of the
 output against the reference's ``#### <answer>``), and agreement with the ``ar`` output of the
 same sample (exact token match, and matching positions / the longer length).
 """
@@ -14,6 +14,51 @@ from .datasets import Sample
 from .sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, run_program
 
 _NUMBER = re.compile(r"-?\$?\s?\d[\d,]*(?:\.\d+)?")
+
+
+#: bumped when scoring changes, so a run folder never mixes verdicts of two scorers
+#: (1: the raw completion; 2: its solution part)
+SCORER_VERSION = 2
+_DEFINITIONS = ("def ", "async def ", "class ", "import ", "from ", "@")
+
+
+def solution_part(prompt: str, completion: str) -> str:
+    """The completion up to where the solution ends, as HumanEval harnesses cut it: the indented
+    body that continues the prompt, then any top-level definitions and imports right after it.
+    The first other top-level statement (tests, prints, an ``if __name__`` block) and all after
+    it are cut, and trailing definitions that do not compile (cut short by the token budget) are
+    dropped. So a solution is not failed for the test code an instruct model writes after it,
+    truncated by ``max_new_tokens``. Column-0 comments do not end a block. If the cut text does
+    not compile but the whole completion does, the whole completion is kept."""
+    blocks: list[list[str]] = [[]]
+    for line in completion.split("\n"):
+        if line and not line[0].isspace() and not line.startswith("#"):
+            blocks.append([line])
+        else:
+            blocks[-1].append(line)
+    kept = [blocks[0]]
+    for block in blocks[1:]:
+        if not block[0].startswith(_DEFINITIONS):
+            break
+        kept.append(block)
+
+    def text(parts: list[list[str]]) -> str:
+        return "\n".join(line for block in parts for line in block)
+
+    while len(kept) > 1 and not _compiles(prompt + text(kept)):
+        kept.pop()
+    cut = text(kept)
+    if cut != completion and not _compiles(prompt + cut) and _compiles(prompt + completion):
+        return completion
+    return cut
+
+
+def _compiles(source: str) -> bool:
+    try:
+        compile(source, "<solution>", "exec")
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def check_program(problem: dict, completion: str) -> str:
@@ -71,8 +116,11 @@ class Scorer:
         if sample.kind == "code":
             key = hashlib.sha256(f"{sample.id}\0{text}".encode()).hexdigest()
             if key not in self._cache:
-                res = run_program(check_program(sample.problem, text), timeout=self.timeout, memory_mb=self.memory_mb)
-                self._cache[key] = {"passed": res.passed, "exec_status": res.status, "sandbox": res.isolation}
+                solution = solution_part(sample.problem["prompt"], text)
+                res = run_program(check_program(sample.problem, solution), timeout=self.timeout,
+                                  memory_mb=self.memory_mb)
+                self._cache[key] = {"passed": res.passed, "exec_status": res.status, "sandbox": res.isolation,
+                                    "cut_chars": len(text) - len(solution)}
             return dict(self._cache[key])
         if sample.category == "math_reasoning":
             expected = reference_answer(sample.reference)
