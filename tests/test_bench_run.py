@@ -205,6 +205,8 @@ def test_kill_at_any_moment_then_rerun_completes(tiny_dirs, tmp_path):
     (["--data", "/nonexistent/problems.jsonl"], "data file not found"),
     (["--peers", "vllm"], "unknown peer 'vllm'"),
     (["--repeats", "0"], "--repeats must be an integer >= 1"),
+    (["--samples", "5"], "bad --samples '5'"),
+    (["--config", "/nonexistent/tuned.json"], "config file '/nonexistent/tuned.json' does not exist"),
 ])
 def test_cli_errors_are_one_line(tiny_dirs, tmp_path, capsys, extra, message):
     argv = ["bench", "--dataset", "fixture", "--out", str(tmp_path / "o"), *tiny_args(tiny_dirs), *extra]

