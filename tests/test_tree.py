@@ -275,3 +275,42 @@ def test_fly_on_a_tree_too_small_for_its_window_is_refused():
     with pytest.raises(SpecdecError, match="tree_nodes"):
         DecodeConfig(policy="fly", drafter="tree", drafter_params={"tree_nodes": 6})
     DecodeConfig(policy="fly", drafter="tree", drafter_params={"tree_nodes": 16})
+
+
+# ----------------------------------------------------------------------------- bench and server
+def test_bench_runs_trees_beside_chains_and_reports_them(tiny_dirs, tmp_path, capsys):
+    import json
+
+    from specdec.cli import main
+
+    target, draft = tiny_dirs
+    out = tmp_path / "run"
+    argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless:k=3,lossless:drafter=tree:tree_nodes=3:k=3",
+            "--max-new-tokens", "6", "--no-warmup", "--out", str(out), "-q", "--no-plots",
+            "--target", str(target), "--draft", str(draft), "--dtype", "float32", "--device", "cpu"]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    tree = summary["configs"]["lossless[tree_nodes=3]/tree/k3"]
+    assert tree["agreement"]["exact_match"] == 1.0 and 0 < tree["tree"]["mean_nodes"] <= 3
+    assert "tree" not in summary["configs"]["lossless/model/k3"]
+    assert "### Token trees" in (out / "report.md").read_text()
+
+
+def test_server_takes_the_tree_drafter_in_the_speculative_object(tiny_dirs):
+    pytest.importorskip("fastapi")
+    openai = pytest.importorskip("openai")
+    import specdec
+    from specdec.server import create_app, serve_in_thread
+
+    target, draft = tiny_dirs
+    pair = specdec.load(str(target), draft=str(draft), dtype="float32", device="cpu", progress=False)
+    with serve_in_thread(create_app(pair, {"k": 3, "max_new_tokens": 12}, model_name="tiny")) as url:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        kw = dict(model="tiny", prompt="Hello there", max_tokens=12, temperature=0)
+        tree = client.completions.create(**kw, extra_body={"speculative": {"drafter": "tree", "tree_nodes": 4}})
+        plain = client.completions.create(**kw, extra_body={"speculative": None})
+        with pytest.raises(openai.BadRequestError, match="tree_nodes"):
+            client.completions.create(**kw, extra_body={"speculative": {"drafter": "tree", "tree_nodes": 0}})
+    s = tree.model_dump()["usage"]["speculative"]
+    assert tree.choices[0].text == plain.choices[0].text
+    assert s["drafter"] == "tree" and s["mean_tree_nodes"] > 0 and s["tree_depths"]
