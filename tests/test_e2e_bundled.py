@@ -34,8 +34,10 @@ def test_bundled_pair_generates_and_lossless_matches_ar(real_pair):
     ar = real_pair.generate(PROMPT, policy="ar", max_new_tokens=6)
     spec = real_pair.generate(PROMPT, policy="lossless", drafter="model", k=4, max_new_tokens=6)
     pld = real_pair.generate(PROMPT, policy="lossless", drafter="pld", k=4, max_new_tokens=6)
+    tree = real_pair.generate(PROMPT, policy="lossless", drafter="tree", tree_nodes=6, max_new_tokens=6)
     assert len(ar.token_ids) == 6 and ar.text.strip()
-    assert spec.token_ids == ar.token_ids == pld.token_ids
+    assert spec.token_ids == ar.token_ids == pld.token_ids == tree.token_ids
+    assert tree.stats.tree_depths
     assert spec.stats.rounds <= 6
 
 

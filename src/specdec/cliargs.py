@@ -59,7 +59,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-k", "--k", default=None, metavar="K",
                    help="draft tokens per round, or 'auto': each round picks the K (0 = a plain decoding step) "
                         "with the most expected tokens per second from the measured cost model and the "
-                        f"acceptance seen so far (default: {d['k']})")
+                        f"acceptance seen so far; with --drafter tree, the tree's depth limit ('auto': up to "
+                        f"--tree-nodes; the tree's own pruning stops it earlier) (default: {d['k']})")
     g.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"generation budget (default: {d['max_new_tokens']})")
     g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: 0)")

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import torch
 
 from .checks import check_int
-from .drafters import Draft, Drafter, check_drafter_options, make_drafter
+from .drafters import Draft, Drafter, check_drafter_options, drafter_class, make_drafter
 from .autok import KController
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
@@ -24,6 +24,7 @@ from .models import CausalLM
 from .sampling import SamplingParams, make_generator, next_token, probabilities
 from .stats import Stats, peak_rss_mb
 from .verify import Policy, Round, make_policy
+from .verify.tree import TreeRound, tree_depth
 
 #: ``stop_check(generated_ids, n_new) -> keep``: how many generated tokens to keep when a stop
 #: sequence ends inside the last ``n_new`` tokens, else None.
@@ -73,7 +74,15 @@ class DecodeConfig:
             object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
         object.__setattr__(self, "k", check_k(self.k))
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
+        tree = getattr(drafter_class(self.drafter), "grows_trees", False) if self.policy != "ar" else False
+        if tree and getattr(self.parsed, "verify_tree", None) is None:
+            raise SpecdecError(f"policy {self.policy!r} verifies chains only; use drafter 'model' (or 'pld'), "
+                               "or a policy that verifies trees (lossless, loose rules)")
         w = window_of(self.parsed)
+        if w and tree and self.k == AUTO_K and self.drafter_params.get("tree_nodes", 8) <= w:
+            raise SpecdecError(
+                f"policy {self.policy!r}: FLy's window ({w}) needs paths longer than it, but a tree of "
+                f"tree_nodes={self.drafter_params.get('tree_nodes', 8)} cannot grow that deep; raise tree_nodes")
         if w and isinstance(self.k, int) and self.k <= w:
             raise SpecdecError(
                 f"policy {self.policy!r}: FLy's window ({w}) acts only on draft blocks longer than it, so k={self.k} "
@@ -150,7 +159,8 @@ class Engine:
         policy = cfg.parsed
         drafter = None if policy is None else self.make_drafter(cfg)
         auto = policy is not None and cfg.k == AUTO_K
-        control = self.controller(cfg) if auto else None
+        grows_trees = getattr(drafter, "grows_trees", False)
+        control = self.controller(cfg) if auto and not grows_trees else None
         stats = out.stats = Stats(
             policy=cfg.policy, drafter=None if policy is None else cfg.drafter, k=0 if policy is None else cfg.k,
             lossy=bool(policy and policy.lossy), prompt_tokens=len(prompt_ids),
@@ -178,6 +188,8 @@ class Engine:
             room = min(cfg.max_new_tokens - len(out.token_ids), limit - len(context))
             if drafter is None:
                 k = 0
+            elif grows_trees:  # k is the tree's depth limit; k=auto leaves the depth to the tree's own pruning
+                k = max(0, min(drafter.max_depth if auto else cfg.k, room - 1))
             elif control is not None:
                 k = control.choose(room - 1)
             else:
@@ -188,11 +200,28 @@ class Engine:
             t1 = clock()
             # 2. one target pass over [last, d_1..d_K]
             n = len(draft)
-            scored = self.target.logits_for(context + draft.tokens, n + 1, hidden=bool(policy and policy.needs_hidden))
+            tree = draft.parents is not None and n > 0
+            want_hidden = bool(policy and policy.needs_hidden)
+            if tree:  # one pass over [last] + the tree's nodes, with a tree attention mask
+                scored = self.target.tree_logits(context, draft.tokens, draft.parents, hidden=want_hidden)
+            else:
+                scored = self.target.logits_for(context + draft.tokens, n + 1, hidden=want_hidden)
             logits, hidden = scored if isinstance(scored, tuple) else (scored, None)  # [n+1, V], [n+1, H]
             # 3. verify
+            path: tuple[int, ...] = ()
             if n == 0:
                 accepted, token, relaxed = 0, next_token(logits[0], params, generator), {}
+            elif tree:
+                trnd = TreeRound(
+                    target_logits=logits, tokens=torch.tensor(draft.tokens, device=logits.device), parents=draft.parents,
+                    params=params, generator=generator,
+                    target_probs=None if params.greedy else probabilities(logits, params), target_hidden=hidden,
+                    lm_head=self.target.head_logits, draft_logits=draft.logits,
+                )
+                t_rule = clock()
+                verdict = policy.verify_tree(trnd)
+                stats.rule_seconds += clock() - t_rule
+                accepted, token, relaxed, path = verdict.accepted, verdict.token, dict(verdict.relaxed), verdict.path
             else:
                 rnd = Round(
                     target_logits=logits,
@@ -212,13 +241,13 @@ class Engine:
             t2 = clock()
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
-            stats.record(n, accepted, relaxed)
+            stats.record(n, accepted, relaxed, depth=tree_depth(draft.parents) if tree else None)
             if auto:
                 stats.k_chosen.append(k)
             if control is not None:
                 control.observe(n, accepted, t1 - t0 if draft.fed <= 2 else None, t2 - t1)
             # 4. commit, cut at the first stop
-            new = draft.tokens[:accepted] + [token]
+            new = ([draft.tokens[i] for i in path] if tree else draft.tokens[:accepted]) + [token]
             for i, t in enumerate(new):
                 if t in self.eos_ids:
                     new, out.finish_reason = new[: i + 1], "stop"
@@ -235,7 +264,9 @@ class Engine:
                     out.finish_reason = "stop"
             if out.finish_reason is None and (len(out.token_ids) >= cfg.max_new_tokens or len(context) >= limit):
                 out.finish_reason = "length"
-            # 5. roll back to the committed text; tell the drafter
+            # 5. roll back to the committed text (after a tree: gather the kept path first); tell the drafter
+            if tree:
+                self.target.keep_path(path)
             self.target.truncate(len(context) - 1)
             if drafter is not None:
                 drafter.commit(context, n, accepted)

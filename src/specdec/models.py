@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -82,6 +82,30 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return lo
 
 
+@dataclass
+class TreeState:
+    """An open token tree in a cache: the context's ``base`` positions, then one entry per node."""
+
+    base: int
+    parents: list[int] = field(default_factory=list)  # per node: its parent node, -1 = the context's last token
+    depths: list[int] = field(default_factory=list)  # per node: 1 under the context's last token
+
+
+def gather_cache(cache, index: torch.Tensor) -> None:
+    """Keep the cache positions ``index`` (ascending) in every layer, in place. Only plain
+    (full-attention) layers can be gathered; a sliding-window or other layer is a user error."""
+    from transformers.cache_utils import DynamicLayer
+
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise SpecdecError(
+                f"token trees need a plain key/value cache, but this model's cache has a {type(layer).__name__}; "
+                "use a chain drafter (model, pld, model+pld)")
+        if layer.is_initialized and layer.keys.numel():
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+
+
 class CausalLM:
     """A causal LM fed token ids, with one KV cache and the ids that cache holds.
 
@@ -125,13 +149,23 @@ class CausalLM:
 
         self.cache = DynamicCache(config=self.config)
         self.tokens: list[int] = []
+        self.tree: TreeState | None = None
 
     def truncate(self, length: int) -> None:
-        """Keep the first ``length`` cached positions, dropping the rest."""
+        """Keep the first ``length`` cached positions, dropping the rest. An open token tree
+        (:meth:`tree_logits`) is dropped whole: only its linear prefix can be kept this way."""
+        if self.tree is not None:
+            length = min(length, self.tree.base)
+            self.tree = None
         extra = len(self.tokens) - length
         if extra > 0:
             self.cache.crop(-extra)
             del self.tokens[length:]
+
+    @property
+    def linear_tokens(self) -> list[int]:
+        """The cached ids that form one sequence (all of them, unless a token tree is open)."""
+        return self.tokens if self.tree is None else self.tokens[: self.tree.base]
 
     # ---------------------------------------------------------------- forward
     @torch.inference_mode()
@@ -143,6 +177,8 @@ class CausalLM:
         """
         if not ids:
             raise ValueError("forward needs at least one token")
+        if self.tree is not None:
+            raise RuntimeError("forward appends to one sequence, but a token tree is open; keep_path or truncate first")
         input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
         kwargs = {"logits_to_keep": num_logits} if self._keeps_logits else {}
         out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
@@ -160,9 +196,94 @@ class CausalLM:
         lacks. Rows are the distributions *after* each of those positions."""
         if num_logits > len(context):
             raise ValueError("num_logits is larger than the context")
-        keep = min(common_prefix(self.tokens, context), len(context) - num_logits)
+        keep = min(common_prefix(self.linear_tokens, context), len(context) - num_logits)
         self.truncate(keep)
         return self.forward(context[keep:], num_logits, hidden)
+
+    # ------------------------------------------------------------------ trees
+    def tree_logits(self, context: Sequence[int], ids: Sequence[int], parents: Sequence[int], hidden: bool = False):
+        """One forward pass over what the cache lacks of ``context`` and then a token tree hanging
+        after it: node ``i`` is ``ids[i]`` under node ``parents[i]`` (``-1``: under the context's last
+        token; a parent comes before its children). Each node attends to the context and its own
+        ancestors (a 4D tree attention mask) at position ``len(context) - 1 + depth``.
+
+        Returns logits ``[1 + len(ids), V]``: the row after the context, then the row after each
+        node (and the hidden states ``[1 + len(ids), H]`` with ``hidden=True``). The tree stays open:
+        :meth:`extend_tree` adds nodes, :meth:`keep_path` keeps one root-to-node path and closes it,
+        and :meth:`truncate` (or :meth:`logits_for`) drops it whole.
+        """
+        keep = min(common_prefix(self.linear_tokens, context), len(context) - 1)
+        self.truncate(keep)
+        linear = list(context[keep:])
+        self.tree = TreeState(base=len(context))
+        return self._forward_tree(linear, ids, parents, hidden)
+
+    def extend_tree(self, ids: Sequence[int], parents: Sequence[int], hidden: bool = False):
+        """Add nodes to the open tree (``parents`` index all nodes so far, in the order they were
+        added; ``-1`` is the context's last token): logits ``[len(ids), V]``, one row per new node."""
+        if self.tree is None:
+            raise RuntimeError("extend_tree needs an open tree (call tree_logits first)")
+        if not ids:
+            raise ValueError("extend_tree needs at least one node")
+        return self._forward_tree([], ids, parents, hidden)
+
+    @torch.inference_mode()
+    def _forward_tree(self, linear: list[int], ids: Sequence[int], parents: Sequence[int], hidden: bool):
+        tree = self.tree
+        assert tree is not None
+        past = len(self.tokens)
+        first = len(tree.parents)  # index of the first new node
+        for i, parent in enumerate(parents):
+            if not -1 <= parent < first + i:
+                raise ValueError(f"tree node {first + i}: parent {parent} is not an earlier node")
+            tree.parents.append(int(parent))
+            tree.depths.append(1 if parent < 0 else tree.depths[parent] + 1)
+        q = len(linear) + len(ids)
+        allowed = torch.zeros(q, past + q, dtype=torch.bool)
+        for r in range(len(linear)):  # the linear part: causal
+            allowed[r, : past + r + 1] = True
+        allowed[len(linear):, : tree.base] = True  # every node sees the whole context
+        for j in range(len(ids)):
+            node = first + j
+            while node >= 0:  # itself and its ancestors
+                allowed[len(linear) + j, tree.base + node] = True
+                node = tree.parents[node]
+        positions = [past + r for r in range(len(linear))] + [tree.base - 1 + tree.depths[first + j] for j in range(len(ids))]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        input_ids = torch.tensor([[*linear, *ids]], dtype=torch.long, device=self.device)
+        rows = len(ids) + (1 if linear else 0)
+        kwargs = {"logits_to_keep": rows} if self._keeps_logits else {}
+        out = self.model(
+            input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+            attention_mask=mask[None, None].to(self.device), position_ids=torch.tensor([positions], device=self.device),
+            **kwargs,
+        )
+        self.forward_calls += 1
+        self.cache = out.past_key_values if out.past_key_values is not None else self.cache
+        self.tokens.extend([*linear, *(int(t) for t in ids)])
+        logits = out.logits[0, -rows:, : self.vocab_limit].float()
+        if not hidden:
+            return logits
+        return logits, self._captured[0, -rows:]
+
+    def keep_path(self, path: Sequence[int]) -> None:
+        """Close the open tree keeping only the nodes ``path`` (a root-to-node path, in order) after
+        the context: their key/value entries are gathered, so the cache equals a prefill of the
+        context followed by the path's tokens."""
+        tree = self.tree
+        if tree is None:
+            raise RuntimeError("keep_path needs an open tree")
+        expect = -1
+        for node in path:
+            if not 0 <= node < len(tree.parents) or tree.parents[node] != expect:
+                raise ValueError(f"{list(path)} is not a root-to-node path of the tree")
+            expect = node
+        self.tree = None
+        index = [*range(tree.base), *(tree.base + n for n in path)]
+        tokens = [*self.tokens[: tree.base], *(self.tokens[tree.base + n] for n in path)]
+        if len(index) < len(self.tokens):
+            gather_cache(self.cache, torch.tensor(index, device=self.device))
+        self.tokens = tokens
 
     @torch.inference_mode()
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:

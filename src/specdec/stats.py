@@ -31,8 +31,9 @@ class Stats:
     drafted: int = 0  # draft tokens proposed
     accepted: int = 0  # draft tokens the rule kept
     zero_accept_rounds: int = 0  # rounds that drafted something and kept nothing
-    drafted_at: list[int] = field(default_factory=list)  # [k] rounds that drafted position i
-    accepted_at: list[int] = field(default_factory=list)  # [k] rounds that kept position i
+    drafted_at: list[int] = field(default_factory=list)  # [k] rounds that drafted position (tree: depth) i
+    accepted_at: list[int] = field(default_factory=list)  # [k] rounds that kept position (tree: depth) i
+    tree_depths: list[int] = field(default_factory=list)  # token trees: each round's tree depth
     relaxed: dict[str, int] = field(default_factory=dict)  # loose rule -> drafts it added
     k_chosen: list[int] = field(default_factory=list)  # k=auto: the K of each round (0 = plain step)
     accepted_per_round: list[int] = field(default_factory=list)  # drafts kept in each round
@@ -45,19 +46,24 @@ class Stats:
     peak_rss_mb: float = 0.0
     params: dict = field(default_factory=dict)  # policy/drafter parameters, for the record
 
-    def record(self, drafted: int, accepted: int, relaxed: dict[str, int] | None = None) -> None:
-        """Count one verify round that drafted ``drafted`` tokens and kept ``accepted``."""
+    def record(self, drafted: int, accepted: int, relaxed: dict[str, int] | None = None, depth: int | None = None) -> None:
+        """Count one verify round that drafted ``drafted`` tokens and kept ``accepted``. A token
+        tree also gives its ``depth``: then the per-position counts are per depth (a chain's depth
+        is its length)."""
+        if depth is not None:
+            self.tree_depths.append(depth)
+        depth = drafted if depth is None else depth
         self.rounds += 1
         self.drafted += drafted
         self.accepted += accepted
         self.accepted_per_round.append(accepted)
         if drafted and not accepted:
             self.zero_accept_rounds += 1
-        if drafted > len(self.drafted_at):
-            grow = drafted - len(self.drafted_at)
+        if depth > len(self.drafted_at):
+            grow = depth - len(self.drafted_at)
             self.drafted_at += [0] * grow
             self.accepted_at += [0] * grow
-        for i in range(drafted):
+        for i in range(depth):
             self.drafted_at[i] += 1
         for i in range(accepted):
             self.accepted_at[i] += 1
@@ -87,6 +93,16 @@ class Stats:
         return self.zero_accept_rounds / drafting if drafting else 0.0
 
     @property
+    def mean_tree_nodes(self) -> float:
+        """Token trees: nodes per drafting round (0 for chains)."""
+        return self.drafted / len(self.tree_depths) if self.tree_depths else 0.0
+
+    @property
+    def mean_tree_depth(self) -> float:
+        """Token trees: mean depth of the trees (0 for chains)."""
+        return sum(self.tree_depths) / len(self.tree_depths) if self.tree_depths else 0.0
+
+    @property
     def tokens_per_second(self) -> float:
         return self.new_tokens / self.total_seconds if self.total_seconds > 0 else 0.0
 
@@ -105,6 +121,8 @@ class Stats:
             mean_acceptance_length=self.mean_acceptance_length,
             acceptance_rate=self.acceptance_rate,
             per_position_acceptance=self.per_position_acceptance,
+            mean_tree_nodes=self.mean_tree_nodes,
+            mean_tree_depth=self.mean_tree_depth,
             zero_accept_share=self.zero_accept_share,
             tokens_per_second=self.tokens_per_second,
         )
@@ -123,6 +141,8 @@ class Stats:
                 f"{self.zero_accept_share:.0%} rounds kept none, "
                 f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s"
             )
+            if self.tree_depths:
+                line += f", trees of {self.mean_tree_nodes:.1f} nodes, depth {self.mean_tree_depth:.1f}"
             if self.lossy:
                 line += f", LOSSY (relaxed: {self.relaxed})"
         return line + f", peak RSS {self.peak_rss_mb:.0f} MiB"

@@ -122,10 +122,16 @@ def render_report(summary: dict) -> str:
             cells = [f"{_f(r['by_category'][c].get('speedup_vs_ar'), '.2f', 'x')} ({_f(r['by_category'][c].get('tau'))})"
                      for c in cats]
             lines.append(f"| {cid} | " + " | ".join(cells) + " |")
+    trees = {cid: r["tree"] for cid, r in rows.items() if r.get("tree")}
+    if trees:
+        lines += ["", "### Token trees", "", "| configuration | tree rounds | nodes per tree | depth | accepted depth |",
+                  "|---|---:|---:|---:|---:|"]
+        for cid, t in trees.items():
+            lines.append(f"| {cid} | {t['rounds']} | {t['mean_nodes']:.1f} | {t['mean_depth']:.1f} | {t['mean_accepted_depth']:.2f} |")
     curves = {cid: r["per_position_acceptance"] for cid, r in rows.items() if r.get("per_position_acceptance")}
     if curves:
         width = max(len(c) for c in curves.values())
-        lines += ["", "### Per-position acceptance", "", "| configuration | " + " | ".join(str(i + 1) for i in range(width)) + " |",
+        lines += ["", "### Per-position acceptance (token trees: per depth)", "", "| configuration | " + " | ".join(str(i + 1) for i in range(width)) + " |",
                   "|---|" + "---:|" * width]
         for cid, c in curves.items():
             lines.append(f"| {cid} | " + " | ".join(_f(x) for x in c) + " |" + " |" * (width - len(c)))

@@ -210,6 +210,12 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
     out["drafted"] = sum(s.get("drafted", 0) for s in stats)
     out["accepted"] = sum(s.get("accepted", 0) for s in stats)
     out["zero_accept_share"] = _ratio(sum(s.get("zero_accept_rounds", 0) for s in stats), drafted_at[0]) if width else None
+    depths = [d for s in stats for d in (s.get("tree_depths") or [])]
+    if depths:  # token trees: nodes and depth per tree, accepted depth per tree round
+        tree_drafted = sum(s.get("drafted", 0) for s in stats if s.get("tree_depths"))
+        tree_accepted = sum(s.get("accepted", 0) for s in stats if s.get("tree_depths"))
+        out["tree"] = {"rounds": len(depths), "mean_nodes": tree_drafted / len(depths),
+                       "mean_depth": sum(depths) / len(depths), "mean_accepted_depth": tree_accepted / len(depths)}
     engine_total = sum(s.get("total_seconds", 0.0) for s in stats)
     for part in ("draft", "verify", "prefill"):
         total = sum(s.get(f"{part}_seconds", 0.0) for s in stats)

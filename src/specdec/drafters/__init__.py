@@ -12,10 +12,13 @@ from .base import Draft, Drafter
 from .lookup import LookupDrafter, lookup
 from .mla import LookupModelDrafter
 from .model import ModelDrafter
+from .tree import TreeDrafter
 
 #: ``model``: the draft model; ``pld``: prompt lookup; ``model+pld``: the draft model accelerated by
-#: prompt lookup (FLy's multi-level acceleration; same tokens as ``model``, cheaper when text repeats).
-DRAFTERS: dict[str, type] = {"model": ModelDrafter, "pld": LookupDrafter, "model+pld": LookupModelDrafter}
+#: prompt lookup (FLy's multi-level acceleration; same tokens as ``model``, cheaper when text repeats);
+#: ``tree``: a token tree from the draft model (EAGLE-2 style), verified in one target pass.
+DRAFTERS: dict[str, type] = {"model": ModelDrafter, "pld": LookupDrafter, "model+pld": LookupModelDrafter,
+                             "tree": TreeDrafter}
 
 #: drafter -> the option names it takes (passed through ``generate(..., ngram_max=4)`` etc.)
 DRAFTER_OPTIONS: dict[str, tuple[str, ...]] = {name: tuple(options_of(cls.Options)) for name, cls in DRAFTERS.items()}
@@ -48,4 +51,4 @@ def make_drafter(name: str, draft_lm, stop_ids: frozenset[int], options: dict) -
 
 
 __all__ = ["ALL_DRAFTER_OPTIONS", "DRAFTERS", "DRAFTER_OPTIONS", "check_drafter_options", "drafter_class", "make_drafter",
-           "Draft", "Drafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "lookup"]
+           "Draft", "Drafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "TreeDrafter", "lookup"]

@@ -21,12 +21,14 @@ class Draft:
     (None at T=0 and for drafters without probabilities, which count as one-hot), the draft
     model's raw logits ``[k', V]`` (None for drafters without a model), and how many context
     tokens the draft model was fed before drafting (so its cost per draft token can be told apart
-    from a prefill)."""
+    from a prefill). A tree drafter also gives ``parents``: then the tokens are a tree's nodes, parents
+first, not a chain."""
 
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     fed: int = 0  # context tokens the drafter had to feed its model first (1-2 normally; a prefill or catch-up more)
+    parents: list[int] | None = None  # a token tree: node i hangs under node parents[i] (-1: the context); None = a chain
 
     def __len__(self) -> int:
         return len(self.tokens)

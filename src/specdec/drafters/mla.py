@@ -63,7 +63,7 @@ class LookupModelDrafter(ModelDrafter):
     ) -> Draft:
         tokens: list[int] = []
         raw: list[torch.Tensor] = []  # [V] per token: the draft's logits it was chosen from
-        fed = len(context) - min(common_prefix(self.lm.tokens, list(context)), len(context) - 1)
+        fed = len(context) - min(common_prefix(self.lm.linear_tokens, list(context)), len(context) - 1)
         while len(tokens) < k:
             ctx = list(context) + tokens
             want = k - len(tokens)

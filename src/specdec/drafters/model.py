@@ -67,7 +67,7 @@ class ModelDrafter:
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
-        fed = len(context) - min(common_prefix(self.lm.tokens, context), len(context) - 1)
+        fed = len(context) - min(common_prefix(self.lm.linear_tokens, context), len(context) - 1)
         logits = self.lm.logits_for(context, 1)[0]  # [V]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
@@ -87,4 +87,4 @@ class ModelDrafter:
         return Draft(tokens, torch.stack(rows) if rows else None, torch.stack(raw), fed=fed)
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
-        self.lm.truncate(min(common_prefix(self.lm.tokens, context), len(context) - 1))
+        self.lm.truncate(min(common_prefix(self.lm.linear_tokens, context), len(context) - 1))

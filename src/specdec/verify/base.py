@@ -13,6 +13,7 @@ import torch
 
 from ..sampling import SamplingParams, draw
 from .lossless import greedy_accept, leading_true, residual, sampling_accept
+from .tree import TreeRound, walk_tree
 
 
 @dataclass
@@ -39,12 +40,13 @@ class Verdict:
     """A round's decision: keep ``accepted`` leading drafts, then emit ``token``.
 
     ``relaxed`` counts, per loose rule, the kept drafts that the lossless rule alone would have
-    rejected (empty for lossless policies).
+    rejected (empty for lossless policies). After a token tree, ``path`` names the kept nodes.
     """
 
     accepted: int
     token: int
     relaxed: Mapping[str, int] = field(default_factory=dict)
+    path: tuple[int, ...] | None = None  # a tree round: the kept nodes, root first (``accepted`` of them)
 
 
 class Policy(Protocol):
@@ -58,6 +60,8 @@ class Policy(Protocol):
     params: dict
 
     def verify(self, rnd: Round) -> Verdict: ...
+
+    # policies that can verify token trees also have: def verify_tree(self, rnd: TreeRound) -> Verdict
 
 
 def lossless_mask(rnd: Round) -> torch.Tensor:
@@ -103,6 +107,12 @@ class Lossless:
     def verify(self, rnd: Round) -> Verdict:
         accepted = leading_true(lossless_mask(rnd))
         return Verdict(accepted, finish(rnd, accepted))
+
+    def verify_tree(self, rnd: TreeRound) -> Verdict:
+        """Greedy matching down the tree at T=0; recursive rejection over siblings at T>0
+        (:mod:`specdec.verify.tree`)."""
+        walk = walk_tree(rnd)
+        return Verdict(len(walk.path), walk.token, path=tuple(walk.path))
 
 
 def rule_target_probs(rnd: Round) -> torch.Tensor:

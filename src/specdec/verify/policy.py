@@ -25,11 +25,15 @@ from typing import Any
 
 from ..checks import options_of
 from ..errors import SpecdecError
+import torch
+
+from ..sampling import draw
 from .base import Lossless, Round, Verdict, finish, lossless_mask
 from .dropmatch import DropMatch
-from .fly import Fly
-from .lossless import leading_true
+from .fly import Fly, fly_flips, topk_entropy
+from .lossless import leading_true, residual
 from .mars import Mars
+from .tree import TreeRound, Walk, first_child_chain, walk_tree
 from .typical import Typical
 
 
@@ -80,6 +84,77 @@ class LoosePolicy:
         n = leading_true(accept)
         relaxed = {name: int(mask[:n].sum()) for name, mask in added.items()}
         return Verdict(n, finish(rnd, n), relaxed)
+
+
+    def verify_tree(self, rnd: TreeRound) -> Verdict:
+        """The same composition on a token tree: token rules judge each node against its parent's
+        row and may keep a node the lossless walk rejects; FLy's window runs along the path and its
+        first-child continuation (:func:`fly_extend`)."""
+        flat = node_round(rnd)
+        alone = lossless_mask(flat)  # [N] each node judged alone (exact match / u < p at a point mass)
+        allowed = ~alone if rnd.params.greedy else torch.ones_like(alone)
+        if not rnd.params.greedy and flat.target_probs is not None:
+            allowed &= flat.target_probs[:-1].gather(-1, flat.draft_tokens[:, None]).squeeze(-1) > 0
+        added = {rule.name: rule.accepts(flat, allowed) & allowed for rule in self.rules}
+        extra = torch.zeros_like(alone)
+        for mask in added.values():
+            extra |= mask
+        walk = walk_tree(rnd, extra)
+        flipped: set[int] = set()
+        if self.window is not None:
+            walk, flipped = fly_extend(rnd, flat, walk, alone | extra, allowed, self.window)
+        relaxed = {name: sum(1 for node, loose in zip(walk.path, walk.loose) if loose and node not in flipped
+                             and bool(mask[node])) for name, mask in added.items()}
+        if self.window is not None:
+            relaxed[self.window.name] = len(flipped)
+        return Verdict(len(walk.path), walk.token, relaxed, path=tuple(walk.path))
+
+
+def node_round(rnd: TreeRound) -> Round:
+    """The per-node view of a tree that loose rules read: a "chain" whose ``i``-th draft is node
+    ``i`` judged against its parent's row (plus one last row, the root's, that no rule reads), with
+    point-mass proposals (``draft_probs=None``)."""
+    rows = torch.cat([rnd.node_rows(), rnd.node_rows().new_zeros(1)])
+    return Round(
+        target_logits=rnd.target_logits[rows], draft_tokens=rnd.tokens, draft_probs=None, params=rnd.params,
+        generator=rnd.generator, target_probs=None if rnd.target_probs is None else rnd.target_probs[rows],
+        target_hidden=None if rnd.target_hidden is None else rnd.target_hidden[rows], lm_head=rnd.lm_head,
+        draft_logits=rnd.draft_logits,
+    )
+
+
+def fly_extend(rnd: TreeRound, flat: Round, walk: Walk, accepts: torch.Tensor, allowed: torch.Tensor,
+               fly: Fly) -> tuple[Walk, set[int]]:
+    """FLy's window on a tree: the chain is the walk's path, then the first child of the node where
+    it stopped and first children below it. The mismatch at that first child may flip when FLy's
+    gate and window say so (:func:`specdec.verify.fly.fly_flips`, on the chain's per-node decisions
+    ``accepts``); returns the walk, extended if it did, and the flipped nodes."""
+    if not walk.rejected:  # the path ended at a leaf: no mismatch to flip
+        return walk, set()
+    kept = len(walk.path)
+    chain = walk.path + first_child_chain(rnd.parents, walk.path[-1] if walk.path else -1)
+    index = torch.tensor(chain, dtype=torch.long, device=accepts.device)
+    accept = accepts[index].clone()
+    accept[:kept] = True
+    accept[kept] = False
+    flips = fly_flips(accept, topk_entropy(flat.target_logits[index]), fly.theta, fly.window) & allowed[index]
+    n = leading_true(accept | flips)
+    if n <= kept:
+        return walk, set()
+    path = chain[:n]
+    loose = walk.loose + [not bool(accepts[i]) or bool(flips[j]) for j, i in enumerate(chain[kept:n], start=kept)]
+    row = path[-1] + 1
+    if rnd.params.greedy:
+        token = int(rnd.target_logits[row].argmax())
+    else:
+        assert rnd.target_probs is not None
+        p = rnd.target_probs[row]
+        if n < len(chain):
+            p = residual(p, None, int(rnd.tokens[chain[n]]))
+        token = int(draw(p[None], rnd.generator)[0])
+    rejected = chain[n:n + 1]
+    flipped = {chain[j] for j in range(kept, n) if bool(flips[j])}
+    return Walk(path, loose, token, rejected), flipped
 
 
 def parse_policy(name: str, params: dict[str, Any]):

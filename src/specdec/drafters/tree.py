@@ -1,0 +1,152 @@
+"""Token trees from the draft model, EAGLE-2 style: several continuations per round, one target pass.
+
+EAGLE-2 (Li et al., "EAGLE-2: Faster Inference of Language Models with Dynamic Draft Trees",
+arXiv 2406.16858) grows the tree level by level, expanding the nodes with the highest cumulative
+draft probability, then keeps the best nodes overall ("reranking"). We do the same with the draft
+model in place of EAGLE's feature-level head:
+
+1. depth 1: the draft's top-``tree_width`` tokens after the context;
+2. each further depth: the ``tree_width`` newest nodes with the highest cumulative probability
+   (product of draft probabilities along their path) are fed to the draft model in one pass with a
+   tree attention mask, and each gets its top-``tree_width`` children;
+3. finally the ``tree_nodes`` nodes with the highest cumulative probability are kept. A child never
+   scores above its parent, so the kept nodes always form a tree (ties go to the shallower node).
+
+Growth stops at depth ``k``, at an end-of-sequence node (never expanded), or as soon as no
+frontier node scores above the ``tree_nodes``-th best node so far (nothing deeper could be kept).
+
+Children are the draft's most probable tokens at every temperature (under the request's
+temperature/top-k/top-p at T>0), so the tree depends on the draft alone; verification treats each
+child as a point-mass proposal (see :mod:`specdec.verify.tree`), which keeps T>0 exact whatever the
+tree's shape.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..checks import option
+from ..errors import SpecdecError
+from ..models import CausalLM, common_prefix
+from ..sampling import SamplingParams, probabilities
+from .base import Draft
+
+
+@dataclass(frozen=True)
+class TreeOptions:
+    tree_nodes: int = option(8, lo=1, hi=256, help="tree: most draft tokens per round (the target scores tree_nodes + 1)")
+    tree_width: int = option(2, lo=1, hi=64, help="tree: most children per node, and nodes expanded per depth")
+
+
+@dataclass
+class _Node:
+    token: int
+    parent: int  # index into the candidate list, -1 = the context's last token
+    depth: int
+    score: float  # log of the cumulative draft probability
+    row: int  # which stored draft-logits row the node was chosen from (its parent's)
+    fed: int = -1  # its node index in the draft model's open tree, once fed
+
+
+class TreeDrafter:
+    """Grows a token tree with the draft model (module docstring). ``Draft.parents`` gives the
+    shape: node ``i`` hangs under node ``parents[i]`` (-1: under the context's last token), parents
+    first; ``Draft.probs`` is None (point-mass proposals) and ``Draft.logits[i]`` is the draft's raw
+    logits row that node ``i`` was chosen from (its parent's)."""
+
+    name = "tree"
+    needs_model = True
+    grows_trees = True  # the engine verifies its drafts as a tree, and k is the depth limit
+    Options = TreeOptions
+
+    def __init__(self, lm: CausalLM, stop_ids: frozenset[int] = frozenset(), tree_nodes: int = 8, tree_width: int = 2):
+        self.lm = lm
+        self.stop_ids = stop_ids
+        self.tree_nodes, self.tree_width = int(tree_nodes), int(tree_width)
+        if self.tree_width > lm.vocab_limit:
+            raise SpecdecError(f"tree_width={self.tree_width} exceeds the vocabulary ({lm.vocab_limit} tokens)")
+        self._fed_children: dict[tuple[int, int], int] = {}  # (fed parent, token) -> fed node
+        self._base: list[int] | None = None  # the context of the last proposal
+
+    #: k=auto: trees grow up to this depth (their own pruning stops them earlier)
+    @property
+    def max_depth(self) -> int:
+        return self.tree_nodes
+
+    @classmethod
+    def check(cls, **options) -> None:
+        """Constraints across options (each option's own range is declared on ``Options``): none."""
+
+    @classmethod
+    def build(cls, lm: CausalLM, stop_ids: frozenset[int], **options) -> "TreeDrafter":
+        return cls(lm, stop_ids, **options)
+
+    def start(self, prompt: Sequence[int]) -> None:
+        self.lm.reset()
+        self._base = None
+
+    def _ranking(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+        """``[n, V]`` the distributions children are ranked by: the request's sampling
+        distribution at T>0, the draft's softmax at T=0."""
+        if params.greedy:
+            return torch.softmax(logits, dim=-1)
+        return probabilities(logits, params)
+
+    def propose(self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+        lm, width, budget = self.lm, self.tree_width, self.tree_nodes
+        fed = len(context) - min(common_prefix(lm.linear_tokens, context), len(context) - 1)
+        rows = [lm.tree_logits(context, [], [])[0]]  # [V] after the context
+        self._base, self._fed_children = list(context), {}
+        nodes: list[_Node] = []
+        expand: list[int] = [-1]  # nodes whose children come next (-1: the context's last token)
+        expand_rows = [0]
+        for depth in range(1, k + 1):
+            dist = self._ranking(torch.stack([rows[r] for r in expand_rows]), params)  # [E, V]
+            top = dist.topk(min(width, dist.shape[-1]), dim=-1)
+            new = []
+            for e, parent in enumerate(expand):
+                base_score = 0.0 if parent < 0 else nodes[parent].score
+                for prob, token in zip(top.values[e].tolist(), top.indices[e].tolist()):
+                    if prob <= 0:
+                        break
+                    new.append(len(nodes))
+                    nodes.append(_Node(token, parent, depth, base_score + math.log(prob), expand_rows[e]))
+            if depth == k or not new:
+                break
+            # the budget-th best score so far: a frontier node at or below it cannot be kept, nor its subtree
+            cutoff = sorted((n.score for n in nodes), reverse=True)[budget - 1] if len(nodes) >= budget else -math.inf
+            frontier = [i for i in new if nodes[i].token not in self.stop_ids and nodes[i].score > cutoff]
+            frontier = sorted(frontier, key=lambda i: -nodes[i].score)[:width]
+            if not frontier:
+                break
+            out = lm.extend_tree([nodes[i].token for i in frontier], [nodes[nodes[i].parent].fed if nodes[i].parent >= 0 else -1 for i in frontier])
+            expand, expand_rows = frontier, []
+            for j, i in enumerate(frontier):
+                nodes[i].fed = len(lm.tree.parents) - len(frontier) + j
+                self._fed_children[(nodes[nodes[i].parent].fed if nodes[i].parent >= 0 else -1, nodes[i].token)] = nodes[i].fed
+                expand_rows.append(len(rows))
+                rows.append(out[j])
+        keep = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))[:budget]
+        keep.sort(key=lambda i: (nodes[i].depth, i))  # parents first
+        where = {old: new for new, old in enumerate(keep)}
+        tokens = [nodes[i].token for i in keep]
+        parents = [where[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in keep]
+        logits = torch.stack([rows[nodes[i].row] for i in keep]) if keep else None
+        return Draft(tokens, None, logits, fed=fed, parents=parents)
+
+    def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
+        """Keep the draft cache's entries along the committed path (gathered), drop the rest."""
+        lm = self.lm
+        if lm.tree is not None and self._base is not None and list(context[: len(self._base)]) == self._base:
+            path, node = [], -1
+            for token in context[len(self._base):]:
+                node = self._fed_children.get((node, token), -2)
+                if node == -2:
+                    break
+                path.append(node)
+            lm.keep_path(path)
+        lm.truncate(min(common_prefix(lm.linear_tokens, context), len(context) - 1))
