@@ -31,6 +31,13 @@ def random_tree(rng: random.Random, n: int, vocab: int = 259) -> tuple[list[int]
     return tokens, parents
 
 
+def random_case(seed: int, model_seed: int, context_len: int, nodes: int):
+    """A tiny model, a random context and a random tree over it."""
+    rng = random.Random(seed)
+    context = [rng.randrange(256) for _ in range(context_len)]
+    return CausalLM(tiny_model(model_seed)), context, *random_tree(rng, nodes)
+
+
 def path_to(parents: list[int], node: int) -> list[int]:
     out = []
     while node >= 0:
@@ -42,10 +49,7 @@ def path_to(parents: list[int], node: int) -> list[int]:
 # ----------------------------------------------------------------------------- model wrapper
 @pytest.mark.parametrize("seed", range(4))
 def test_tree_pass_scores_every_node_as_its_path_alone(seed):
-    rng = random.Random(seed)
-    lm = CausalLM(tiny_model(3))
-    context = [rng.randrange(256) for _ in range(7)]
-    tokens, parents = random_tree(rng, 9)
+    lm, context, tokens, parents = random_case(seed, 3, 7, 9)
     lm.logits_for(context[:4], 1)  # a cache that holds part of the context already
     tree = lm.tree_logits(context, tokens, parents)  # [1 + N, V]
     ref = CausalLM(tiny_model(3))
@@ -70,10 +74,7 @@ def test_extending_a_tree_level_by_level_equals_one_pass():
 
 @pytest.mark.parametrize("seed", range(3))
 def test_keeping_any_path_leaves_the_cache_of_a_fresh_prefill(seed):
-    rng = random.Random(seed)
-    lm = CausalLM(tiny_model(5))
-    context = [rng.randrange(256) for _ in range(6)]
-    tokens, parents = random_tree(rng, 8)
+    lm, context, tokens, parents = random_case(seed, 5, 6, 8)
     for end in [-1, *range(len(tokens))]:
         lm.tree_logits(context, tokens, parents)
         path = path_to(parents, end) if end >= 0 else []
