@@ -52,7 +52,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "override its values")
     g.add_argument("--policy", default=None,
                    help=f"verification policy: {', '.join(POLICIES)}, or loose rules joined with '+' "
-                        f"(default: {d['policy']}); 'ar' is plain decoding, 'lossless' is exact")
+                        f"(default: {d['policy']}); 'ar' is plain decoding, 'lossless' and 'block' are exact")
     g.add_argument("--drafter", default=None,
                    help=f"{' | '.join(DRAFTERS)} (default: model, or pld when no draft model is loaded); model+pld "
                         "is the draft model sped up by prompt lookup, with the same tokens")

@@ -29,6 +29,7 @@ import torch
 
 from ..sampling import draw
 from .base import Lossless, Round, Verdict, finish, lossless_mask
+from .block import Block
 from .dropmatch import DropMatch
 from .fly import Fly, fly_flips, topk_entropy
 from .lossless import leading_true, residual
@@ -161,12 +162,17 @@ def parse_policy(name: str, params: dict[str, Any]):
     """``name`` (``lossless``, ``mars``, ``fly+mars``, ...) and its parameters -> a policy object."""
     if not isinstance(name, str) or not name:
         raise SpecdecError(f"policy must be a non-empty string, got {name!r}")
-    if name == "lossless":
+    exact = {"lossless": Lossless, "block": Block}
+    if name in exact:
         if params:
-            raise SpecdecError(f"policy 'lossless' takes no parameters, got {sorted(params)}")
-        return Lossless()
+            raise SpecdecError(f"policy {name!r} takes no parameters, got {sorted(params)}")
+        return exact[name]()
     parts = [p.strip() for p in name.split("+")]
-    known = ", ".join(["ar", "lossless", *RULES])
+    if "block" in parts:
+        raise SpecdecError(
+            f"policy {name!r}: block verification is exact and verifies a chain as a whole, so it does not combine "
+            "with loose rules; loose rules compose with the token-wise lossless rule (write just the rules, e.g. fly+mars)")
+    known = ", ".join(["ar", "lossless", "block", *RULES])
     for part in parts:
         if part not in RULES:
             raise SpecdecError(
