@@ -128,11 +128,10 @@ def sampler_class():
 
         def forward(self, metadata, draft_probs, logits, sampling_metadata):
             step, self.step = self.step, None
-            batch = len(metadata.num_draft_tokens)
-            if step is not None and len(step.selections) == batch:
-                selections = step.selections
-            else:  # a warm-up or profiling run: the engine default for every row
-                selections = [self.default] * batch
+            if step is None or len(step.selections) != len(metadata.num_draft_tokens):
+                # a warm-up or profiling run on dummy data (no requests): vLLM's own code
+                return super().forward(metadata, draft_probs, logits, sampling_metadata)
+            selections = step.selections
             policies = [s.parsed() if s is not None else None for s in selections]
             if all(p is None for p in policies):
                 return super().forward(metadata, draft_probs, logits, sampling_metadata)
@@ -171,11 +170,11 @@ def sampler_class():
             if not sampling_metadata.all_greedy:
                 target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
             hidden = lm_head = None
-            if step is not None and step.hidden is not None and any(p is not None and p.needs_hidden for p in policies):
+            if any(p is not None and p.needs_hidden for p in policies):
+                if step.hidden is None:
+                    raise SpecdecError("dropmatch needs the target's final hidden states, which this vLLM step did not "
+                                       "provide (pipeline parallelism or an unsupported model runner)")
                 hidden, lm_head = step.hidden[metadata.target_logits_indices], step.lm_head
-            elif any(p is not None and p.needs_hidden for p in policies):
-                raise SpecdecError("dropmatch needs the target's final hidden states, which this vLLM step did not "
-                                   "provide (pipeline parallelism or an unsupported model runner)")
             ragged = RaggedBatch(
                 draft_token_ids=metadata.draft_token_ids,
                 num_draft_tokens=list(metadata.num_draft_tokens),
