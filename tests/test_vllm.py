@@ -217,8 +217,8 @@ def engine_outputs(tiny_models):
     runs = {}
     for name, params in [("vllm", {}), ("lossless", {}), *LOOSE]:
         runs[name] = _generate(llm, vllm.SamplingParams(**greedy, extra_args=request_args(name, **params)))
-    mixed = [vllm.SamplingParams(**greedy, extra_args=request_args(*LOOSE[i % len(LOOSE)]) if i % 3 else None)
-             for i in range(len(PROMPTS))]
+    mixed = [vllm.SamplingParams(**greedy, extra_args=request_args(LOOSE[i % len(LOOSE)][0], **LOOSE[i % len(LOOSE)][1])
+                                 if i % 3 else None) for i in range(len(PROMPTS))]  # some rows: vLLM's own rule
     runs["mixed"] = _generate(llm, mixed)
     sampled = vllm.SamplingParams(temperature=0.8, top_k=1, max_tokens=MAX_TOKENS, ignore_eos=True, seed=3,
                                   extra_args=request_args("fly+mars", **dict(LOOSE[-1][1])))

