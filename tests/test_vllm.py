@@ -281,3 +281,19 @@ def test_each_rule_inside_vllm_equals_specdecs_engine(engine_outputs, tiny_model
         ref = engine.generate(prompt + got[:1], cfg).token_ids
         n = MAX_TOKENS - 1 - (K + 1)
         assert got[1 : 1 + n] == ref[:n]
+
+
+def test_make_llm_refuses_bad_combinations_before_starting_an_engine(tiny_models):
+    from specdec.errors import SpecdecError
+
+    target, draft = tiny_models
+    with pytest.raises(SpecdecError, match="policy 'ar' is plain decoding"):
+        make_llm(target, draft=draft, policy="ar")
+    with pytest.raises(SpecdecError, match="verifies drafts: pass draft="):
+        make_llm(target, policy="mars")
+    with pytest.raises(SpecdecError, match="k \\(num_speculative_tokens\\) must be an integer >= 1"):
+        make_llm(target, draft=draft, policy="mars", k=0)
+    with pytest.raises(SpecdecError, match="mars theta must be"):
+        make_llm(target, draft=draft, policy="mars", theta=3)
+    with pytest.raises(SpecdecError, match="FLy's window \\(6\\)"):  # from the engine-args check, before any engine
+        make_llm(target, draft=draft, policy="fly+mars", k=6, **ENGINE)
