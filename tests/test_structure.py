@@ -20,7 +20,7 @@ SRC = Path(specdec.__file__).parent
 #: a module in a layer may import its own layer and the layers below, never one above
 LAYERS = [
     {"cli"},  # the command line: imports everything
-    {"bench", "server"},  # callers of the engine with their own commands
+    {"bench", "server", "vllm"},  # callers of the engine with their own commands; vLLM's plugin
     {"cliargs"},  # the flags the commands share
     {"api", "configfile"},  # load(), Pair, config files
 ]
