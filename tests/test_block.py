@@ -10,7 +10,8 @@ from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
 from specdec.testing import ToyChain, chisquare_joint, engine_sample, table, tiny_engine
 from specdec.verify import Block, Lossless, Round, Verdict, make_policy
-from specdec.verify.block import block_accept, block_residual, block_weights, point_mass
+from specdec.verify.block import block_accept, block_residual, block_weights
+from specdec.verify.lossless import point_mass
 
 P_MIN = 1e-3  # a correct implementation fails a seeded test with this probability
 T1 = SamplingParams(temperature=1.0)

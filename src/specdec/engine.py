@@ -74,15 +74,16 @@ class DecodeConfig:
             object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
         object.__setattr__(self, "k", check_k(self.k))
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
-        tree = getattr(drafter_class(self.drafter), "grows_trees", False) if self.policy != "ar" else False
+        cls = drafter_class(self.drafter) if self.policy != "ar" else None
+        tree = getattr(cls, "grows_trees", False)
         if tree and getattr(self.parsed, "verify_tree", None) is None:
             raise SpecdecError(f"policy {self.policy!r} verifies chains only; use drafter 'model' (or 'pld'), "
                                "or a policy that verifies trees (lossless, loose rules)")
         w = window_of(self.parsed)
-        if w and tree and self.k == AUTO_K and self.drafter_params.get("tree_nodes", 8) <= w:
+        if w and tree and self.k == AUTO_K and cls.depth_limit(**self.drafter_params) <= w:
             raise SpecdecError(
                 f"policy {self.policy!r}: FLy's window ({w}) needs paths longer than it, but a tree of "
-                f"tree_nodes={self.drafter_params.get('tree_nodes', 8)} cannot grow that deep; raise tree_nodes")
+                f"depth <= {cls.depth_limit(**self.drafter_params)} cannot grow that deep; raise tree_nodes")
         if w and isinstance(self.k, int) and self.k <= w:
             raise SpecdecError(
                 f"policy {self.policy!r}: FLy's window ({w}) acts only on draft blocks longer than it, so k={self.k} "
@@ -211,33 +212,19 @@ class Engine:
             path: tuple[int, ...] = ()
             if n == 0:
                 accepted, token, relaxed = 0, next_token(logits[0], params, generator), {}
-            elif tree:
-                trnd = TreeRound(
-                    target_logits=logits, tokens=torch.tensor(draft.tokens, device=logits.device), parents=draft.parents,
-                    params=params, generator=generator,
-                    target_probs=None if params.greedy else probabilities(logits, params), target_hidden=hidden,
-                    lm_head=self.target.head_logits, draft_logits=draft.logits,
-                )
-                t_rule = clock()
-                verdict = policy.verify_tree(trnd)
-                stats.rule_seconds += clock() - t_rule
-                accepted, token, relaxed, path = verdict.accepted, verdict.token, dict(verdict.relaxed), verdict.path
             else:
-                rnd = Round(
-                    target_logits=logits,
-                    draft_tokens=torch.tensor(draft.tokens, device=logits.device),
-                    draft_probs=draft.probs,
-                    params=params,
-                    generator=generator,
-                    target_probs=None if params.greedy else probabilities(logits, params),
-                    target_hidden=hidden,
-                    lm_head=self.target.head_logits,
-                    draft_logits=draft.logits,
-                )
+                drafts = torch.tensor(draft.tokens, device=logits.device)
+                shared = dict(target_logits=logits, params=params, generator=generator, target_hidden=hidden,
+                              lm_head=self.target.head_logits, draft_logits=draft.logits,
+                              target_probs=None if params.greedy else probabilities(logits, params))
+                if tree:  # each node judged against its parent's row; the policy walks the tree
+                    rnd, verify = TreeRound(tokens=drafts, parents=draft.parents, **shared), policy.verify_tree
+                else:
+                    rnd, verify = Round(draft_tokens=drafts, draft_probs=draft.probs, **shared), policy.verify
                 t_rule = clock()
-                verdict = policy.verify(rnd)
+                verdict = verify(rnd)
                 stats.rule_seconds += clock() - t_rule
-                accepted, token, relaxed = verdict.accepted, verdict.token, dict(verdict.relaxed)
+                accepted, token, relaxed, path = verdict.accepted, verdict.token, dict(verdict.relaxed), verdict.path or ()
             t2 = clock()
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1

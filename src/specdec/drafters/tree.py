@@ -72,10 +72,14 @@ class TreeDrafter:
         self._fed_children: dict[tuple[int, int], int] = {}  # (fed parent, token) -> fed node
         self._base: list[int] | None = None  # the context of the last proposal
 
-    #: k=auto: trees grow up to this depth (their own pruning stops them earlier)
+    @classmethod
+    def depth_limit(cls, tree_nodes: int = TreeOptions.tree_nodes, **options) -> int:
+        """k=auto: trees grow up to this depth (their own pruning stops them earlier)."""
+        return tree_nodes
+
     @property
     def max_depth(self) -> int:
-        return self.tree_nodes
+        return self.depth_limit(self.tree_nodes)
 
     @classmethod
     def check(cls, **options) -> None:
@@ -123,11 +127,12 @@ class TreeDrafter:
             frontier = sorted(frontier, key=lambda i: -nodes[i].score)[:width]
             if not frontier:
                 break
-            out = lm.extend_tree([nodes[i].token for i in frontier], [nodes[nodes[i].parent].fed if nodes[i].parent >= 0 else -1 for i in frontier])
+            fed_parents = [nodes[nodes[i].parent].fed if nodes[i].parent >= 0 else -1 for i in frontier]
+            out = lm.extend_tree([nodes[i].token for i in frontier], fed_parents)
             expand, expand_rows = frontier, []
-            for j, i in enumerate(frontier):
+            for j, (i, fed_parent) in enumerate(zip(frontier, fed_parents)):
                 nodes[i].fed = len(lm.tree.parents) - len(frontier) + j
-                self._fed_children[(nodes[nodes[i].parent].fed if nodes[i].parent >= 0 else -1, nodes[i].token)] = nodes[i].fed
+                self._fed_children[(fed_parent, nodes[i].token)] = nodes[i].fed
                 expand_rows.append(len(rows))
                 rows.append(out[j])
         keep = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))[:budget]

@@ -12,7 +12,7 @@ from typing import Callable, Mapping, Protocol
 import torch
 
 from ..sampling import SamplingParams, draw
-from .lossless import greedy_accept, leading_true, residual, sampling_accept
+from .lossless import greedy_accept, leading_true, point_mass, residual, sampling_accept
 from .tree import TreeRound, walk_tree
 
 
@@ -131,5 +131,4 @@ def rule_draft_probs(rnd: Round) -> torch.Tensor:
     if rnd.draft_logits is not None:
         t = rnd.params.temperature if rnd.params.temperature > 0 else 1.0
         return torch.softmax(rnd.draft_logits / t, dim=-1)
-    one_hot = torch.zeros(rnd.k, rnd.target_logits.shape[-1], device=rnd.target_logits.device)
-    return one_hot.scatter_(-1, rnd.draft_tokens[:, None], 1.0)
+    return point_mass(rnd.draft_tokens, rnd.target_logits.shape[-1])

@@ -28,12 +28,7 @@ import torch
 
 from ..sampling import draw
 from .base import Lossless, Round, Verdict
-
-
-def point_mass(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:
-    """``[K, V]`` one-hot rows at the drafts: the ``q`` of a drafter without probabilities."""
-    out = torch.zeros(draft_tokens.shape[0], vocab, dtype=torch.float32, device=draft_tokens.device)
-    return out.scatter_(-1, draft_tokens[:, None], 1.0)
+from .lossless import point_mass
 
 
 def block_weights(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor) -> torch.Tensor:
@@ -78,21 +73,16 @@ def block_residual(target_row: torch.Tensor, draft_row: torch.Tensor, weight: fl
 
 
 @dataclass(frozen=True)
-class Block:
+class Block(Lossless):
     """Block verification (Sun et al., arXiv 2403.10444; module docstring): lossless, for chains.
-    T=0: greedy exact match, identical to :class:`~specdec.verify.base.Lossless`."""
+    T=0: greedy exact match, :class:`~specdec.verify.base.Lossless`'s own path."""
 
     name: str = "block"
-    lossy: bool = False
-    needs_hidden: bool = False
-
-    @property
-    def params(self) -> dict:
-        return {}
+    verify_tree = None  # chains only: the joint rule is defined on one drafted path
 
     def verify(self, rnd: Round) -> Verdict:
         if rnd.params.greedy:
-            return Lossless().verify(rnd)
+            return super().verify(rnd)
         assert rnd.target_probs is not None
         p = rnd.target_probs
         q = rnd.draft_probs if rnd.draft_probs is not None else point_mass(rnd.draft_tokens, p.shape[-1])

@@ -61,6 +61,12 @@ def residual(
     return res / total
 
 
+def point_mass(draft_tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[K, V]`` one-hot rows at the drafts: the ``q`` of a drafter without probabilities."""
+    out = torch.zeros(draft_tokens.shape[0], vocab, dtype=torch.float32, device=draft_tokens.device)
+    return out.scatter_(-1, draft_tokens[:, None], 1.0)
+
+
 def leading_true(mask: torch.Tensor) -> int:
     """Number of leading ``True`` in a 1-D bool mask: how many drafts the round keeps."""
     if mask.numel() == 0:

@@ -23,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from ..checks import options_of
-from ..errors import SpecdecError
 import torch
 
+from ..checks import options_of
+from ..errors import SpecdecError
 from ..sampling import draw
 from .base import Lossless, Round, Verdict, finish, lossless_mask
 from .block import Block
@@ -69,11 +69,7 @@ class LoosePolicy:
 
     def verify(self, rnd: Round) -> Verdict:
         base = lossless_mask(rnd)  # [K]
-        # at T>0 a relaxation may only keep a draft the request's sampling could produce: nonzero
-        # probability after temperature/top-k/top-p (the rules read raw logits or unfiltered paths)
-        allowed = ~base
-        if not rnd.params.greedy and rnd.target_probs is not None:
-            allowed &= rnd.target_probs[:-1].gather(-1, rnd.draft_tokens[:, None]).squeeze(-1) > 0
+        allowed = ~base & in_support(rnd)
         accept = base.clone()
         added = {}
         for rule in self.rules:
@@ -86,16 +82,14 @@ class LoosePolicy:
         relaxed = {name: int(mask[:n].sum()) for name, mask in added.items()}
         return Verdict(n, finish(rnd, n), relaxed)
 
-
     def verify_tree(self, rnd: TreeRound) -> Verdict:
         """The same composition on a token tree: token rules judge each node against its parent's
         row and may keep a node the lossless walk rejects; FLy's window runs along the path and its
         first-child continuation (:func:`fly_extend`)."""
         flat = node_round(rnd)
         alone = lossless_mask(flat)  # [N] each node judged alone (exact match / u < p at a point mass)
-        allowed = ~alone if rnd.params.greedy else torch.ones_like(alone)
-        if not rnd.params.greedy and flat.target_probs is not None:
-            allowed &= flat.target_probs[:-1].gather(-1, flat.draft_tokens[:, None]).squeeze(-1) > 0
+        # T>0: the walk's rejections are sequential over siblings, so every node may be relaxed
+        allowed = (~alone if rnd.params.greedy else torch.ones_like(alone)) & in_support(flat)
         added = {rule.name: rule.accepts(flat, allowed) & allowed for rule in self.rules}
         extra = torch.zeros_like(alone)
         for mask in added.values():
@@ -109,6 +103,15 @@ class LoosePolicy:
         if self.window is not None:
             relaxed[self.window.name] = len(flipped)
         return Verdict(len(walk.path), walk.token, relaxed, path=tuple(walk.path))
+
+
+def in_support(rnd: Round) -> torch.Tensor:
+    """``[K]`` bool: at T>0 a relaxation may only keep a draft the request's sampling could
+    produce, with nonzero probability after temperature/top-k/top-p (the rules read raw logits or
+    unfiltered paths); at T=0 every draft may be relaxed."""
+    if rnd.params.greedy or rnd.target_probs is None:
+        return torch.ones(rnd.k, dtype=torch.bool, device=rnd.draft_tokens.device)
+    return rnd.target_probs[:-1].gather(-1, rnd.draft_tokens[:, None]).squeeze(-1) > 0
 
 
 def node_round(rnd: TreeRound) -> Round:
