@@ -8,7 +8,8 @@
 # configuration, each loose rule at its issue-10 tuned setting (mars, dropmatch, fly), and
 # typical and fly+mars at their defaults (the issue-10 tuner found no setting of theirs within
 # the 1% budget). The tuning split was HumanEval 100..107: those 8 problems are inside the 164,
-# so the report also gives pass@1 without them.
+# so the published figures also give pass@1 without them (README); interim figures of an unfinished
+# stage: the same bench command with --report-only.
 # Hours on 2 cores. Resumable: `specdec bench` resumes its --out folder sample by sample (every
 # configuration on one prompt before the next prompt, so a partial run is a paired comparison at
 # its n); rerun this script to continue, commit the folders before stopping.

@@ -149,6 +149,33 @@ def test_cli_writes_results_summary_report_and_plots(tiny_dirs, tmp_path, capsys
     assert "different settings" in err and "max_new_tokens: 6 -> 7" in err
 
 
+def test_report_only_reports_the_finished_samples_and_generates_nothing(tiny_dirs, tmp_path, capsys):
+    out = tmp_path / "partial"
+    argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless", "--drafter", "pld", "--k", "2",
+            "--max-new-tokens", "4", "--no-warmup", "--no-plots", "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    recs = lines(out / "results.jsonl")
+    last = recs[-1]["sample_id"]
+    kept = [r for r in recs if not (r["sample_id"] == last and r["config"] != "ar")]  # as if killed mid-sample
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept))
+    assert main([*argv, "--report-only"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["run"]["samples"] == 2 and summary["run"]["samples_planned"] == 3
+    assert all(row["samples"] == 2 for row in summary["configs"].values())
+    assert len(lines(out / "results.jsonl")) == len(kept)  # nothing generated
+    assert "(partial: the 2 of 3 planned" in (out / "report.md").read_text()
+    # with nothing finished there is nothing to report: one line, exit 2
+    (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept if r["config"] == "ar"))
+    assert main([*argv, "--report-only"]) == 2
+    assert "nothing to report yet" in capsys.readouterr().err
+    assert main([str(tmp_path / "none") if x == str(out) else x for x in argv] + ["--report-only"]) == 2
+    assert "holds no results.jsonl" in capsys.readouterr().err and not (tmp_path / "none").exists()
+    # rerun without it: resumes and completes
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run"]["samples"] == 3
+
+
 def test_spec_bench_run_reports_categories_and_math(tiny_dirs, tmp_path, capsys):
     out = tmp_path / "sb"
     argv = ["bench", "--dataset", "spec-bench:math_reasoning,qa", "--data", str(DATA / "spec_bench_mini.jsonl"),

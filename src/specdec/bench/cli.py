@@ -25,7 +25,8 @@ examples:
       --drafter model,pld --k-sweep 2..8 --peers hf-assisted,hf-pld --out runs/sb
 items: NAME or NAME:key=value[:key=value...]; inside a policy item, k= and drafter= override the
 global --k/--k-sweep/--drafter for that item (fly+mars:k=15). ar (plain decoding, the baseline)
-always runs. Rerunning the same command with the same --out resumes where it stopped.
+always runs. Rerunning the same command with the same --out resumes where it stopped; the same
+command with --report-only writes interim figures from the samples finished so far.
 """
 
 
@@ -59,6 +60,10 @@ def register(sub) -> None:
     o = p.add_argument_group("output and execution")
     o.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reruns resume in it)")
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    o.add_argument("--report-only", action="store_true",
+                   help="generate nothing: write the report, summary and plots from the samples that every "
+                        "configuration has finished in --out (interim figures of a long run; rerun without it "
+                        "to resume)")
     add_execution_args(o)
     from ..cliargs import add_model_args
 
@@ -194,11 +199,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
     configs, peers, settings, (limit, positions) = parse_args(a)
     check_optional_dependencies(a, plots=not a.no_plots)
     dataset = load_dataset(a.dataset, limit, a.data, positions)
+    if a.report_only and not (Path(a.out) / "results.jsonl").is_file():
+        raise SpecdecError(f"--report-only: {a.out} holds no results.jsonl; run the command without it first")
     out = prepare_dir(a.out)
     env = environment.describe()
     stored = run_settings(a, settings, dataset, env)
     check_run_settings(out, stored, {"argv": env["argv"], "git": env["git"]})
 
+    planned = len(dataset.samples)
+    if a.report_only:
+        dataset = finished_only(dataset, out, [*configs, *peers], settings.repeats)
     pair = load_pair(a, progress=not a.quiet)
     if not a.quiet:
         print(startup_summary(pair), file=sys.stderr, flush=True)
@@ -216,6 +226,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     summary = {
         "run": {
             "dataset": a.dataset, "data_source": dataset.source, "samples": len(dataset.samples),
+            "samples_planned": planned,
             "categories": categories if a.dataset.startswith("spec-bench") else None,
             "models": {"target": pair.target_name, "draft": pair.draft_name, "draft_quant": pair.draft_quant,
                        "dtype": str(pair.target.dtype).replace("torch.", ""),
@@ -250,6 +261,21 @@ def cmd_bench(a: argparse.Namespace) -> int:
               + (f" and {len(summary['plots'])} plots" if summary["plots"] else ""), file=sys.stderr)
     print(json.dumps(summary, ensure_ascii=False, default=str), flush=True)
     return 0
+
+
+def finished_only(dataset, out: Path, configs: list, repeats: int):
+    """``dataset`` cut to the samples that every configuration (and repeat) has a record of in
+    ``out``, in dataset order: a partial run reported as a paired comparison at its n."""
+    from dataclasses import replace
+
+    from .results import ResultsFile, record_key
+
+    keys = {r["key"] for r in ResultsFile(out).load()}
+    done = [s for s in dataset.samples
+            if all(record_key(s.id, c.id, rep) in keys for c in configs for rep in range(repeats))]
+    if not done:
+        raise SpecdecError(f"{out} has no sample that every configuration has finished; nothing to report yet")
+    return replace(dataset, samples=done)
 
 
 def _print_table(summary: dict) -> None:

@@ -65,6 +65,8 @@ def render_report(summary: dict) -> str:
         f"- **Versions**: python {ver['python']}, torch {ver['torch']}, transformers {ver['transformers']}, "
         f"specdec {ver['specdec']}; git {git.get('commit') or 'unknown'}{' (uncommitted changes)' if git.get('dirty') else ''}",
         f"- **Data**: {run['samples']} samples from {run['data_source']}"
+        + (f" (partial: the {run['samples']} of {run['samples_planned']} planned that every configuration has "
+           f"finished)" if run.get("samples_planned", run["samples"]) > run["samples"] else "")
         + (f"; categories: {', '.join(f'{c} ({n})' for c, n in run['categories'].items())}" if run.get("categories") else "")
         + ("; Spec-Bench: first user turn only" if run["dataset"].startswith("spec-bench") else ""),
         f"- **Decoding**: max_new_tokens {run['max_new_tokens']}, temperature {run['temperature']}, top_p {run['top_p']}, "

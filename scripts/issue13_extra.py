@@ -1,0 +1,41 @@
+#!/usr/bin/env python3
+"""Issue-13 figures that `specdec bench`'s report does not print, from a run folder's
+results.jsonl (finished samples only: those every configuration has a record of):
+
+- per configuration: samples, how many generations hit the max_new_tokens limit
+  (finish_reason "length"), pass@1, and pass@1 without the issue-10 tuning split
+  (HumanEval/100..107, which the tuned thresholds were picked on).
+
+    python scripts/issue13_extra.py benchmarks/issue13-he164
+"""
+import json
+import sys
+from pathlib import Path
+
+TUNING = {f"HumanEval/{i}" for i in range(100, 108)}
+
+
+def main(folder: str) -> int:
+    recs = [json.loads(x) for x in (Path(folder) / "results.jsonl").read_text().splitlines() if x.strip()]
+    configs = list(dict.fromkeys(r["config"] for r in recs))
+    by_sample: dict[str, dict[str, dict]] = {}
+    for r in recs:
+        by_sample.setdefault(r["sample_id"], {})[r["config"]] = r
+    done = [s for s, rows in by_sample.items() if all(c in rows for c in configs)]
+    rest = [s for s in done if s not in TUNING]
+    print(f"{len(done)} samples finished by every configuration ({len(done) - len(rest)} of them in the tuning split)")
+    print("| configuration | samples | hit the token limit | pass@1 | pass@1 without HumanEval/100-107 |")
+    print("|---|---:|---:|---:|---:|")
+    for c in configs:
+        rows = [by_sample[s][c] for s in done]
+        limit = sum(r.get("finish_reason") == "length" for r in rows)
+
+        def passed(ids):
+            ok = [bool((by_sample[s][c].get("quality") or {}).get("passed")) for s in ids]
+            return f"{sum(ok)}/{len(ok)} ({sum(ok) / len(ok):.1%})" if ok else "–"
+        print(f"| {c} | {len(rows)} | {limit} | {passed(done)} | {passed(rest)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/issue13-he164"))
