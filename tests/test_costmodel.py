@@ -198,3 +198,33 @@ def test_dtype_auto_loads_the_measured_choice(tiny_dirs):
     chosen = str(pair.target.dtype).replace("torch.", "")
     assert pair.costs.target is pair.costs.candidates["target"][chosen]
     assert pair.generate("hi there", chat=False, max_new_tokens=8).token_ids
+
+
+def test_kernel_choice_is_recorded_in_the_table_and_rebuilt_from_it(tiny_dirs, counting, monkeypatch):
+    from specdec import calibrate
+    from specdec.kernels import RowPaddedLinear
+
+    target, _ = tiny_dirs
+    monkeypatch.setattr(calibrate, "choose_kernels", lambda model, lm: calibrate.set_row_padding(model, True) and ["pad1"])
+    p = specdec.load(str(target), draft=None, dtype="bfloat16", progress=False)
+    assert len(counting) == 1 and p.costs.target.kernels == ["pad1"]
+    assert any(type(m) is RowPaddedLinear for m in p.target.model.modules())  # the model measured in place
+    saved = costmodel.CostTable.from_dict(json.loads(next(costmodel.costs_dir().glob("*.json")).read_text()))
+    assert saved.kernels == ["pad1"]
+    monkeypatch.setattr(calibrate, "choose_kernels", lambda model, lm: pytest.fail("cached: nothing to measure"))
+    again = specdec.load(str(target), draft=None, dtype="bfloat16", progress=False)
+    assert len(counting) == 1 and any(type(m) is RowPaddedLinear for m in again.target.model.modules())
+    ar = again.generate("hello world", chat=False, policy="ar", max_new_tokens=12)
+    assert ar.token_ids and ar.stats.rounds == 12
+
+
+def test_a_cached_table_of_an_older_format_is_measured_again(tiny_dirs, counting):
+    target, _ = tiny_dirs
+    specdec.load(str(target), draft=None, dtype="float32", progress=False)
+    path = next(costmodel.costs_dir().glob("*.json"))
+    old = json.loads(path.read_text())
+    old["format"] = 2
+    old.pop("kernels")
+    path.write_text(json.dumps(old))
+    specdec.load(str(target), draft=None, dtype="float32", progress=False)
+    assert len(counting) == 2 and json.loads(path.read_text())["format"] == costmodel.FORMAT

@@ -91,3 +91,44 @@ def test_int8_prefill_path_computes_the_same_layer():
     rows = torch.cat([q(x[:, i:i + 1]) for i in range(x.shape[1])], dim=1)  # one row at a time: the int8 kernel
     assert q(x).shape == (1, WIDE_ROWS + 6, 48) and q(x).dtype == torch.bfloat16
     torch.testing.assert_close(q(x).float(), rows.float(), rtol=3e-2, atol=3e-2)
+
+
+def test_row_padded_linear_computes_the_two_row_gemm_and_keeps_its_parameters():
+    from specdec.kernels import RowPaddedLinear, can_pad_rows, set_row_padding
+
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Linear(64, 48).bfloat16(), nn.ReLU(), nn.Linear(48, 16, bias=False).bfloat16(),
+                          nn.Linear(16, 8))  # the float32 layer is not a candidate
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    wide = model[:3](x)
+    assert can_pad_rows(model) and set_row_padding(model, True) == 2
+    assert type(model[0]) is RowPaddedLinear and type(model[3]) is nn.Linear
+    one = x[1:2]
+    two = one.expand(2, -1).contiguous()
+    expect = nn.functional.linear(two, model[0].weight, model[0].bias)[:1]
+    assert torch.equal(model[0](one), expect)  # the GEMM path's row, exactly
+    assert model[0](one[0]).shape == (48,) and model[0](one.reshape(1, 1, 64)).shape == (1, 1, 48)
+    assert torch.equal(model[:3](x), wide)  # wider inputs: as before
+    torch.testing.assert_close(model[:3](one).float(), wide[1:2].float(), rtol=2e-2, atol=2e-2)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert set_row_padding(model, True) == 0 and set_row_padding(model, False) == 2
+    assert type(model[0]) is nn.Linear
+    assert not can_pad_rows(nn.Sequential(nn.Linear(4, 4)))  # float32: nothing to pad
+
+
+@pytest.mark.parametrize("padded_faster, expected", [(True, ["pad1"]), (False, [])])
+def test_choose_kernels_keeps_what_was_measured_faster(monkeypatch, padded_faster, expected):
+    from specdec import calibrate
+    from specdec.kernels import RowPaddedLinear
+
+    model = nn.Sequential(nn.Linear(8, 8).bfloat16())
+
+    def fake_step(lm, repeats=5):  # a padded step costs 0.15 s, a plain one 0.2 s (or the reverse)
+        padded = type(model[0]) is RowPaddedLinear
+        return 0.15 if padded == padded_faster else 0.2
+
+    monkeypatch.setattr(calibrate, "time_step", fake_step)
+    assert calibrate.choose_kernels(model, lm=None) == expected
+    assert (type(model[0]) is RowPaddedLinear) == padded_faster  # the faster one is left in force
+    assert calibrate.choose_kernels(nn.Sequential(nn.Linear(8, 8)), lm=None) == []  # float32: not measured

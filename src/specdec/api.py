@@ -248,10 +248,10 @@ def load(
         why = f"not measured (calibration {'off' if not calibrate else 'failed'}); bfloat16 as before"
         if calibrate:
             log(f"specdec: warning: no cost model, so dtype=auto is bfloat16 and k=auto is k={FALLBACK_K}")
-    t = materialize(target, t_variant, dev, t_measured, progress=progress)
+    t = materialize(target, t_variant, dev, t_measured, progress=progress, table=t_tables.get(t_variant))
     d = None
     if draft is not None:
-        d = materialize(draft, d_variant, dev, d_measured, progress=progress)
+        d = materialize(draft, d_variant, dev, d_measured, progress=progress, table=d_tables.get(d_variant))
         check_same_vocabulary(t.tokenizer, d.tokenizer, target, draft)
     vocab = len(t.tokenizer)
     widths = [output_rows(m.model.get_output_embeddings()) for m in (t, d) if m is not None]

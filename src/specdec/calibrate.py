@@ -7,6 +7,11 @@ on a GPU, ``bfloat16`` (``float16`` without bf16 support) only. Each candidate's
 on the model loaded as that variant (which is then kept), several on a float32 master (exact for
 bf16 checkpoints such as the bundled pair) and cast (and quantized) copies of it. :func:`specdec.costmodel.choose_dtypes` then picks the
 pair with the fastest reference request, prefill and decoding both counted.
+
+Kernel choices that change speed but not the weights are measured with the table and recorded in
+it (``CostTable.kernels``), so the variant is rebuilt the same way whenever the table is used: for
+a half-precision model on a CPU, whether a one-token pass runs faster with each one-row linear
+padded to two rows (``pad1``, :class:`specdec.kernels.RowPaddedLinear`).
 """
 
 from __future__ import annotations
@@ -16,9 +21,9 @@ from typing import Callable
 
 import torch
 
-from .costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for
+from .costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for, time_step
 from .errors import SpecdecError
-from .kernels import pack_linears
+from .kernels import can_pad_rows, pack_linears, set_row_padding
 from .models import DTYPES, CausalLM, Loaded, load as load_model, load_config, resolve_dtype
 from .quant import quantize_int8, resolve_quant
 
@@ -55,16 +60,40 @@ def draft_candidates(dtype: str | torch.dtype, draft_dtype: str | torch.dtype, d
     return [variant_name(chosen, resolve_quant(draft_quant, device, chosen))]
 
 
-def build_variant(model: torch.nn.Module, name: str) -> torch.nn.Module:
+#: A kernel choice is taken only when it makes a plain decoding step at least this much faster.
+KERNEL_GAIN = 0.05
+
+
+def build_variant(model: torch.nn.Module, name: str, kernels: tuple[str, ...] | list[str] = ()) -> torch.nn.Module:
     """``model`` as variant ``name``, in place: cast, then int8-quantized, or for float32 on a
-    CPU with its linears packed (:mod:`specdec.kernels`)."""
+    CPU with its linears packed (:mod:`specdec.kernels`); then the measured ``kernels`` choices."""
     dtype, quant = split_variant(name)
     model = model.to(dtype)
     if quant == "int8":
         quantize_int8(model)
     elif dtype == torch.float32:
         pack_linears(model)  # same float32 arithmetic, no per-call weight repacking
+    if "pad1" in kernels:
+        set_row_padding(model, True)
     return model
+
+
+def choose_kernels(model: torch.nn.Module, lm: CausalLM, repeats: int = 5) -> list[str]:
+    """Measure, on this machine, the kernel choices that apply to ``model`` and leave the faster
+    in force; returns their names for the cost table. ``pad1``: one-token passes with every
+    one-row half-precision linear run as two rows, against as they are (interleaved, best of
+    ``repeats``), taken when it is at least ``KERNEL_GAIN`` faster."""
+    if not can_pad_rows(model):
+        return []
+    plain = padded = float("inf")
+    for _ in range(2):  # interleaved: a slow spell of a shared machine hits both
+        set_row_padding(model, False)
+        plain = min(plain, time_step(lm, repeats=repeats))
+        set_row_padding(model, True)
+        padded = min(padded, time_step(lm, repeats=repeats))
+    on = padded < (1 - KERNEL_GAIN) * plain
+    set_row_padding(model, on)
+    return ["pad1"] if on else []
 
 
 def candidate_tables(source: str, role: str, cands: list[str], device: torch.device, vocab_limit: int | None = None,
@@ -101,20 +130,21 @@ def _measure(model: torch.nn.Module, role: str, source: str, key: str, variant: 
              log: Log | None) -> CostTable | None:
     lm = CausalLM(model, f"{role} {source}", vocab_limit=vocab_limit)
     try:
-        return table_for(lm, key, variant, log=log)
+        return table_for(lm, key, variant, log=log, kernels=choose_kernels(model, lm))
     finally:
         lm.close()
 
 
 def materialize(source: str, variant: str, device: torch.device, measured: tuple[str, Loaded] | None = None,
-                progress: bool = True) -> Loaded:
-    """The model as ``variant``: the one measured in place when it is that variant, else loaded
-    in its dtype (and quantized or packed)."""
+                progress: bool = True, table: CostTable | None = None) -> Loaded:
+    """The model as ``variant``: the one measured in place when it is that variant (its kernel
+    choices already in force), else loaded in its dtype (and quantized or packed) with the kernel
+    choices recorded in its cost ``table``."""
     if measured is not None and measured[0] == variant:
         return measured[1]
     dtype, _ = split_variant(variant)
     loaded = load_model(source, dtype, device, progress=progress)
-    loaded.model = build_variant(loaded.model, variant)
+    loaded.model = build_variant(loaded.model, variant, table.kernels if table is not None else ())
     return loaded
 
 

@@ -83,7 +83,8 @@ def cost_rows(tables, chosen: str | None = None) -> list[str]:
     for t in tables:
         mark = "*" if chosen is not None and t.dtype == chosen else " "
         cells = " ".join(f"{s * 1e3:7.0f}" for s in t.seconds)
-        rows.append(f" {mark} {t.model.split('|')[0]:22s} {t.dtype:14s} {cells}")
+        kernels = f"   kernels: {', '.join(t.kernels)}" if t.kernels else ""
+        rows.append(f" {mark} {t.model.split('|')[0]:22s} {t.dtype:14s} {cells}{kernels}")
     return rows
 
 
@@ -112,7 +113,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             print(row)
     if pair.costs.why:
         print(f"dtype auto: {pair.costs.why}")
-    print("(* = the variant in use; cached under $SPECDEC_HOME/costs for this machine)")
+    print("(* = the variant in use; kernels: pad1 = one-token passes run each linear over two rows, measured"
+          " faster here; cached under $SPECDEC_HOME/costs for this machine)")
     return 0
 
 

@@ -28,7 +28,7 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-FORMAT = 2  # 2: verify widths timed with logits at every position, a separate prefill pass
+FORMAT = 3  # 2: verify widths timed with logits at every position, a separate prefill pass; 3: kernels
 WIDTHS = (1, 2, 4, 8, 16, 32)
 #: CPU flags that change which kernels are fast; recorded readably (all flags go into the hash).
 KEY_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
@@ -107,6 +107,9 @@ class CostTable:
     fingerprint: dict = field(default_factory=dict)
     measured_at: str = ""
     prefill_seconds: float | None = None  # a prefill pass over ``context`` tokens (logits at the last only)
+    #: kernel choices measured with this table and in force when the model runs ("pad1": one-row
+    #: half-precision linears run as two rows, :class:`specdec.kernels.RowPaddedLinear`)
+    kernels: list[str] = field(default_factory=list)
     format: int = FORMAT
 
     def __post_init__(self) -> None:
@@ -151,7 +154,8 @@ class CostTable:
         return cls(model=str(d["model"]), dtype=str(d["dtype"]), widths=[int(w) for w in d["widths"]],
                    seconds=[float(s) for s in d["seconds"]], context=int(d["context"]),
                    fingerprint=dict(d.get("fingerprint") or {}), measured_at=str(d.get("measured_at", "")),
-                   prefill_seconds=None if d.get("prefill_seconds") is None else float(d["prefill_seconds"]))
+                   prefill_seconds=None if d.get("prefill_seconds") is None else float(d["prefill_seconds"]),
+                   kernels=[str(k) for k in d.get("kernels") or []])
 
 
 # -------------------------------------------------------------------------- measuring
@@ -191,6 +195,24 @@ def measure(lm, widths: Sequence[int] = WIDTHS, repeats: int = 2) -> tuple[list[
             best[w] = min(best.get(w, dt), dt)
     lm.reset()
     return widths, [max(best[w], 1e-7) for w in widths], context, max(prefill, 1e-7)
+
+
+def time_step(lm, context: int = 32, repeats: int = 5) -> float:
+    """Best-of-``repeats`` seconds of a one-token pass (a plain decoding step) over a KV cache of
+    ``context`` tokens. Leaves the cache empty."""
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, lm.vocab_limit, (context + 1,), generator=g).tolist()
+    lm.reset()
+    lm.forward(ids[:context])
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        lm.forward(ids[context:])
+        _sync(lm.device)
+        best = min(best, time.perf_counter() - t0)
+        lm.truncate(context)
+    lm.reset()
+    return max(best, 1e-7)
 
 
 def costs_dir() -> Path:
@@ -236,8 +258,10 @@ def cached_tables(fp: Mapping | None = None) -> list[CostTable]:
     return [t for t in tables if t is not None and (fp is None or t.fingerprint == dict(fp))]
 
 
-def table_for(lm, model: str, dtype: str, log: Callable[[str], None] | None = None) -> CostTable | None:
-    """Measure the cost table of ``lm`` now and cache it (the caller looked in the cache first).
+def table_for(lm, model: str, dtype: str, log: Callable[[str], None] | None = None,
+              kernels: Sequence[str] = ()) -> CostTable | None:
+    """Measure the cost table of ``lm`` now and cache it (the caller looked in the cache first);
+    ``kernels`` names the kernel choices already applied to ``lm``'s model.
     A failed measurement warns through ``log`` and returns None: the caller falls back, nothing
     breaks."""
     fp = fingerprint(lm.device)
@@ -246,7 +270,7 @@ def table_for(lm, model: str, dtype: str, log: Callable[[str], None] | None = No
             log(f"specdec: measuring {model.split('|')[0]} in {dtype} on this machine (once; cached)")
         widths, seconds, context, prefill = measure(lm)
         table = CostTable(model, dtype, widths, seconds, context, fp, time.strftime("%Y-%m-%dT%H:%M:%S"),
-                          prefill_seconds=prefill)
+                          prefill_seconds=prefill, kernels=list(kernels))
     except Exception as exc:  # noqa: BLE001 - a measurement must never break a load
         if log:
             log(f"specdec: warning: could not measure {model.split('|')[0]} in {dtype} ({type(exc).__name__}: "
