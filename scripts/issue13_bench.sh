@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The issue-13 headline figures at full size, in the order they are published:
+# The issue-13 headline figures at full size:
 #   1. HumanEval, all 164, greedy, 512 new tokens;
 #   2. Spec-Bench, 10 prompts from each of the 13 categories (130), greedy, 256 new tokens;
 #   3. HumanEval first 40 sampled (T=0.8, top_p=0.95, seed 0);
@@ -8,26 +8,46 @@
 # configuration, each loose rule at its issue-10 tuned setting (mars, dropmatch, fly), and
 # typical and fly+mars at their defaults (the issue-10 tuner found no setting of theirs within
 # the 1% budget). The tuning split was HumanEval 100..107: those 8 problems are inside the 164,
-# so the published figures also give pass@1 without them (README); interim figures of an unfinished
-# stage: the same bench command with --report-only.
+# so scripts/issue13_extra.py also gives pass@1 without them.
+#
+# Speed is a property of the machine, so each machine kind gets its own folders:
+# benchmarks/issue13-<kind>-<stage>, <kind> = avx512bf16 (native bf16) or avx2 (read from
+# /proc/cpuinfo; KIND=... overrides). A folder is resumed only on its own kind (specdec bench
+# refuses other hardware); `specdec bench ... --report-only` reports any folder on any machine.
 # Hours on 2 cores. Resumable: `specdec bench` resumes its --out folder sample by sample (every
 # configuration on one prompt before the next prompt, so a partial run is a paired comparison at
 # its n); rerun this script to continue, commit the folders before stopping.
-# Needs nothing else running (timings) and: pip install -e '.[all]'.
-# STAGES=1,2 runs some stages only.
+# Needs nothing else running (timings) and: pip install -e '.[all]' (stage 4 also llama-cpp-python).
+# STAGES=1,3 runs some stages only, in the order given (default 1,3,4,2: the longest last).
+# REPORT=1 writes each stage's interim report (--report-only) instead of generating.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-STAGES=${STAGES:-1,2,3,4}
+STAGES=${STAGES:-1,3,4,2}
+if [[ -z "${KIND:-}" ]]; then
+  if grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo; then KIND=avx512bf16
+  elif grep -qw avx2 /proc/cpuinfo; then KIND=avx2
+  else KIND=cpu; fi
+fi
+B=benchmarks/issue13-$KIND
 TUNED=(--config benchmarks/issue10-tune-mars/config.json --config benchmarks/issue10-tune-dropmatch/config.json
        --config benchmarks/issue10-tune-fly/config.json)
 POLICIES=ar,lossless,typical,fly+mars
-run() { specdec bench -q "$@" > /dev/null; }
-stage() { [[ ",$STAGES," == *",$1,"* ]]; }
-stage 1 && run --dataset humaneval --max-new-tokens 512 --policies "$POLICIES" "${TUNED[@]}" --out benchmarks/issue13-he164
-stage 2 && run --dataset spec-bench --limit 10 --max-new-tokens 256 --policies "$POLICIES" "${TUNED[@]}" \
-  --out benchmarks/issue13-sb130
-stage 3 && run --dataset humaneval --limit 40 --max-new-tokens 512 --temperature 0.8 --top-p 0.95 --seed 0 \
-  --policies "$POLICIES" "${TUNED[@]}" --out benchmarks/issue13-he40-t08
-stage 4 && run --dataset humaneval --limit 20 --max-new-tokens 512 --policies ar,lossless --peers hf-assisted,llama-cpp \
-  --out benchmarks/issue13-he20-peers
+run() {
+  if [[ -n "${REPORT:-}" ]]; then
+    [[ -f "${@: -1}/results.jsonl" ]] && specdec bench -q "$@" --report-only > /dev/null || true
+  else
+    specdec bench -q "$@" > /dev/null
+  fi
+}
+for s in ${STAGES//,/ }; do
+  case $s in
+    1) run --dataset humaneval --max-new-tokens 512 --policies "$POLICIES" "${TUNED[@]}" --out "$B-he164" ;;
+    2) run --dataset spec-bench --limit 10 --max-new-tokens 256 --policies "$POLICIES" "${TUNED[@]}" --out "$B-sb130" ;;
+    3) run --dataset humaneval --limit 40 --max-new-tokens 512 --temperature 0.8 --top-p 0.95 --seed 0 \
+         --policies "$POLICIES" "${TUNED[@]}" --out "$B-he40-t08" ;;
+    4) run --dataset humaneval --limit 20 --max-new-tokens 512 --policies ar,lossless --peers hf-assisted,llama-cpp \
+         --out "$B-he20-peers" ;;
+    *) echo "unknown stage $s (1-4)" >&2; exit 2 ;;
+  esac
+done
 exit 0

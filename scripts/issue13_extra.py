@@ -6,7 +6,7 @@ results.jsonl (finished samples only: those every configuration has a record of)
   (finish_reason "length"), pass@1, and pass@1 without the issue-10 tuning split
   (HumanEval/100..107, which the tuned thresholds were picked on).
 
-    python scripts/issue13_extra.py benchmarks/issue13-he164
+    python scripts/issue13_extra.py benchmarks/issue13-avx512bf16-he164
 """
 import json
 import sys
@@ -38,4 +38,6 @@ def main(folder: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/issue13-he164"))
+    if len(sys.argv) != 2:
+        sys.exit("usage: python scripts/issue13_extra.py RUN_FOLDER")
+    sys.exit(main(sys.argv[1]))

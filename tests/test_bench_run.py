@@ -149,7 +149,7 @@ def test_cli_writes_results_summary_report_and_plots(tiny_dirs, tmp_path, capsys
     assert "different settings" in err and "max_new_tokens: 6 -> 7" in err
 
 
-def test_report_only_reports_the_finished_samples_and_generates_nothing(tiny_dirs, tmp_path, capsys):
+def test_report_only_reports_the_finished_samples_and_generates_nothing(tiny_dirs, tmp_path, capsys, monkeypatch):
     out = tmp_path / "partial"
     argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless", "--drafter", "pld", "--k", "2",
             "--max-new-tokens", "4", "--no-warmup", "--no-plots", "--out", str(out), "-q", *tiny_args(tiny_dirs)]
@@ -165,6 +165,27 @@ def test_report_only_reports_the_finished_samples_and_generates_nothing(tiny_dir
     assert all(row["samples"] == 2 for row in summary["configs"].values())
     assert len(lines(out / "results.jsonl")) == len(kept)  # nothing generated
     assert "(partial: the 2 of 3 planned" in (out / "report.md").read_text()
+    assert all(r["dtypes"] == {"target": "float32", "draft": "float32", "kernels": []} for r in kept if r["config"] != "ar")
+    # made on another machine: reported from the folder alone (no model loaded), naming that machine
+    original = (out / "run.json").read_text()
+    run = json.loads(original)
+    run["settings"].update(cpu="Another CPU", cpu_flags=["avx2", "avx512_bf16"], torch="9.9")
+    (out / "run.json").write_text(json.dumps(run))
+    import specdec.cliargs
+
+    monkeypatch.setattr(specdec.cliargs, "load_pair", lambda *a, **k: pytest.fail("--report-only loaded a model"))
+    assert main([*argv, "--report-only"]) == 0
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out.strip().splitlines()[-1])
+    assert "another machine (Another CPU" in captured.err and summary["run"]["models"]["dtype"] == "float32"
+    report = (out / "report.md").read_text()
+    assert "Another CPU; CPU flags: avx2, avx512_bf16" in report and "torch 9.9" in report
+    assert json.loads((out / "run.json").read_text()) == run  # nothing appended
+    # other run settings: refused, one line
+    assert main([("5" if x == "4" else x) for x in argv] + ["--report-only"]) == 2
+    assert "max_new_tokens: 4 -> 5" in capsys.readouterr().err
+    monkeypatch.undo()
+    (out / "run.json").write_text(original)
     # with nothing finished there is nothing to report: one line, exit 2
     (out / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kept if r["config"] == "ar"))
     assert main([*argv, "--report-only"]) == 2

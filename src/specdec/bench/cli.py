@@ -191,34 +191,47 @@ def check_optional_dependencies(a: argparse.Namespace, plots: bool = True) -> No
 def cmd_bench(a: argparse.Namespace) -> int:
     from ..cliargs import load_pair, startup_summary
     from . import environment
-    from .report import write_report, write_summary
     from .results import check_run_settings, prepare_dir
     from .runner import run
-    from .summary import summarize
 
     configs, peers, settings, (limit, positions) = parse_args(a)
+    everything = [*configs, *peers]
     check_optional_dependencies(a, plots=not a.no_plots)
     dataset = load_dataset(a.dataset, limit, a.data, positions)
-    if a.report_only and not (Path(a.out) / "results.jsonl").is_file():
-        raise SpecdecError(f"--report-only: {a.out} holds no results.jsonl; run the command without it first")
-    out = prepare_dir(a.out)
+    planned = len(dataset.samples)
     env = environment.describe()
     stored = run_settings(a, settings, dataset, env)
-    check_run_settings(out, stored, {"argv": env["argv"], "git": env["git"]})
-
-    planned = len(dataset.samples)
     if a.report_only:
-        dataset = finished_only(dataset, out, [*configs, *peers], settings.repeats)
-    pair = load_pair(a, progress=not a.quiet)
-    if not a.quiet:
-        print(startup_summary(pair), file=sys.stderr, flush=True)
-    for c in [*configs, *peers]:
-        if pair.draft is None and cfgs.needs_draft_model(c):
-            raise SpecdecError(f"configuration {c.id} needs a draft model; pass --draft (none was loaded for "
-                               f"{a.target!r})")
-    records = run(pair, dataset, configs, peers, settings, out, progress=not a.quiet)
+        out, dataset, records, env, models = report_inputs(a, stored, env, dataset, everything, settings.repeats)
+    else:
+        out = prepare_dir(a.out)
+        check_run_settings(out, stored, {"argv": env["argv"], "git": env["git"]})
+        pair = load_pair(a, progress=not a.quiet)
+        if not a.quiet:
+            print(startup_summary(pair), file=sys.stderr, flush=True)
+        for c in everything:
+            if pair.draft is None and cfgs.needs_draft_model(c):
+                raise SpecdecError(f"configuration {c.id} needs a draft model; pass --draft (none was loaded for "
+                                   f"{a.target!r})")
+        records = run(pair, dataset, configs, peers, settings, out, progress=not a.quiet)
+        models = {"target": pair.target_name, "draft": pair.draft_name, "draft_quant": pair.draft_quant,
+                  "dtype": str(pair.target.dtype).replace("torch.", ""),
+                  "draft_dtype": None if pair.draft is None else str(pair.draft.dtype).replace("torch.", ""),
+                  "dtype_asked": stored["dtype"], "dtype_why": pair.costs.why, "device": stored["device"],
+                  "cost_model": {role: (None if t is None else t.to_dict())
+                                 for role, t in (("target", pair.costs.target), ("draft", pair.costs.draft))}}
+    write_outputs(a, records, everything, dataset, planned, settings, out, env, models)
+    return 0
 
-    everything = [*configs, *peers]
+
+def write_outputs(a: argparse.Namespace, records: list[dict], everything: list, dataset, planned: int, settings,
+                  out: Path, env: dict, models: dict) -> None:
+    """summary.json, report.md, the plots and the exports of ``records``; the table on stderr and
+    the summary as the last stdout line."""
+    from .export import export
+    from .report import write_report, write_summary
+    from .summary import summarize
+
     summary = summarize(records, [c.to_dict() for c in everything], [s.id for s in dataset.samples], settings.repeats)
     categories: dict[str, int] = {}
     for s in dataset.samples:
@@ -228,12 +241,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
             "dataset": a.dataset, "data_source": dataset.source, "samples": len(dataset.samples),
             "samples_planned": planned,
             "categories": categories if a.dataset.startswith("spec-bench") else None,
-            "models": {"target": pair.target_name, "draft": pair.draft_name, "draft_quant": pair.draft_quant,
-                       "dtype": str(pair.target.dtype).replace("torch.", ""),
-                       "draft_dtype": None if pair.draft is None else str(pair.draft.dtype).replace("torch.", ""),
-                       "dtype_asked": stored["dtype"], "dtype_why": pair.costs.why, "device": stored["device"],
-                       "cost_model": {role: (None if t is None else t.to_dict())
-                                      for role, t in (("target", pair.costs.target), ("draft", pair.costs.draft))}},
+            "models": models,
             "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
             "top_k": settings.top_k, "seed": settings.seed, "repeats": settings.repeats, "warmup": settings.warmup,
             "prompt_format": FORMAT_VERSION, "out": str(out),
@@ -250,9 +258,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
                   file=sys.stderr)
         else:
             summary["plots"] = make_plots(summary, out)
-    from .export import export
-
-    summary["exports"] = export(records, out, a.dataset, str(pair.target_name))
+    summary["exports"] = export(records, out, a.dataset, str(models["target"]))
     write_summary(summary, out)
     write_report(summary, out)
     if not a.quiet:
@@ -260,7 +266,46 @@ def cmd_bench(a: argparse.Namespace) -> int:
         print(f"specdec: wrote {Path(out) / 'report.md'}, summary.json, results.jsonl"
               + (f" and {len(summary['plots'])} plots" if summary["plots"] else ""), file=sys.stderr)
     print(json.dumps(summary, ensure_ascii=False, default=str), flush=True)
-    return 0
+
+
+def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, everything: list, repeats: int):
+    """What ``--report-only`` reports, from the folder alone: no model is loaded and nothing is
+    generated or appended, so it works on any machine. The command must name the run (its
+    settings other than the machine's must match run.json); the report then names the hardware and
+    versions the results were made with (run.json) and the dtypes the records carry. Returns
+    ``(out, finished dataset, its records, env, models)``."""
+    from .results import ResultsFile, read_run_settings
+
+    out = Path(a.out)
+    if not (out / "results.jsonl").is_file():
+        raise SpecdecError(f"--report-only: {a.out} holds no results.jsonl; run the command without it first")
+    made, invocations = read_run_settings(out, stored, ignore=MACHINE_KEYS)
+    dataset = finished_only(dataset, out, everything, repeats)
+    wanted = {s.id for s in dataset.samples}
+    records = [r for r in ResultsFile(out).load() if r["sample_id"] in wanted]
+    if any(made.get(k) != stored.get(k) for k in MACHINE_KEYS):
+        print(f"specdec: reporting results made on another machine ({made.get('cpu')}, flags "
+              f"{','.join(made.get('cpu_flags') or [])}); speeds are that machine's", file=sys.stderr)
+    last = invocations[-1] if invocations else {}
+    env = {**env, "git": last.get("git") or {"commit": None, "dirty": None},
+           "versions": {**env["versions"], "python": None, "torch": made.get("torch"),
+                        "transformers": made.get("transformers")},
+           "hardware": {"cpu": made.get("cpu"), "cpu_flags": made.get("cpu_flags") or [], "cpu_cores": None,
+                        "torch_threads": None, "gpu": made.get("gpu"), "platform": None}}
+    dtypes = sorted({(r["dtypes"].get("target"), r["dtypes"].get("draft")) for r in records
+                     if isinstance(r.get("dtypes"), dict) and r.get("config") != "ar"} or {(None, None)},
+                    key=str)
+    models = {"target": made.get("target"), "draft": made.get("draft"), "draft_quant": made.get("draft_quant"),
+              "dtype": ", ".join(str(t) for t, _ in dtypes) if dtypes != [(None, None)] else
+              f"{made.get('dtype')} (as asked; the records do not say what it resolved to)",
+              "draft_dtype": ", ".join(str(d) for _, d in dtypes) if dtypes != [(None, None)] else None,
+              "dtype_asked": made.get("dtype"), "dtype_why": None, "device": made.get("device"), "cost_model": None}
+    return out, dataset, records, env, models
+
+
+#: run.json settings that describe the machine and its software, not the run: --report-only may
+#: report a folder made elsewhere.
+MACHINE_KEYS = ("cpu", "cpu_flags", "gpu", "torch", "transformers")
 
 
 def finished_only(dataset, out: Path, configs: list, repeats: int):

@@ -59,10 +59,12 @@ def render_report(summary: dict) -> str:
     lines += [
         f"- **Command**: `specdec {' '.join(env.get('argv') or [])}`",
         f"- **Models**: target `{models['target']}`, draft `{models['draft']}` (quantization: {models['draft_quant']}), "
-        f"dtype {models['dtype']}, device {models['device']}",
-        f"- **Hardware**: {hw['cpu']} ({hw['cpu_cores']} cores, {hw['torch_threads']} torch threads); "
-        f"GPU: {hw['gpu'] or 'none'}",
-        f"- **Versions**: python {ver['python']}, torch {ver['torch']}, transformers {ver['transformers']}, "
+        f"dtype {models['dtype']}" + (f", draft dtype {models['draft_dtype']}" if models.get("draft_dtype") else "")
+        + f", device {models['device']}",
+        f"- **Hardware**: {hw['cpu']}"
+        + (f" ({hw['cpu_cores']} cores, {hw['torch_threads']} torch threads)" if hw.get("cpu_cores") else "")
+        + f"; CPU flags: {', '.join(hw.get('cpu_flags') or []) or 'none of note'}; GPU: {hw['gpu'] or 'none'}",
+        f"- **Versions**: python {ver['python'] or '?'}, torch {ver['torch']}, transformers {ver['transformers']}, "
         f"specdec {ver['specdec']}; git {git.get('commit') or 'unknown'}{' (uncommitted changes)' if git.get('dirty') else ''}",
         f"- **Data**: {run['samples']} samples from {run['data_source']}"
         + (f" (partial: the {run['samples']} of {run['samples_planned']} planned that every configuration has "

@@ -143,6 +143,21 @@ def _finite(x: Any) -> Any:
     return x
 
 
+def _read_run(path: Path) -> tuple[dict, list]:
+    try:
+        stored = json.loads(path.read_text(encoding="utf-8"))
+        return dict(stored["settings"]), list(stored.get("invocations", []))
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SpecdecError(f"{path} is unreadable; use a new --out folder") from None
+
+
+def _refuse_other_settings(out_dir: Path, old: dict, new: dict, ignore: tuple = (), hint: str = "") -> None:
+    diffs = [k for k in sorted(set(old) | set(new)) if k not in ignore and old.get(k) != new.get(k)]
+    if diffs:
+        shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diffs[:4])
+        raise SpecdecError(f"{out_dir} holds results made with different settings ({shown}); {hint}")
+
+
 def check_run_settings(out_dir: Path, settings: dict[str, Any], invocation: dict[str, Any]) -> None:
     """Store ``settings`` in ``run.json``, or refuse when the folder holds results made with
     different ones. Each invocation (argv, time, git commit) is appended to the history."""
@@ -150,21 +165,20 @@ def check_run_settings(out_dir: Path, settings: dict[str, Any], invocation: dict
     results = Path(out_dir) / RESULTS
     history: list = []
     if path.exists():
-        try:
-            stored = json.loads(path.read_text(encoding="utf-8"))
-            old = stored["settings"]
-            history = list(stored.get("invocations", []))
-        except (OSError, ValueError, KeyError, TypeError):
-            raise SpecdecError(f"{path} is unreadable; use a new --out folder") from None
-        diffs = [k for k in sorted(set(old) | set(settings)) if old.get(k) != settings.get(k)]
-        if diffs:
-            shown = "; ".join(f"{k}: {old.get(k)!r} -> {settings.get(k)!r}" for k in diffs[:4])
-            raise SpecdecError(
-                f"{out_dir} holds results made with different settings ({shown}); use a new --out folder "
-                "or the same settings to resume"
-            )
+        old, history = _read_run(path)
+        _refuse_other_settings(out_dir, old, settings, hint="use a new --out folder or the same settings to resume")
     elif results.exists() and results.stat().st_size > 0:
         raise SpecdecError(f"{results} exists but {RUN} does not; refusing to mix unknown results, use a new --out")
     history.append({**invocation, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     atomic_write_text(path, json.dumps({"settings": settings, "invocations": history}, indent=2) + "\n")
 
+
+def read_run_settings(out_dir: Path, settings: dict[str, Any], ignore: tuple = ()) -> tuple[dict, list]:
+    """The settings and invocations stored in ``run.json``, after checking that ``settings`` match
+    them except the keys in ``ignore`` (a report of a run made elsewhere); writes nothing."""
+    path = Path(out_dir) / RUN
+    if not path.exists():
+        raise SpecdecError(f"{path} is missing; the folder's results cannot be told apart from others")
+    old, history = _read_run(path)
+    _refuse_other_settings(out_dir, old, settings, ignore, hint="give the command that made them")
+    return old, history

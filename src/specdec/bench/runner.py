@@ -173,9 +173,22 @@ def pair_for(pair, cfg: Config):
     if dtype not in variants:
         from ..api import load
 
+        # calibrated (a cached table after the first run): the variant gets this machine's kernel choices
         variants[dtype] = load(pair.target_name, draft=None, dtype=dtype, device=str(pair.target.device),
-                               calibrate=False, progress=False)
+                               progress=False)
     return variants[dtype]
+
+
+def dtypes_of(pair) -> dict:
+    """The variants a record was made with (what ``dtype="auto"`` resolved to) and the kernel
+    choices in force, so a folder says what its figures are figures of."""
+    from ..calibrate import variant_name
+
+    kernels = [f"{role}:{k}" for role, t in (("target", pair.costs.target), ("draft", pair.costs.draft))
+               if t is not None for k in t.kernels]
+    return {"target": variant_name(pair.target.dtype, "none"),
+            "draft": None if pair.draft is None else variant_name(pair.draft.dtype, pair.draft_quant),
+            "kernels": kernels}
 
 
 def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, settings: Settings) -> dict:
@@ -187,7 +200,7 @@ def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, set
     return {**_base(sample, cfg, rep), "text": out.text, "token_ids": list(out.token_ids),
             "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
             "new_tokens": len(out.token_ids), "seconds": wall, "stats": out.stats.to_dict(),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "dtypes": dtypes_of(pair), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def _peer_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, ids: list[int],
