@@ -11,7 +11,7 @@ TOKENS=${TOKENS:-64}
 KIND=${KIND:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo avx512bf16 || echo avx2)}
 SB=spec-bench:translation,summarization,qa,math_reasoning,rag,writing,roleplay,reasoning,coding,stem
 T=lossless:drafter=tree
-SIZES="ar,lossless,lossless:k=8,lossless:k=16,$T:tree_nodes=8,$T:tree_nodes=16,$T:tree_nodes=16:tree_width=4,$T:tree_nodes=32:tree_width=4,fly+mars:k=16,fly+mars:drafter=tree:tree_nodes=16:tree_width=4"
-run() { specdec bench -q --max-new-tokens "$TOKENS" --policies "$SIZES" "$@" > /dev/null; }
+SIZES="ar,lossless,lossless:k=8,lossless:k=16,lossless:k=32,$T:tree_nodes=8,$T:tree_nodes=16,$T:tree_nodes=16:tree_width=4,$T:tree_nodes=32:tree_width=4,fly+mars:k=16,fly+mars:drafter=tree:tree_nodes=16:tree_width=4"
+run() { specdec bench -q --max-new-tokens "$TOKENS" --policies "$SIZES" "$@" ${REPORT:+--report-only} > /dev/null; }
 run --dataset "$SB" --limit 2 --out "benchmarks/issue11-$KIND-sb20-sizes"
 run --dataset humaneval --limit 10 --out "benchmarks/issue11-$KIND-he10-sizes"
