@@ -2,6 +2,9 @@
 """Issue-13 figures that `specdec bench`'s report does not print, from a run folder's
 results.jsonl (finished samples only: those every configuration has a record of):
 
+- the README's headline row per configuration, from the folder's summary.json (write it first
+  with `specdec bench ... --report-only`): tau, tokens/s, speedup vs ar, quality, recovery with its
+  95% interval, and lost / gained against ar sample by sample;
 - per configuration: samples, how many generations hit the max_new_tokens limit
   (finish_reason "length"), pass@1, and pass@1 without the issue-10 tuning split
   (HumanEval/100..107, which the tuned thresholds were picked on).
@@ -15,7 +18,27 @@ from pathlib import Path
 TUNING = {f"HumanEval/{i}" for i in range(100, 108)}
 
 
+def headline(folder: str) -> None:
+    path = Path(folder) / "summary.json"
+    if not path.is_file():
+        print(f"({path} missing: run specdec bench ... --report-only first)")
+        return
+    configs = json.loads(path.read_text())["configs"]
+    print("| configuration | n | tau | tokens/s | vs ar | quality | recovery [95% CI] | lost / gained vs ar |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for c in configs.values():
+        paired = c.get("paired") or {}
+        ci = paired.get("recovery_ci")
+        rec = f"{c['recovery']:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") if c.get("recovery") is not None else "–"
+        quality = f"{c['quality']:.1%}" if c.get("quality") is not None else "–"
+        lost = f"{paired['lost']} / {paired['gained']}" if paired else "–"
+        print(f"| {c['id']} | {c['samples']} | {c['tau']:.2f} | {c['tokens_per_second']:.2f} | "
+              f"{c['speedup_vs_ar']:.2f}x | {quality} | {rec} | {lost} |")
+    print()
+
+
 def main(folder: str) -> int:
+    headline(folder)
     recs = [json.loads(x) for x in (Path(folder) / "results.jsonl").read_text().splitlines() if x.strip()]
     configs = list(dict.fromkeys(r["config"] for r in recs))
     by_sample: dict[str, dict[str, dict]] = {}
