@@ -18,27 +18,30 @@ from pathlib import Path
 TUNING = {f"HumanEval/{i}" for i in range(100, 108)}
 
 
-def headline(folder: str) -> None:
+def headline(folder: str, finished: int) -> None:
+    """The README row per configuration; warns when summary.json is older than results.jsonl
+    (its sample count is not the number every configuration has finished)."""
+    from specdec.bench.report import _ci, _f, _pct
+
     path = Path(folder) / "summary.json"
     if not path.is_file():
         print(f"({path} missing: run specdec bench ... --report-only first)")
         return
     configs = json.loads(path.read_text())["configs"]
+    if any(c["samples"] != finished for c in configs.values()):
+        print(f"WARNING: {path} is stale ({finished} samples finished); rerun specdec bench ... --report-only")
     print("| configuration | n | tau | tokens/s | vs ar | quality | recovery [95% CI] | lost / gained vs ar |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for c in configs.values():
         paired = c.get("paired") or {}
-        ci = paired.get("recovery_ci")
-        rec = f"{c['recovery']:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "") if c.get("recovery") is not None else "–"
-        quality = f"{c['quality']:.1%}" if c.get("quality") is not None else "–"
         lost = f"{paired['lost']} / {paired['gained']}" if paired else "–"
-        print(f"| {c['id']} | {c['samples']} | {c['tau']:.2f} | {c['tokens_per_second']:.2f} | "
-              f"{c['speedup_vs_ar']:.2f}x | {quality} | {rec} | {lost} |")
+        print(f"| {c['id']} | {c['samples']} | {_f(c['tau'])} | {_f(c['tokens_per_second'])} | "
+              f"{_f(c['speedup_vs_ar'], suffix='x')} | {_pct(c.get('quality'))} | "
+              f"{_ci(c.get('recovery'), paired.get('recovery_ci'))} | {lost} |")
     print()
 
 
 def main(folder: str) -> int:
-    headline(folder)
     recs = [json.loads(x) for x in (Path(folder) / "results.jsonl").read_text().splitlines() if x.strip()]
     configs = list(dict.fromkeys(r["config"] for r in recs))
     by_sample: dict[str, dict[str, dict]] = {}
@@ -46,6 +49,7 @@ def main(folder: str) -> int:
         by_sample.setdefault(r["sample_id"], {})[r["config"]] = r
     done = [s for s, rows in by_sample.items() if all(c in rows for c in configs)]
     rest = [s for s in done if s not in TUNING]
+    headline(folder, len(done))
     print(f"{len(done)} samples finished by every configuration ({len(done) - len(rest)} of them in the tuning split)")
     print("| configuration | samples | hit the token limit | pass@1 | pass@1 without HumanEval/100-107 |")
     print("|---|---:|---:|---:|---:|")
