@@ -42,6 +42,8 @@ def headline(folder: str, finished: int) -> None:
 
 
 def main(folder: str) -> int:
+    if not (Path(folder) / "results.jsonl").is_file():
+        sys.exit(f"{folder} holds no results.jsonl: name a specdec bench run folder")
     recs = [json.loads(x) for x in (Path(folder) / "results.jsonl").read_text().splitlines() if x.strip()]
     configs = list(dict.fromkeys(r["config"] for r in recs))
     by_sample: dict[str, dict[str, dict]] = {}
