@@ -7,7 +7,10 @@ results.jsonl (finished samples only: those every configuration has a record of)
   95% interval, and lost / gained against ar sample by sample;
 - per configuration: samples, how many generations hit the max_new_tokens limit
   (finish_reason "length"), pass@1, and pass@1 without the issue-10 tuning split
-  (HumanEval/100..107, which the tuned thresholds were picked on).
+  (HumanEval/100..107, which the tuned thresholds were picked on);
+- speed per session: a run resumed over several sessions may have run on different machines of
+  the same kind (run.json's invocations); tokens/s and speedup vs ar over the samples each session
+  finished, so a slower or faster machine shows instead of hiding in the pooled figure.
 
     python scripts/issue13_extra.py benchmarks/issue13-avx512bf16-he164
 """
@@ -41,6 +44,28 @@ def headline(folder: str, finished: int) -> None:
     print()
 
 
+def by_session(folder: str, by_sample: dict, done: list, configs: list) -> None:
+    """Tokens/s per configuration and speedup vs ar over the samples each invocation finished
+    (a sample belongs to the last invocation started before its ar record was written)."""
+    run = json.loads((Path(folder) / "run.json").read_text())
+    starts = sorted(inv["time"][:19] for inv in run.get("invocations", []))
+    if len(starts) < 2 or "ar" not in configs:
+        return
+    groups: dict[str, list] = {}
+    for s in done:
+        t = by_sample[s]["ar"].get("time", "")
+        groups.setdefault(max((x for x in starts if x <= t), default=starts[0]), []).append(s)
+    print("Speed per session (tokens/s; speedup vs ar over that session's samples)")
+    print("| session started | samples | " + " | ".join(configs) + " |")
+    print("|---|---:|" + "---:|" * len(configs))
+    for start, ids in sorted(groups.items()):
+        tps = {c: sum(by_sample[s][c]["new_tokens"] for s in ids) / sum(by_sample[s][c]["seconds"] for s in ids)
+               for c in configs}
+        cells = [f"{tps[c]:.2f}" if c == "ar" else f"{tps[c]:.2f} ({tps[c] / tps['ar']:.2f}x)" for c in configs]
+        print(f"| {start} | {len(ids)} | " + " | ".join(cells) + " |")
+    print()
+
+
 def main(folder: str) -> int:
     if not (Path(folder) / "results.jsonl").is_file():
         sys.exit(f"{folder} holds no results.jsonl: name a specdec bench run folder")
@@ -52,6 +77,7 @@ def main(folder: str) -> int:
     done = [s for s, rows in by_sample.items() if all(c in rows for c in configs)]
     rest = [s for s in done if s not in TUNING]
     headline(folder, len(done))
+    by_session(folder, by_sample, done, configs)
     print(f"{len(done)} samples finished by every configuration ({len(done) - len(rest)} of them in the tuning split)")
     print("| configuration | samples | hit the token limit | pass@1 | pass@1 without HumanEval/100-107 |")
     print("|---|---:|---:|---:|---:|")
