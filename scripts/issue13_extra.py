@@ -6,8 +6,10 @@ results.jsonl (finished samples only: those every configuration has a record of)
   with `specdec bench ... --report-only`): tau, tokens/s, speedup vs ar, quality, recovery with its
   95% interval, and lost / gained against ar sample by sample;
 - per configuration: samples, how many generations hit the max_new_tokens limit
-  (finish_reason "length"), pass@1, and pass@1 without the issue-10 tuning split
-  (HumanEval/100..107, which the tuned thresholds were picked on);
+  (finish_reason "length"), pass@1 (HumanEval) or final-answer accuracy (Spec-Bench
+  math_reasoning; other Spec-Bench categories have no verdict and are left out, "–" if none),
+  and the same without the issue-10 tuning split (HumanEval/100..107, which the tuned
+  thresholds were picked on);
 - speed per session: a run resumed over several sessions may have run on different machines of
   the same kind (run.json's invocations); tokens/s and speedup vs ar over the samples each session
   finished, so a slower or faster machine shows instead of hiding in the pooled figure.
@@ -66,6 +68,14 @@ def by_session(folder: str, by_sample: dict, done: list, configs: list) -> None:
     print()
 
 
+def verdict(quality: dict) -> bool | None:
+    """Pass/fail of one record, or None when its sample has no quality measure."""
+    for key in ("passed", "correct"):
+        if key in quality:
+            return bool(quality[key])
+    return None
+
+
 def main(folder: str) -> int:
     if not (Path(folder) / "results.jsonl").is_file():
         sys.exit(f"{folder} holds no results.jsonl: name a specdec bench run folder")
@@ -79,14 +89,17 @@ def main(folder: str) -> int:
     headline(folder, len(done))
     by_session(folder, by_sample, done, configs)
     print(f"{len(done)} samples finished by every configuration ({len(done) - len(rest)} of them in the tuning split)")
-    print("| configuration | samples | hit the token limit | pass@1 | pass@1 without HumanEval/100-107 |")
+    print("| configuration | samples | hit the token limit | pass@1 (or math accuracy) | same without HumanEval/100-107 |")
     print("|---|---:|---:|---:|---:|")
     for c in configs:
         rows = [by_sample[s][c] for s in done]
         limit = sum(r.get("finish_reason") == "length" for r in rows)
 
         def passed(ids):
-            ok = [bool((by_sample[s][c].get("quality") or {}).get("passed")) for s in ids]
+            # only samples with a verdict count: "passed" (code) or "correct" (math_reasoning);
+            # Spec-Bench categories without a quality measure carry an empty quality dict
+            verdicts = [verdict(by_sample[s][c].get("quality") or {}) for s in ids]
+            ok = [v for v in verdicts if v is not None]
             return f"{sum(ok)}/{len(ok)} ({sum(ok) / len(ok):.1%})" if ok else "–"
         print(f"| {c} | {len(rows)} | {limit} | {passed(done)} | {passed(rest)} |")
     return 0
