@@ -70,7 +70,9 @@ def by_session(folder: str, by_sample: dict, done: list, configs: list) -> None:
 
 def verdict(quality: dict) -> bool | None:
     """Pass/fail of one record, or None when its sample has no quality measure."""
-    for key in ("passed", "correct"):
+    from specdec.bench.summary import OUTCOME_KEY
+
+    for key in OUTCOME_KEY.values():
         if key in quality:
             return bool(quality[key])
     return None
@@ -96,8 +98,8 @@ def main(folder: str) -> int:
         limit = sum(r.get("finish_reason") == "length" for r in rows)
 
         def passed(ids):
-            # only samples with a verdict count: "passed" (code) or "correct" (math_reasoning);
-            # Spec-Bench categories without a quality measure carry an empty quality dict
+            # only samples with a verdict count; Spec-Bench categories without a quality
+            # measure carry an empty quality dict
             verdicts = [verdict(by_sample[s][c].get("quality") or {}) for s in ids]
             ok = [v for v in verdicts if v is not None]
             return f"{sum(ok)}/{len(ok)} ({sum(ok) / len(ok):.1%})" if ok else "–"
