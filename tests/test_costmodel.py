@@ -109,6 +109,39 @@ def test_controller_learns_and_probes_when_plain_decoding_wins():
     assert c.acceptance.rates(1)[0] < 0.3 and c.choose(room=100) < before  # recent rounds count most
 
 
+def test_controller_with_a_window_drafts_short_when_only_the_window_fails_to_pay():
+    # translation-like text: without the window half the first drafts are kept; the window adds
+    # nothing. One draft at a time pays (1.5 tokens for 0.22 + 0.05 s), a block past the window does not.
+    costs = table([0.2, 0.22, 0.3, 0.5, 0.9, 1.7])  # a pass over 2 tokens costs ~1.1x one
+    c = KController(costs, draft_step=0.05, k_max=16, window=6)
+    for _ in range(40):
+        c.observe(drafted=7, accepted=0, draft_seconds=0.35, verify_seconds=costs.forward(8), inner=0)
+        c.observe(drafted=1, accepted=1, draft_seconds=0.05, verify_seconds=costs.forward(2))
+    assert c.choose(room=100) == 1
+    # a policy that could only draft 0 or past its window would not draft at all here
+    assert best_k(c.verify_cost, c.draft_cost, c.acceptance.rates(16), 16, k_min=7) == 0
+    # the window is probed after 16 short rounds, then after 32 (failing probes back off)
+    ks = [c.choose(room=100) for _ in range(47)]
+    assert [i for i, k in enumerate(ks) if k != 1] == [14, 46] and min(ks[14], ks[46]) > 6
+
+
+def test_controller_with_a_window_drafts_long_where_the_window_pays():
+    # a flat cost (native bf16): long blocks are nearly free; the window keeps most of them
+    c = KController(flat(0.2), draft_step=0.01, k_max=20, window=6)
+    for _ in range(40):
+        c.observe(drafted=12, accepted=11, draft_seconds=0.12, verify_seconds=0.2, inner=2)
+    assert c.choose(room=100) > 6
+    assert c.inner.rates(3)[2] < 0.5 < c.acceptance.rates(3)[2]  # each estimate learned its own count
+
+
+def test_controller_with_a_window_learns_the_windowed_rate_only_from_long_rounds():
+    c = KController(flat(0.2), draft_step=0.01, k_max=20, window=6)
+    c.observe(drafted=4, accepted=4, draft_seconds=0.04, verify_seconds=0.2)
+    assert c.acceptance.reached == [] and c.inner.reached == [1, 1, 1, 1]
+    c.observe(drafted=8, accepted=8, draft_seconds=0.08, verify_seconds=0.2, inner=1)
+    assert c.acceptance.kept == [1.0] * 8 and c.inner.kept[:2] == pytest.approx([1.97, 0.97])
+
+
 # ------------------------------------------------------------------------ the cache on disk
 @pytest.fixture
 def counting(monkeypatch):

@@ -19,6 +19,18 @@ learned about acceptance, so after ``probe_every`` rounds at K=0 one round draft
 failing the interval doubles, up to ``MAX_PROBE_INTERVAL`` rounds. The draft model's prefill is
 lazy (its first proposal feeds the prompt), so a generation that never drafts never pays it.
 
+A policy with FLy's window ``W`` acts as two rules, depending on the block: a block of ``W`` drafts
+or fewer leaves the window inert (the round is judged by the lossless rule and the token rules
+alone), a longer one lets it flip mismatches. The controller keeps one acceptance estimate for
+each (the *inner* one learns from every round, through what the round would have kept without the
+window, :attr:`specdec.verify.base.Verdict.inner`; the windowed one from rounds longer than ``W``,
+and never rates a position below the inner estimate, since the window only adds acceptances) and
+picks ``K`` among ``0``, ``1..W`` and ``W+1..k_max`` by expected tokens per second. So where the
+window does not pay (text the draft rarely gets right, as translation), FLy with ``k="auto"``
+drafts as short as its token rules alone would, instead of choosing between nothing and a block
+too long to pay. While it drafts short blocks the windowed estimate learns nothing, so after
+``probe_every`` such rounds one round drafts the best ``K > W``, with the same doubling backoff.
+
 One controller lives per (policy, drafter, greedy or sampled) on an engine and keeps its estimates
 across requests (warm start).
 """
@@ -27,7 +39,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k
+from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k, tokens_per_second
 
 
 #: while probes keep finding that drafting does not pay, they come at most this rarely
@@ -77,18 +89,21 @@ class KController:
     """Chooses K each round and learns from the round (see the module docstring)."""
 
     def __init__(self, target: CostTable, draft_step: float, k_max: int = 31, probe_every: int = 16,
-                 ema: float = 0.2, k_min: int = 1):
+                 ema: float = 0.2, window: int = 0):
         self.target = target
         self.draft_step = max(0.0, float(draft_step))  # seconds per draft token, before any round
         self.k_max = max(0, int(k_max))
-        self.k_min = max(1, int(k_min))  # the smallest K > 0 worth drafting (FLy: past its window)
+        self.window = max(0, int(window))  # FLy's window: blocks of at most this many drafts leave it inert
         self.probe_every = probe_every
         self.ema = ema
-        self.acceptance = AcceptanceEstimate()
+        self.acceptance = AcceptanceEstimate()  # with a window: rounds longer than it, flips included
+        self.inner = AcceptanceEstimate()  # with a window: every round, as judged without it
         self.target_scale = 1.0  # observed / predicted target pass seconds
         self.draft_seconds_per_token: float | None = None  # observed, EMA
         self.rounds_at_zero = 0
         self.probe_interval = probe_every  # doubles while probes keep failing, back to probe_every once K > 0 pays
+        self.rounds_short = 0  # with a window: rounds in a row drafting no more than it
+        self.window_probe_interval = probe_every  # the same backoff for trying a block past the window
 
     def verify_cost(self, width: int) -> float:
         return self.target_scale * self.target.forward(width)
@@ -100,24 +115,62 @@ class KController:
     def choose(self, room: int) -> int:
         """The K for the next round, at most ``room`` (what max_new_tokens and the context allow)."""
         k_max = min(self.k_max, max(0, room))
-        k_min = self.k_min if k_max >= self.k_min else 1  # near the end, a shorter block beats none
-        rates = self.acceptance.rates(k_max)
-        k = best_k(self.verify_cost, self.draft_cost, rates, k_max, k_min)
+        k = self._best(k_max, allow_zero=True)
         if k == 0 and k_max > 0:
             self.rounds_at_zero += 1
             if self.rounds_at_zero >= self.probe_interval:  # explore: is drafting paying again?
                 self.rounds_at_zero = 0
                 self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
-                k = best_k(self.verify_cost, self.draft_cost, rates, k_max, k_min, allow_zero=False)
+                k = self._best(k_max, allow_zero=False)
         else:
             self.rounds_at_zero = 0
             self.probe_interval = self.probe_every
+        if self.window and k_max > self.window:
+            if 0 < k <= self.window:  # drafting short: now and then, is the window paying again?
+                self.rounds_short += 1
+                if self.rounds_short >= self.window_probe_interval:
+                    self.rounds_short = 0
+                    self.window_probe_interval = min(2 * self.window_probe_interval, MAX_PROBE_INTERVAL)
+                    k = self._best_long(k_max)
+            elif k > self.window:
+                self.rounds_short = 0
+                self.window_probe_interval = self.probe_every
         return k
 
-    def observe(self, drafted: int, accepted: int, draft_seconds: float | None, verify_seconds: float) -> None:
+    def _rates(self, k_max: int) -> tuple[list[float], list[float]]:
+        """Per-position rates for blocks up to the window (inner) and past it (windowed, never below
+        the inner ones: the window only adds acceptances)."""
+        inner = self.inner.rates(k_max)
+        return inner, [max(a, b) for a, b in zip(self.acceptance.rates(k_max), inner)]
+
+    def _best_long(self, k_max: int) -> int:
+        """The best K past the window (``k_max > window``)."""
+        _, windowed = self._rates(k_max)
+        return best_k(self.verify_cost, self.draft_cost, windowed, k_max, k_min=self.window + 1, allow_zero=False)
+
+    def _best(self, k_max: int, allow_zero: bool) -> int:
+        """The best K in ``0..k_max`` (``1..k_max`` without zero): without a window, one estimate for
+        every K; with one, the inner estimate up to the window and the windowed one past it."""
+        if not self.window:
+            return best_k(self.verify_cost, self.draft_cost, self.acceptance.rates(k_max), k_max, allow_zero=allow_zero)
+        inner, windowed = self._rates(k_max)
+        short = best_k(self.verify_cost, self.draft_cost, inner, min(k_max, self.window), allow_zero=allow_zero)
+        if k_max <= self.window:
+            return short
+        long = self._best_long(k_max)
+        rate_short = tokens_per_second(self.verify_cost, self.draft_cost, inner, short)
+        rate_long = tokens_per_second(self.verify_cost, self.draft_cost, windowed, long)
+        return long if rate_long > rate_short * (1 + 1e-9) else short
+
+    def observe(self, drafted: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
+                inner: int | None = None) -> None:
         """Learn from one round: its acceptance and what its passes really cost. ``draft_seconds``
-        None: the round's drafting included a prefill or catch-up, not a per-token cost."""
-        self.acceptance.update(drafted, accepted)
+        None: the round's drafting included a prefill or catch-up, not a per-token cost. ``inner``:
+        with a window, the drafts the round would have kept without it (None: ``accepted``)."""
+        if not self.window or drafted > self.window:
+            self.acceptance.update(drafted, accepted)
+        if self.window:
+            self.inner.update(drafted, accepted if inner is None else min(inner, accepted))
         predicted = self.target.forward(drafted + 1)
         if predicted > 0 and verify_seconds > 0:
             ratio = min(max(verify_seconds / predicted, 0.1), 10.0)

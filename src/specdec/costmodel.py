@@ -299,6 +299,12 @@ def expected_tokens(rates: Sequence[float], k: int) -> float:
     return total
 
 
+def tokens_per_second(verify: Callable[[int], float], draft_step: float, rates: Sequence[float], k: int) -> float:
+    """Expected tokens per second of rounds drafting ``k``: ``expected_tokens(rates, k) /
+    (k * draft_step + verify(k + 1))`` (``k = 0``: one plain decoding step)."""
+    return expected_tokens(rates, k) / max(k * draft_step + verify(k + 1), 1e-12)
+
+
 def best_k(verify: Callable[[int], float], draft_step: float, rates: Sequence[float], k_max: int,
            k_min: int = 1, allow_zero: bool = True) -> int:
     """The draft length ``K`` in ``{0} + k_min..k_max`` with the most expected tokens per second:
@@ -308,7 +314,7 @@ def best_k(verify: Callable[[int], float], draft_step: float, rates: Sequence[fl
     ks = ([0] if allow_zero else []) + list(range(max(1, k_min), max(0, k_max) + 1))
     best, best_rate = None, -1.0
     for k in ks:
-        rate = expected_tokens(rates, k) / max(k * draft_step + verify(k + 1), 1e-12)
+        rate = tokens_per_second(verify, draft_step, rates, k)
         if best is None or rate > best_rate * (1 + 1e-9):
             best, best_rate = k, rate
     return best if best is not None else 0

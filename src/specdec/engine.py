@@ -128,8 +128,8 @@ class Engine:
             else:
                 step = self.target_costs.forward(1) / 3  # unmeasured draft: a third of a target step
             k_max = max(1, self.target_costs.widths[-1] - 1)
-            k_min = window_of(cfg.parsed) + 1  # a FLy policy drafts past its window, or not at all
-            self.controllers[key] = KController(self.target_costs, step, k_max=max(k_max, k_min), k_min=k_min)
+            window = window_of(cfg.parsed)  # FLy: short blocks leave the window inert, long ones let it act
+            self.controllers[key] = KController(self.target_costs, step, k_max=max(k_max, window + 1), window=window)
         return self.controllers[key]
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
@@ -210,6 +210,7 @@ class Engine:
             logits, hidden = scored if isinstance(scored, tuple) else (scored, None)  # [n+1, V], [n+1, H]
             # 3. verify
             path: tuple[int, ...] = ()
+            inner = None  # a window policy: the drafts kept without its window
             if n == 0:
                 accepted, token, relaxed = 0, next_token(logits[0], params, generator), {}
             else:
@@ -225,6 +226,7 @@ class Engine:
                 verdict = verify(rnd)
                 stats.rule_seconds += clock() - t_rule
                 accepted, token, relaxed, path = verdict.accepted, verdict.token, dict(verdict.relaxed), verdict.path or ()
+                inner = verdict.inner
             t2 = clock()
             stats.draft_seconds += t1 - t0
             stats.verify_seconds += t2 - t1
@@ -232,7 +234,7 @@ class Engine:
             if auto:
                 stats.k_chosen.append(k)
             if control is not None:
-                control.observe(n, accepted, t1 - t0 if draft.fed <= 2 else None, t2 - t1)
+                control.observe(n, accepted, t1 - t0 if draft.fed <= 2 else None, t2 - t1, inner=inner)
             # 4. commit, cut at the first stop
             new = ([draft.tokens[i] for i in path] if tree else draft.tokens[:accepted]) + [token]
             for i, t in enumerate(new):

@@ -41,12 +41,15 @@ class Verdict:
 
     ``relaxed`` counts, per loose rule, the kept drafts that the lossless rule alone would have
     rejected (empty for lossless policies). After a token tree, ``path`` names the kept nodes.
+    ``inner``: for a policy with FLy's window, the leading drafts the round would have kept without
+    the window (what ``k="auto"`` expects of blocks too short for the window to act); else None.
     """
 
     accepted: int
     token: int
     relaxed: Mapping[str, int] = field(default_factory=dict)
     path: tuple[int, ...] | None = None  # a tree round: the kept nodes, root first (``accepted`` of them)
+    inner: int | None = None
 
 
 class Policy(Protocol):

@@ -75,12 +75,14 @@ class LoosePolicy:
         for rule in self.rules:
             added[rule.name] = rule.accepts(rnd, allowed) & allowed  # [K], only where lossless rejected
             accept |= added[rule.name]
+        inner = None
         if self.window is not None:
+            inner = leading_true(accept)
             added[self.window.name] = self.window.flips(rnd, accept) & allowed
             accept |= added[self.window.name]
         n = leading_true(accept)
         relaxed = {name: int(mask[:n].sum()) for name, mask in added.items()}
-        return Verdict(n, finish(rnd, n), relaxed)
+        return Verdict(n, finish(rnd, n), relaxed, inner=inner)
 
     def verify_tree(self, rnd: TreeRound) -> Verdict:
         """The same composition on a token tree: token rules judge each node against its parent's
