@@ -131,7 +131,7 @@ class KController:
                 if self.rounds_short >= self.window_probe_interval:
                     self.rounds_short = 0
                     self.window_probe_interval = min(2 * self.window_probe_interval, MAX_PROBE_INTERVAL)
-                    k = self._best_long(k_max)
+                    k = self._best_long(k_max, self._rates(k_max)[1])
             elif k > self.window:
                 self.rounds_short = 0
                 self.window_probe_interval = self.probe_every
@@ -143,9 +143,8 @@ class KController:
         inner = self.inner.rates(k_max)
         return inner, [max(a, b) for a, b in zip(self.acceptance.rates(k_max), inner)]
 
-    def _best_long(self, k_max: int) -> int:
-        """The best K past the window (``k_max > window``)."""
-        _, windowed = self._rates(k_max)
+    def _best_long(self, k_max: int, windowed: list[float]) -> int:
+        """The best K past the window (``k_max > window``) under the windowed rates."""
         return best_k(self.verify_cost, self.draft_cost, windowed, k_max, k_min=self.window + 1, allow_zero=False)
 
     def _best(self, k_max: int, allow_zero: bool) -> int:
@@ -157,7 +156,7 @@ class KController:
         short = best_k(self.verify_cost, self.draft_cost, inner, min(k_max, self.window), allow_zero=allow_zero)
         if k_max <= self.window:
             return short
-        long = self._best_long(k_max)
+        long = self._best_long(k_max, windowed)
         rate_short = tokens_per_second(self.verify_cost, self.draft_cost, inner, short)
         rate_long = tokens_per_second(self.verify_cost, self.draft_cost, windowed, long)
         return long if rate_long > rate_short * (1 + 1e-9) else short
