@@ -81,7 +81,7 @@ def test_validation_names_the_configuration():
         cfgs.validate(configs, max_new_tokens=8)
     with pytest.raises(SpecdecError, match=r"configuration lossless\[theta=2\]/model/k5: .*takes no parameters"):
         cfgs.validate(cfgs.build_configs("lossless:theta=2", "model", 5), max_new_tokens=8)
-    with pytest.raises(SpecdecError, match=r"takes only dtype=\.\.\., got \['k'\]"):
+    with pytest.raises(SpecdecError, match=r"takes only dtype=\.\.\. and backend=\.\.\., got \['k'\]"):
         cfgs.build_configs("ar:k=3", "model", 5)
     with pytest.raises(SpecdecError, match="ar dtype must be one of"):
         cfgs.build_configs("ar:dtype=int3", "model", 5)

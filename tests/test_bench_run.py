@@ -165,7 +165,7 @@ def test_report_only_reports_the_finished_samples_and_generates_nothing(tiny_dir
     assert all(row["samples"] == 2 for row in summary["configs"].values())
     assert len(lines(out / "results.jsonl")) == len(kept)  # nothing generated
     assert "(partial: the 2 of 3 planned" in (out / "report.md").read_text()
-    assert all(r["dtypes"] == {"target": "float32", "draft": "float32", "kernels": []} for r in kept if r["config"] != "ar")
+    assert all(r["dtypes"] == {"target": "float32", "draft": "float32", "kernels": [], "backend": "transformers"} for r in kept if r["config"] != "ar")
     # made on another machine: reported from the folder alone (no model loaded), naming that machine
     original = (out / "run.json").read_text()
     run = json.loads(original)

@@ -14,7 +14,9 @@ from .costmodel import CostTable
 from .drafters import ALL_DRAFTER_OPTIONS
 from .engine import DecodeConfig, Engine, Generation
 from .errors import SpecdecError
-from .models import CausalLM, check_same_vocabulary, output_rows, load as load_model, resolve_device, resolve_dtype
+from .backends import AUTO as AUTO_BACKEND, Model, check_backend
+from .models import check_same_vocabulary, resolve_device, resolve_dtype
+from .costmodel import FALLBACK_K
 from .quant import resolve_quant
 from .sampling import SamplingParams
 from .stats import Stats
@@ -92,16 +94,19 @@ def make_config(
 class Pair:
     """A target model, an optional draft model that shares its tokenizer, and the engine over them."""
 
-    def __init__(self, target: CausalLM, tokenizer, draft: CausalLM | None = None,
-                 names: tuple[str, str | None] = ("target", None), costs: Costs | None = None):
+    def __init__(self, target: Model, tokenizer, draft: Model | None = None,
+                 names: tuple[str, str | None] = ("target", None), costs: Costs | None = None,
+                 backend_why: str | None = None):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.target_name, self.draft_name = names
         self.draft_quant = "none"
         self.costs = costs or Costs()
+        #: which backend runs the models, and why (``backend="auto"``)
+        self.backend = target.backend
+        self.backend_why = backend_why
         #: the drafter a request gets when it names none: the draft model, or prompt lookup without one
         self.default_drafter = "model" if draft is not None else "pld"
-        gen_cfg = getattr(target.model, "generation_config", None)
-        self.eos_ids = eos_ids(tokenizer, target.config, gen_cfg)
+        self.eos_ids = eos_ids(tokenizer, target.eos_ids())
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
                              draft_costs=self.costs.draft)
 
@@ -190,42 +195,144 @@ class Pair:
 
 
 def load(
-    target: str = DEFAULT_TARGET, draft: str | None = _AUTO, *, dtype: str | torch.dtype = "auto",
-    draft_dtype: str | torch.dtype = "auto", device: str = "auto", draft_quant: str = "auto",
-    calibrate: bool = True, recalibrate: bool = False, progress: bool = True,
-    log: Callable[[str], None] | None = None,
+    target: str = DEFAULT_TARGET, draft: str | None = _AUTO, *, backend: str = AUTO_BACKEND,
+    dtype: str | torch.dtype = "auto", draft_dtype: str | torch.dtype = "auto", device: str = "auto",
+    draft_quant: str = "auto", calibrate: bool = True, recalibrate: bool = False, progress: bool = True,
+    log: Callable[[str], None] | None = None, context_length: int | None = None,
 ) -> Pair:
     """Load a target and (optionally) a draft model.
 
     target/draft: a bundled name (``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``), a Hugging Face
-    model folder, a ``.gguf`` file (converted once to a cached bf16 folder) or a hub id.
+    model folder, a ``.gguf`` file or a hub id.
     ``draft="auto"`` picks the bundled draft for the bundled target and no draft otherwise;
     ``draft=None`` loads none (only ``drafter="pld"`` and ``policy="ar"`` work then).
 
+    backend: ``auto`` (llama.cpp for a GGUF model on a CPU when llama-cpp-python is installed:
+    measured 3-5x faster there; transformers otherwise), ``llama.cpp`` (GGUF files, as stored:
+    their own quantization, llama.cpp's kernels, the machine's cores) or ``transformers`` (GGUF
+    files are dequantized once into a cached bf16 folder). ``Pair.backend_why`` and the CLI's
+    startup line say which was chosen and why.
+
+    The rest applies to the transformers backend (the llama.cpp backend refuses non-default values):
     dtype: ``auto`` (measured: on a CPU the faster of float32 and bfloat16 for this machine,
     prefill and decoding both counted; bfloat16 on a GPU, float16 without bf16 support),
     ``bfloat16``, ``float16`` or ``float32``. draft_dtype: ``auto`` (measured with ``dtype="auto"``,
     else the same as ``dtype``) or a dtype: the draft only proposes, so it may differ from the
     target's without changing what the lossless rules output. device: ``auto``, ``cpu``, ``cuda``.
     draft_quant: ``auto`` (int8 weight-only for a bfloat16 draft on a CPU, none elsewhere),
-    ``int8`` or ``none``.
+    ``int8`` or ``none``. context_length (llama.cpp only): the KV cache's size in tokens (default:
+    the model's trained context, at most 8192).
 
-    calibrate: measure each model's forward cost at verify widths 1..32 (once per machine, model
-    and dtype; cached under ``$SPECDEC_HOME/costs``), which ``dtype="auto"`` and ``k="auto"`` use.
-    ``recalibrate`` measures again even when cached. ``log`` receives progress lines (default: stderr
-    when ``progress``).
+    calibrate: measure each model's forward cost at verify widths 1..32 (once per machine, backend,
+    model and variant; cached under ``$SPECDEC_HOME/costs``), which ``dtype="auto"`` and
+    ``k="auto"`` use. ``recalibrate`` measures again even when cached. ``log`` receives progress
+    lines (default: stderr when ``progress``).
     """
-    from .calibrate import candidate_tables, draft_candidates, materialize, pick, split_variant, target_candidates
-    from .costmodel import FALLBACK_K
-
     if log is None:
         log = _stderr if progress else (lambda line: None)
     dev = resolve_device(device)
+    if draft == _AUTO:
+        draft = DEFAULT_DRAFT if target == DEFAULT_TARGET else None
+    explicit = {k: v for k, v in (("dtype", dtype), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant))
+                if v != "auto"}
+    chosen, why = choose_backend(check_backend(backend), target, draft, dev, explicit)
+    if chosen == "llama.cpp":
+        if context_length is not None:
+            from .checks import check_int
+
+            check_int("context_length", context_length, lo=16)
+        return _load_llama(target, draft, why, calibrate=calibrate, recalibrate=recalibrate, progress=progress,
+                           log=log, context_length=context_length)
+    if context_length is not None:
+        raise SpecdecError("context_length applies to the llama.cpp backend; transformers models use their own")
+    return _load_transformers(target, draft, why, dev, dtype=dtype, draft_dtype=draft_dtype, draft_quant=draft_quant,
+                              calibrate=calibrate, recalibrate=recalibrate, progress=progress, log=log)
+
+
+def _is_gguf(source: str | None) -> bool:
+    """Whether a model source is a GGUF file (bundled models are), without loading anything."""
+    from pathlib import Path
+
+    from .bundled import BUNDLED
+
+    if source is None:
+        return True
+    if source in BUNDLED or str(source).endswith(".gguf"):
+        return True
+    path = Path(str(source)).expanduser()
+    return path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1
+
+
+def choose_backend(backend: str, target: str, draft: str | None, device: torch.device,
+                   explicit: dict) -> tuple[str, str]:
+    """``(backend, why)``. ``auto``: llama.cpp when the models are GGUF files, the device is a CPU,
+    no transformers-only option was given and llama-cpp-python is installed; else transformers."""
+    from .backends import available, require
+
+    if backend == "llama.cpp":
+        require("llama.cpp")
+        if device.type != "cpu":
+            raise SpecdecError("backend 'llama.cpp' runs on the CPU in specdec (llama-cpp-python's CPU build); "
+                               "use --device cpu, or backend 'transformers' on a GPU")
+        if explicit:
+            names = ", ".join(f"{k}={v}" for k, v in explicit.items())
+            raise SpecdecError(f"{names}: dtype and quantization options apply to the transformers backend; "
+                               "llama.cpp runs a GGUF file's weights as stored")
+        for source in (target, draft):
+            if not _is_gguf(source):
+                raise SpecdecError(f"backend 'llama.cpp' needs GGUF models, and {source!r} is not one; "
+                                   "use backend 'transformers'")
+        return "llama.cpp", "asked for"
+    if backend == "transformers":
+        return "transformers", "asked for"
+    if device.type != "cpu":
+        return "transformers", f"auto: a {device.type} device"
+    if not (_is_gguf(target) and _is_gguf(draft)):
+        return "transformers", "auto: not a GGUF model"
+    if explicit:
+        return "transformers", f"auto: {', '.join(explicit)} given (transformers options)"
+    if not available("llama.cpp"):
+        return "transformers", ("auto: llama-cpp-python is not installed (pip install 'specdec[llama]' runs GGUF "
+                                "models on llama.cpp's kernels, measured 3-5x faster on a CPU)")
+    return "llama.cpp", "auto: GGUF models on a CPU, llama-cpp-python installed"
+
+
+def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, recalibrate: bool, progress: bool,
+                log: Callable[[str], None], context_length: int | None) -> Pair:
+    from .backends.llamacpp import LlamaCppModel, gguf_path, gguf_tokenizer
+    from .calibrate import llama_table
+
+    t_path = gguf_path(target, progress=progress)
+    d_path = gguf_path(draft, progress=progress) if draft is not None else None
+    tokenizer = gguf_tokenizer(t_path, progress=progress)
+    vocab = len(tokenizer)
+    if d_path is not None:
+        check_same_vocabulary(tokenizer, gguf_tokenizer(d_path, progress=progress), target, draft)
+    t = LlamaCppModel(t_path, target, vocab_limit=vocab, n_ctx=context_length)
+    d = LlamaCppModel(d_path, draft, vocab_limit=vocab, n_ctx=context_length) if d_path is not None else None
+    for m in (t, d):
+        if m is not None and m.vocab_size < vocab:
+            raise SpecdecError(f"{m.name}: the model scores {m.vocab_size} tokens, fewer than the tokenizer's {vocab}")
+    t_table = d_table = None
+    if calibrate or recalibrate:
+        t_table = llama_table(t, remeasure=recalibrate, log=log)
+        d_table = llama_table(d, remeasure=recalibrate, log=log) if d is not None else None
+        if t_table is None:
+            log(f"specdec: warning: no cost model, so k=auto is k={FALLBACK_K}")
+    costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}})
+    return Pair(t, tokenizer, d, names=(target, draft), costs=costs, backend_why=why)
+
+
+def _load_transformers(target: str, draft: str | None, why: str, dev: torch.device, *, dtype, draft_dtype,
+                       draft_quant, calibrate: bool, recalibrate: bool, progress: bool,
+                       log: Callable[[str], None]) -> Pair:
+    from .backends.hf import HFModel
+    from .calibrate import candidate_tables, draft_candidates, materialize, pick, split_variant, target_candidates
+    from .models import output_rows
+
     if draft_dtype != "auto":  # (dtype is checked by target_candidates)
         resolve_dtype(draft_dtype, dev)
     resolve_quant(draft_quant, dev, torch.float32)  # validates the name
-    if draft == _AUTO:
-        draft = DEFAULT_DRAFT if target == DEFAULT_TARGET else None
     t_cands = target_candidates(dtype, dev)
     d_cands = draft_candidates(dtype, draft_dtype, draft_quant, dev) if draft is not None else []
     calibrate = calibrate or recalibrate
@@ -243,9 +350,9 @@ def load(
     d_variant = None
     if draft is not None:
         d_variant = choice.draft if choice is not None else d_cands[-1]
-    why = choice.reason() if choice is not None and (len(t_cands) > 1 or len(d_cands) > 1) else None
+    dtype_why = choice.reason() if choice is not None and (len(t_cands) > 1 or len(d_cands) > 1) else None
     if choice is None and len(t_cands) > 1:
-        why = f"not measured (calibration {'off' if not calibrate else 'failed'}); bfloat16 as before"
+        dtype_why = f"not measured (calibration {'off' if not calibrate else 'failed'}); bfloat16 as before"
         if calibrate:
             log(f"specdec: warning: no cost model, so dtype=auto is bfloat16 and k=auto is k={FALLBACK_K}")
     t = materialize(target, t_variant, dev, t_measured, progress=progress, table=t_tables.get(t_variant))
@@ -258,11 +365,11 @@ def load(
     if min(widths) < vocab:
         raise SpecdecError(f"a model's output layer has {min(widths)} rows, fewer than the tokenizer's {vocab} tokens")
     # Rows past the tokenizer's table (padding) are never real tokens; cut them so both models agree.
-    target_lm = CausalLM(t.model, target, vocab_limit=vocab)
-    draft_lm = CausalLM(d.model, draft, vocab_limit=vocab) if d is not None else None
-    costs = Costs(t_tables.get(t_variant), d_tables.get(d_variant) if d_variant else None, why,
+    target_lm = HFModel(t.model, target, vocab_limit=vocab)
+    draft_lm = HFModel(d.model, draft, vocab_limit=vocab) if d is not None else None
+    costs = Costs(t_tables.get(t_variant), d_tables.get(d_variant) if d_variant else None, dtype_why,
                   {"target": t_tables, "draft": d_tables})
-    pair = Pair(target_lm, t.tokenizer, draft_lm, names=(target, draft), costs=costs)
+    pair = Pair(target_lm, t.tokenizer, draft_lm, names=(target, draft), costs=costs, backend_why=why)
     pair.draft_quant = split_variant(d_variant)[1] if d_variant else "none"
     return pair
 

@@ -24,7 +24,8 @@ import torch
 from .costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for, time_step
 from .errors import SpecdecError
 from .kernels import can_pad_rows, pack_linears, set_row_padding
-from .models import DTYPES, CausalLM, Loaded, load as load_model, load_config, resolve_dtype
+from .backends.hf import CausalLM, Loaded, load as load_model, load_config
+from .models import DTYPES, resolve_dtype
 from .quant import quantize_int8, resolve_quant
 
 Log = Callable[[str], None]
@@ -146,6 +147,21 @@ def materialize(source: str, variant: str, device: torch.device, measured: tuple
     loaded = load_model(source, dtype, device, progress=progress)
     loaded.model = build_variant(loaded.model, variant, table.kernels if table is not None else ())
     return loaded
+
+
+def llama_table(lm, remeasure: bool = False, log: Log | None = None) -> CostTable | None:
+    """The cost table of a llama.cpp model (:class:`specdec.backends.llamacpp.LlamaCppModel`): cached
+    for this machine, llama.cpp version, threads, file and weight format, else measured now (widths
+    1..32 as for transformers; about 10-30 s for the bundled pair on 2 cores)."""
+    from .backends.llamacpp import file_key
+    from .costmodel import load_cached, model_fingerprint
+
+    key = f"{lm.name}|{file_key(lm.path)}"
+    if not remeasure:
+        cached = load_cached(model_fingerprint(lm), key, lm.variant)
+        if cached is not None:
+            return cached
+    return table_for(lm, key, lm.variant, log=log)
 
 
 def pick(targets: dict[str, CostTable | None], drafts: dict[str, CostTable | None] | None) -> DtypeChoice | None:

@@ -94,22 +94,23 @@ def cost_header(tables) -> str:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from .calibrate import variant_name
-    from .costmodel import fingerprint
+    from .costmodel import model_fingerprint
 
     a.recalibrate = True
     pair = load_pair(a, progress=not a.quiet)
-    fp = fingerprint(pair.target.device)
+    fp = model_fingerprint(pair.target)
     flags = ",".join(fp["cpu_flags"]) or "none of note"
     where = fp.get("gpu") or fp["cpu"]
-    print(f"machine: {where}; flags {flags}; torch {fp['torch']}, {fp['threads']} threads, {fp['device']}")
-    for role, lm, quant in (("target", pair.target, "none"), ("draft", pair.draft, pair.draft_quant)):
+    engine = f"{fp['backend']} {fp['backend_version']}" if "backend" in fp else f"torch {fp['torch']}"
+    print(f"machine: {where}; flags {flags}; {engine}, {fp['threads']} threads, {fp['device']}")
+    print(f"backend: {pair.backend} ({pair.backend_why})")
+    for role, lm in (("target", pair.target), ("draft", pair.draft)):
         cands = [t for t in pair.costs.candidates.get(role, {}).values() if t is not None]
         if lm is None or not cands:
             continue
         print(f"{role}:")
         print(cost_header(cands))
-        for row in cost_rows(cands, chosen=variant_name(lm.dtype, quant)):
+        for row in cost_rows(cands, chosen=lm.variant):
             print(row)
     if pair.costs.why:
         print(f"dtype auto: {pair.costs.why}")
@@ -122,7 +123,14 @@ def print_cost_tables() -> None:
     from .costmodel import cached_tables, fingerprint
     from .models import resolve_device
 
-    tables = cached_tables(fingerprint(resolve_device("auto")))
+    device = resolve_device("auto")
+    tables = cached_tables(fingerprint(device))
+    from .backends import available
+
+    if device.type == "cpu" and available("llama.cpp"):
+        from .backends.llamacpp import default_threads, version
+
+        tables += cached_tables(fingerprint(device, "llama.cpp", default_threads(), version()))
     if not tables:
         print("cost model: not measured on this machine yet (the first load measures it; or run 'specdec calibrate')")
         return

@@ -14,6 +14,17 @@ from .verify import POLICIES, RULES
 
 LOW_TAU = 1.3  # below this, speculation rarely pays for the draft's cost
 
+def backend_arg(text: str) -> str:
+    """``--backend``: a checked backend name (argparse reports a bad one in one line)."""
+    from .backends import check_backend
+    from .errors import SpecdecError
+
+    try:
+        return check_backend(text)
+    except SpecdecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", default=DEFAULT_TARGET,
@@ -22,15 +33,21 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft", default="auto",
                    help="draft model, same forms as --target; 'none' for no draft model; 'auto' (default) "
                         f"picks {DEFAULT_DRAFT} for the bundled target and none otherwise")
+    g.add_argument("--backend", default="auto", type=backend_arg,
+                   help="what runs the models: auto (default: llama.cpp for GGUF models on a CPU when "
+                        "llama-cpp-python is installed, else transformers), llama.cpp, or transformers")
+    g.add_argument("--context-length", type=int, default=None, metavar="N",
+                   help="llama.cpp backend: KV cache size in tokens (default: the model's trained context, "
+                        "at most 8192)")
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="target dtype (default: auto = measured on this machine: on a CPU the faster of float32 "
+                   help="transformers backend: target dtype (default: auto = measured on this machine: on a CPU the faster of float32 "
                         "and bfloat16, prefill and decoding counted; bfloat16 on a GPU)")
     g.add_argument("--draft-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="draft dtype; the draft only proposes, so lossless output is unchanged (default: auto = "
+                   help="transformers backend: draft dtype; the draft only proposes, so lossless output is unchanged (default: auto = "
                         "measured with --dtype auto, else the same as --dtype)")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     g.add_argument("--draft-quant", default="auto", choices=["auto", "int8", "none"],
-                   help="quantize the draft's weights; the draft only proposes, so lossless output is "
+                   help="transformers backend: quantize the draft's weights; the draft only proposes, so lossless output is "
                         "unchanged (default: auto = int8 for bfloat16 on CPU, none otherwise)")
     g.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="do not measure the cost model (dtype auto is then bfloat16 and -k auto is k=5); "
@@ -125,21 +142,20 @@ def load_pair(a: argparse.Namespace, progress: bool = True):
     from .api import load
 
     draft = None if a.draft == "none" else a.draft
-    return load(a.target, draft=draft, dtype=a.dtype, draft_dtype=a.draft_dtype, device=a.device,
+    return load(a.target, draft=draft, backend=a.backend, dtype=a.dtype, draft_dtype=a.draft_dtype, device=a.device,
                 draft_quant=a.draft_quant, calibrate=a.calibrate, progress=progress,
-                recalibrate=getattr(a, "recalibrate", False))
+                recalibrate=getattr(a, "recalibrate", False), context_length=a.context_length)
 
 
 def startup_summary(pair) -> str:
-    """One line: the models, their dtypes, memory, and why the dtypes were chosen."""
+    """One line: the backend and why, the models and their variants, memory, and why the dtypes
+    were chosen."""
     mem = pair.memory()
-    from .calibrate import variant_name
-
-    target = f"{pair.target_name} ({variant_name(pair.target.dtype, 'none')})"
-    draft = (f"{pair.draft_name} ({variant_name(pair.draft.dtype, pair.draft_quant)})"
-             if pair.draft is not None else "none")
+    target = f"{pair.target_name} ({pair.target.variant})"
+    draft = f"{pair.draft_name} ({pair.draft.variant})" if pair.draft is not None else "none"
     weights = (mem["target_weights"] + mem.get("draft_weights", 0)) / 2**20
-    line = f"specdec: target {target}, draft {draft} on {pair.target.device}, weights {weights:.0f} MiB"
+    where = f"{pair.backend} ({pair.backend_why})" if pair.backend_why else pair.backend
+    line = f"specdec: backend {where}; target {target}, draft {draft} on {pair.target.device}, weights {weights:.0f} MiB"
     if pair.costs.why:
         line += f"; dtype auto: {pair.costs.why}"
     if pair.costs.target is not None:

@@ -64,8 +64,10 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def fingerprint(device: torch.device | str = "cpu") -> dict:
-    """What a measurement depends on besides the model: the processor, torch, threads, device."""
+def fingerprint(device: torch.device | str = "cpu", backend: str = "transformers", threads: int | None = None,
+                version: str | None = None) -> dict:
+    """What a measurement depends on besides the model: the processor, torch, threads, device, and
+    for a backend other than transformers its name, version and threads."""
     device = torch.device(device)
     flags = cpu_flags()
     out = {
@@ -77,6 +79,10 @@ def fingerprint(device: torch.device | str = "cpu") -> dict:
         index = device.index if device.index is not None else torch.cuda.current_device()
         out["gpu"] = torch.cuda.get_device_name(index)
         out["cuda"] = torch.version.cuda
+    if backend != "transformers":  # (transformers fingerprints keep their old shape: cached tables stay valid)
+        out.update(backend=backend, backend_version=version or "unknown")
+        if threads is not None:
+            out["threads"] = int(threads)
     return out
 
 
@@ -165,7 +171,7 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(lm, widths: Sequence[int] = WIDTHS, repeats: int = 2) -> tuple[list[int], list[float], int, float]:
-    """Time ``lm`` (a :class:`specdec.models.CausalLM`): a prefill pass of the widest width builds
+    """Time ``lm`` (a :class:`specdec.backends.Model`): a prefill pass of the widest width builds
     a KV cache of that many tokens; each width is then fed on top of it as a verify pass (logits
     at every position) and cropped away again, best of ``repeats`` (passes over 1 s once). Leaves the cache empty.
     Returns ``(widths, seconds, context, prefill_seconds)``."""
@@ -258,13 +264,20 @@ def cached_tables(fp: Mapping | None = None) -> list[CostTable]:
     return [t for t in tables if t is not None and (fp is None or t.fingerprint == dict(fp))]
 
 
+def model_fingerprint(lm) -> dict:
+    """The fingerprint a model's measurement is cached under (its backend's, see :func:`fingerprint`)."""
+    if getattr(lm, "backend", "transformers") == "transformers":
+        return fingerprint(lm.device)
+    return fingerprint(lm.device, lm.backend, getattr(lm, "threads", None), getattr(lm, "backend_version", None))
+
+
 def table_for(lm, model: str, dtype: str, log: Callable[[str], None] | None = None,
               kernels: Sequence[str] = ()) -> CostTable | None:
     """Measure the cost table of ``lm`` now and cache it (the caller looked in the cache first);
     ``kernels`` names the kernel choices already applied to ``lm``'s model.
     A failed measurement warns through ``log`` and returns None: the caller falls back, nothing
     breaks."""
-    fp = fingerprint(lm.device)
+    fp = model_fingerprint(lm)
     try:
         if log:
             log(f"specdec: measuring {model.split('|')[0]} in {dtype} on this machine (once; cached)")

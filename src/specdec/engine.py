@@ -20,7 +20,7 @@ from .drafters import Draft, Drafter, check_drafter_options, drafter_class, make
 from .autok import KController
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
-from .models import CausalLM
+from .backends.base import Model
 from .sampling import SamplingParams, make_generator, next_token, probabilities
 from .stats import Stats, peak_rss_mb
 from .verify import Policy, Round, make_policy
@@ -102,9 +102,9 @@ class Generation:
 
 
 class Engine:
-    """Speculative and plain decoding over a target (and optionally a draft) :class:`CausalLM`."""
+    """Speculative and plain decoding over a target (and optionally a draft) :class:`~specdec.backends.base.Model`."""
 
-    def __init__(self, target: CausalLM, draft: CausalLM | None = None, eos_ids: Sequence[int] = (),
+    def __init__(self, target: Model, draft: Model | None = None, eos_ids: Sequence[int] = (),
                  target_costs: CostTable | None = None, draft_costs: CostTable | None = None):
         self.target = target
         self.draft = draft

@@ -83,3 +83,8 @@ def resolve_quant(mode: str, device: torch.device, dtype: torch.dtype) -> str:
     if mode == "auto":
         return "int8" if device.type == "cpu" and dtype == torch.bfloat16 else "none"
     return mode
+
+
+def is_quantized(model: nn.Module) -> bool:
+    """Whether any linear layer of ``model`` holds int8 weights (:func:`quantize_int8`)."""
+    return any(isinstance(m, Int8Linear) for m in model.modules())

@@ -102,6 +102,128 @@ def save_tiny_pair(root: Path, noise: float = 0.1, seed: int = 0) -> tuple[Path,
     return paths[0], paths[1]
 
 
+# --------------------------------------------------------------------------- GGUF (llama.cpp)
+
+
+def _qwen2_gguf_tensors(model):
+    """``(gguf name, float32 array)`` for each weight of a transformers Qwen2ForCausalLM, under the
+    names llama.cpp's qwen2 architecture loads. No q/k permutation: llama.cpp runs qwen2 with NEOX
+    rope (rotate-half), the layout transformers uses (convert_hf_to_gguf.py does not permute either)."""
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    per_layer = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+        "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+        "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "mlp.gate_proj.weight": "ffn_gate.weight",
+        "mlp.up_proj.weight": "ffn_up.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
+    for i in range(model.config.num_hidden_layers):
+        names.update({f"model.layers.{i}.{k}": f"blk.{i}.{v}" for k, v in per_layer.items()})
+    state = model.state_dict()
+    if "lm_head.weight" not in state or model.config.tie_word_embeddings:
+        names.pop("lm_head.weight")  # tied: llama.cpp reuses token_embd when output.weight is absent
+    unknown = set(state) - set(names) - {"lm_head.weight"}
+    if unknown:
+        raise ValueError(f"no GGUF name for {sorted(unknown)}")
+    # A Linear weight is [out, in] in torch; GGUF lists dims fastest first, so it lands as {in, out},
+    # the shape llama.cpp asks for: no transpose.
+    return [(gguf, state[hf].detach().to(torch.float32).contiguous().numpy()) for hf, gguf in names.items()]
+
+
+def save_tiny_gguf(model, tokenizer, path) -> Path:
+    """Write a transformers Qwen2ForCausalLM (all weights F32) and its byte-level BPE tokenizer (as
+    made by :func:`byte_tokenizer`) as a GGUF file llama.cpp loads as architecture ``qwen2``.
+
+    The tokenizer is written as llama.cpp's ``gpt2`` (byte-level BPE) model with the ``qwen2``
+    pre-tokenizer, special tokens marked CONTROL, and an *empty* merge list: llama.cpp requires the
+    ``tokenizer.ggml.merges`` key but accepts zero entries. gguf-py's writer refuses empty arrays
+    (``add_array`` drops them, packing raises), so this writes that one array itself."""
+    import gguf
+    import numpy as np
+
+    class _Writer(gguf.GGUFWriter):
+        def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+            if vtype == gguf.GGUFValueType.ARRAY and len(val) == 0 and sub_type is not None:
+                head = self._pack("I", vtype) if add_vtype else b""
+                return head + self._pack("I", sub_type) + self._pack("Q", 0)
+            return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+    cfg = model.config
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    if head_dim * cfg.num_attention_heads != cfg.hidden_size:
+        raise ValueError("llama.cpp's qwen2 needs head_dim * heads == hidden_size")
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    rope_theta = rope.get("rope_theta", getattr(cfg, "rope_theta", None))
+    if rope.get("rope_type", "default") != "default" or rope_theta is None:
+        raise ValueError(f"only plain rope is written, got {rope}")
+
+    w = _Writer(str(path), "qwen2")
+    w.add_name("specdec tiny qwen2")
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_rope_freq_base(float(rope_theta))
+
+    # tokenizer: ids in order, each spelled as the HF vocabulary spells it (GPT-2 byte chars)
+    vocab = tokenizer.get_vocab()
+    tokens = [None] * len(vocab)
+    for text, i in vocab.items():
+        tokens[i] = text
+    if None in tokens or len(tokens) != cfg.vocab_size:
+        raise ValueError("the tokenizer's ids must be 0..vocab_size-1 with no gaps")
+    specials = set(tokenizer.all_special_tokens) | {
+        t.content for t in tokenizer.added_tokens_decoder.values() if t.special
+    }
+    types = [gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_key_value(gguf.Keys.Tokenizer.MERGES, [], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
+    # llama.cpp's gpt2 vocab defaults BOS/EOS to id 11 (here a byte): name them, as Qwen's GGUFs do
+    # (BOS = <|endoftext|>, never added).
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    w.add_bos_token_id(pad if pad is not None else eos)
+    w.add_eos_token_id(eos)
+    if pad is not None:
+        w.add_pad_token_id(pad)
+    w.add_add_bos_token(False)
+    if getattr(tokenizer, "chat_template", None):
+        w.add_chat_template(tokenizer.chat_template)
+
+    for name, array in _qwen2_gguf_tensors(model):
+        w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def tiny_gguf_pair(root: Path, noise: float = 0.1, seed: int = 0) -> tuple[Path, Path]:
+    """Like :func:`save_tiny_pair`, as two GGUF files: ``root/target.gguf`` and ``root/draft.gguf``."""
+    target = tiny_model(seed)
+    draft = perturbed_copy(target, noise, seed + 1)
+    tok = byte_tokenizer()
+    return (save_tiny_gguf(target, tok, Path(root) / "target.gguf"),
+            save_tiny_gguf(draft, tok, Path(root) / "draft.gguf"))
+
+
 # --------------------------------------------------------------------------- output-distribution checks
 # The seeded chi-square tests (tests/test_distribution.py, tests/test_loose_sampling.py) share these:
 # a verification rule is exact iff the first three output tokens follow the target's joint law.
@@ -201,7 +323,7 @@ def tiny_engine(vocab: int = 4, seeds: tuple[int, int] = (21, 22)):
     """An :class:`~specdec.engine.Engine` over two random one-layer models with ``vocab`` tokens:
     a target and a draft far enough apart that rounds reject often (no EOS)."""
     from .engine import Engine
-    from .models import CausalLM
+    from .backends.hf import CausalLM
 
     target, draft = (CausalLM(tiny_model(s, vocab_size=vocab, layers=1, hidden=16, initializer_range=0.2))
                      for s in seeds)

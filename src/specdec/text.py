@@ -48,15 +48,9 @@ def encode_prompt(tokenizer, prompt, chat: bool | None = None, system: str | Non
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def eos_ids(tokenizer, model_config=None, generation_config=None) -> list[int]:
-    """Every id that ends a generation: the tokenizer's EOS and the model's configured ones."""
-    ids: set[int] = set()
-    for source in (generation_config, model_config):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(int(v) for v in value)
+def eos_ids(tokenizer, model_ids=()) -> list[int]:
+    """Every id that ends a generation: the tokenizer's EOS and the model's own (``Model.eos_ids``)."""
+    ids: set[int] = {int(i) for i in model_ids}
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(int(tokenizer.eos_token_id))
     return sorted(ids)

@@ -164,7 +164,7 @@ def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
     if draft == "auto":
         draft = DEFAULT_DRAFT if a.target == DEFAULT_TARGET else "none"
     return {
-        "target": a.target, "draft": draft, "dtype": a.dtype, "draft_dtype": a.draft_dtype,
+        "target": a.target, "draft": draft, "backend": a.backend, "dtype": a.dtype, "draft_dtype": a.draft_dtype,
         "device": str(device), "draft_quant": a.draft_quant if draft != "none" else "none",
         "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
         "top_k": settings.top_k, "seed": settings.seed, "prompt_format": FORMAT_VERSION, "scorer": SCORER_VERSION,
@@ -210,13 +210,17 @@ def cmd_bench(a: argparse.Namespace) -> int:
         if not a.quiet:
             print(startup_summary(pair), file=sys.stderr, flush=True)
         for c in everything:
+            if c.kind == "peer" and c.policy.startswith("hf-") and pair.backend != "transformers":
+                raise SpecdecError(f"peer {c.policy} runs transformers' generate() on the run's own model objects, "
+                                   f"so it needs --backend transformers (this run uses {pair.backend})")
             if pair.draft is None and cfgs.needs_draft_model(c):
                 raise SpecdecError(f"configuration {c.id} needs a draft model; pass --draft (none was loaded for "
                                    f"{a.target!r})")
         records = run(pair, dataset, configs, peers, settings, out, progress=not a.quiet)
         models = {"target": pair.target_name, "draft": pair.draft_name, "draft_quant": pair.draft_quant,
-                  "dtype": str(pair.target.dtype).replace("torch.", ""),
-                  "draft_dtype": None if pair.draft is None else str(pair.draft.dtype).replace("torch.", ""),
+                  "backend": pair.backend, "backend_why": pair.backend_why,
+                  "dtype": pair.target.variant,
+                  "draft_dtype": None if pair.draft is None else pair.draft.variant,
                   "dtype_asked": stored["dtype"], "dtype_why": pair.costs.why, "device": stored["device"],
                   "cost_model": {role: (None if t is None else t.to_dict())
                                  for role, t in (("target", pair.costs.target), ("draft", pair.costs.draft))}}

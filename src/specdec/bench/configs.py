@@ -49,15 +49,18 @@ class Config:
     k: int | str = 0  # an integer, or "auto"
     params: dict[str, Any] = field(default_factory=dict)
     kind: str = "specdec"
+    #: ``backend=...`` in an item: run on this backend's pair (loaded once per run) instead of the run's own
+    backend: str | None = None
 
     @property
     def id(self) -> str:
         name = self.policy
         if self.params:
             name += "[" + ",".join(f"{k}={format_value(v)}" for k, v in sorted(self.params.items())) + "]"
+        suffix = f"@{self.backend}" if self.backend else ""
         if self.kind == "peer" or self.policy == AR:
-            return name
-        return f"{name}/{self.drafter}/k{self.k}"
+            return name + suffix
+        return f"{name}/{self.drafter}/k{self.k}{suffix}"
 
     @property
     def is_ar(self) -> bool:
@@ -76,7 +79,7 @@ class Config:
 
     def to_dict(self) -> dict:
         return {"id": self.id, "kind": self.kind, "policy": self.policy, "drafter": self.drafter,
-                "k": self.k if not self.is_ar else None, "params": dict(self.params)}
+                "k": self.k if not self.is_ar else None, "params": dict(self.params), "backend": self.backend}
 
 
 def format_value(v: Any) -> str:
@@ -205,14 +208,23 @@ def build_configs(policies: str, drafters: str, k: int | str, k_sweep: Iterable[
     drafter_list = split_list(drafters, "drafter")
     for item in split_list(policies, "policy"):
         name, params = parse_item(item, "policy")
+        backend = None
+        if "backend" in params:
+            from ..backends import check_backend
+
+            backend = check_backend(str(params.pop("backend")))
+            if backend == "auto":
+                raise SpecdecError(f"{item!r}: backend=... names a backend (transformers or llama.cpp), not auto")
         if name == AR:
             extra = sorted(set(params) - {"dtype"})
             if extra:
-                raise SpecdecError(f"policy 'ar' (plain decoding) takes only dtype=..., got {extra}")
-            if params:
-                if params["dtype"] not in AR_DTYPES:
-                    raise SpecdecError(f"ar dtype must be one of {', '.join(AR_DTYPES)}, got {params['dtype']!r}")
-                out.append(Config(AR, None, 0, dict(params)))
+                raise SpecdecError(f"policy 'ar' (plain decoding) takes only dtype=... and backend=..., got {extra}")
+            if params and params["dtype"] not in AR_DTYPES:
+                raise SpecdecError(f"ar dtype must be one of {', '.join(AR_DTYPES)}, got {params['dtype']!r}")
+            if params and backend == "llama.cpp":
+                raise SpecdecError(f"{item!r}: dtype=... applies to the transformers backend")
+            if params or backend:
+                out.append(Config(AR, None, 0, dict(params), backend=backend))
             continue
         item_ks = ks
         if "k" in params:
@@ -222,7 +234,7 @@ def build_configs(policies: str, drafters: str, k: int | str, k_sweep: Iterable[
             item_drafters = [str(params.pop("drafter"))]
         for d in item_drafters:
             for kk in item_ks:
-                out.append(Config(name, d, kk, dict(params)))
+                out.append(Config(name, d, kk, dict(params), backend=backend))
     return dedupe(out)
 
 

@@ -164,31 +164,32 @@ def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:
 
 
 def pair_for(pair, cfg: Config):
-    """The pair a configuration runs on: the run's own, or for ``ar:dtype=X`` a target-only copy
-    loaded in X (once per run), so plain decoding in each dtype is timed in the same process."""
+    """The pair a configuration runs on: the run's own; for ``ar:dtype=X`` a target-only copy loaded
+    in X; for ``...:backend=B`` (B other than the run's) the same models on backend B. Each is loaded
+    once per run, so every configuration is timed in the same process."""
     dtype = cfg.ar_dtype
-    if dtype is None:
+    backend = cfg.backend if cfg.backend and cfg.backend != pair.backend else None
+    if dtype is None and backend is None:
         return pair
     variants = pair.__dict__.setdefault("_ar_variants", {})
-    if dtype not in variants:
+    key = (dtype, backend, cfg.is_ar)
+    if key not in variants:
         from ..api import load
 
         # calibrated (a cached table after the first run): the variant gets this machine's kernel choices
-        variants[dtype] = load(pair.target_name, draft=None, dtype=dtype, device=str(pair.target.device),
-                               progress=False)
-    return variants[dtype]
+        draft = None if cfg.is_ar else pair.draft_name
+        variants[key] = load(pair.target_name, draft=draft, backend=backend or pair.backend, dtype=dtype or "auto",
+                             device=str(pair.target.device), progress=False)
+    return variants[key]
 
 
 def dtypes_of(pair) -> dict:
     """The variants a record was made with (what ``dtype="auto"`` resolved to) and the kernel
     choices in force, so a folder says what its figures are figures of."""
-    from ..calibrate import variant_name
-
     kernels = [f"{role}:{k}" for role, t in (("target", pair.costs.target), ("draft", pair.costs.draft))
                if t is not None for k in t.kernels]
-    return {"target": variant_name(pair.target.dtype, "none"),
-            "draft": None if pair.draft is None else variant_name(pair.draft.dtype, pair.draft_quant),
-            "kernels": kernels}
+    return {"target": pair.target.variant, "draft": None if pair.draft is None else pair.draft.variant,
+            "kernels": kernels, "backend": pair.backend}
 
 
 def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, settings: Settings) -> dict:

@@ -287,7 +287,7 @@ def tune_record(a, settings, dataset, positions, max_loss, proxy_rows, order, dr
             "samples": len(dataset.samples), "max_new_tokens": settings.max_new_tokens,
             "sampling": settings.sampling(),
             "target": pair.target_name, "draft": pair.draft_name,
-            "dtype": str(pair.target.dtype).replace("torch.", ""),
+            "dtype": pair.target.variant, "backend": pair.backend,
             "cpu": env["hardware"]["cpu"], "cpu_flags": env["hardware"]["cpu_flags"], "gpu": env["hardware"]["gpu"],
             "git": env["git"], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }

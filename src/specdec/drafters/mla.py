@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..checks import check_options, option, options_of
-from ..models import CausalLM, common_prefix
+from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, next_token, probabilities
 from ..verify.base import Lossless, Round
 from .base import Draft
@@ -41,7 +41,7 @@ class LookupModelDrafter(ModelDrafter):
     name = "model+pld"
     Options = LookupModelOptions
 
-    def __init__(self, lm: CausalLM, stop_ids: frozenset[int] = frozenset(), ngram_max: int = 4,
+    def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), ngram_max: int = 4,
                  ngram_min: int = 1, lookup_tokens: int = 6, min_confidence: float = 0.0):
         check_options(f"drafter {self.name!r}", LookupModelOptions, {"lookup_tokens": lookup_tokens})
         self.check(ngram_max=ngram_max, ngram_min=ngram_min)

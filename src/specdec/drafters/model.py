@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from ..checks import check_options, option
-from ..models import CausalLM, common_prefix
+from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, draw, probabilities
 from .base import Draft
 
@@ -38,7 +38,7 @@ class ModelDrafter:
     needs_model = True
     Options = ModelOptions
 
-    def __init__(self, lm: CausalLM, stop_ids: frozenset[int] = frozenset(), min_confidence: float = 0.0):
+    def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), min_confidence: float = 0.0):
         check_options(f"drafter {self.name!r}", ModelOptions, {"min_confidence": min_confidence})
         self.lm = lm
         self.stop_ids = stop_ids
@@ -49,7 +49,7 @@ class ModelDrafter:
         """Constraints across options (each option's own range is declared on ``Options``): none."""
 
     @classmethod
-    def build(cls, lm: CausalLM, stop_ids: frozenset[int], **options) -> "ModelDrafter":
+    def build(cls, lm: Model, stop_ids: frozenset[int], **options) -> "ModelDrafter":
         return cls(lm, stop_ids, **options)
 
     def unsure(self, logits: torch.Tensor, token: int) -> bool:

@@ -31,7 +31,7 @@ import torch
 
 from ..checks import option
 from ..errors import SpecdecError
-from ..models import CausalLM, common_prefix
+from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, probabilities
 from .base import Draft
 
@@ -63,7 +63,7 @@ class TreeDrafter:
     grows_trees = True  # the engine verifies its drafts as a tree, and k is the depth limit
     Options = TreeOptions
 
-    def __init__(self, lm: CausalLM, stop_ids: frozenset[int] = frozenset(), tree_nodes: int = 8, tree_width: int = 2):
+    def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), tree_nodes: int = 8, tree_width: int = 2):
         self.lm = lm
         self.stop_ids = stop_ids
         self.tree_nodes, self.tree_width = int(tree_nodes), int(tree_width)
@@ -86,7 +86,7 @@ class TreeDrafter:
         """Constraints across options (each option's own range is declared on ``Options``): none."""
 
     @classmethod
-    def build(cls, lm: CausalLM, stop_ids: frozenset[int], **options) -> "TreeDrafter":
+    def build(cls, lm: Model, stop_ids: frozenset[int], **options) -> "TreeDrafter":
         return cls(lm, stop_ids, **options)
 
     def start(self, prompt: Sequence[int]) -> None:

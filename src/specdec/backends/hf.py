@@ -1,0 +1,230 @@
+"""The transformers backend: a Hugging Face causal LM in eager PyTorch (CPU or GPU).
+
+:class:`HFModel` implements :class:`specdec.backends.base.Model` over a transformers model and its
+``DynamicCache``: rollback crops the cache, token trees run with a 4D attention mask and keep a path
+by gathering its cache entries, hidden states come from a hook on the LM head's input (free).
+Architecture differences stay here; nothing else in specdec's core imports transformers.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..errors import SpecdecError
+from ..models import locate, output_rows, tensor_bytes
+from .base import Capabilities, Model
+
+BACKEND = "transformers"
+
+
+def gather_cache(cache, index: torch.Tensor) -> None:
+    """Keep the cache positions ``index`` (ascending) in every layer, in place. Only plain
+    (full-attention) layers can be gathered; a sliding-window or other layer is a user error."""
+    from transformers.cache_utils import DynamicLayer
+
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer:
+            raise SpecdecError(
+                f"token trees need a plain key/value cache, but this model's cache has a {type(layer).__name__}; "
+                "use a chain drafter (model, pld, model+pld)")
+        if layer.is_initialized and layer.keys.numel():
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+
+
+class HFModel(Model):
+    """A transformers causal LM with one ``DynamicCache`` (see :class:`~specdec.backends.base.Model`)."""
+
+    backend = BACKEND
+    capabilities = Capabilities(trees=True, hidden=True)
+
+    def __init__(self, model: torch.nn.Module, name: str = "model", vocab_limit: int | None = None):
+        self.model = model.eval()
+        self.config = model.config
+        head = model.get_output_embeddings()
+        if head is None:
+            raise SpecdecError(f"{name}: the model has no output embeddings (LM head); is it a causal LM?")
+        self.head = head
+        param = next(model.parameters())
+        self.dtype = param.dtype
+        from ..calibrate import variant_name
+        from ..quant import is_quantized
+
+        variant = variant_name(self.dtype, "int8" if is_quantized(model) else "none")
+        max_length = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
+        super().__init__(name, output_rows(head), vocab_limit, max_length, param.device, variant)
+        self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._captured: torch.Tensor | None = None
+        self._hook = self.head.register_forward_hook(self._capture_head_input)
+        self.reset()
+
+    def close(self) -> None:
+        """Detach from the model (its hook, its cache): the model can be wrapped again."""
+        self._hook.remove()
+        self.reset()
+
+    def _capture_head_input(self, module, inputs, output) -> None:
+        self._captured = inputs[0]
+
+    # ------------------------------------------------------------------ cache
+    def _clear(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=self.config)
+
+    def _crop(self, length: int) -> None:
+        extra = len(self.tokens) - length
+        if extra > 0:
+            self.cache.crop(-extra)
+
+    # ---------------------------------------------------------------- forward
+    @torch.inference_mode()
+    def _append(self, ids: Sequence[int], num_logits: int, hidden: bool):
+        input_ids = torch.tensor([list(ids)], dtype=torch.long, device=self.device)
+        kwargs = {"logits_to_keep": num_logits} if self._keeps_logits else {}
+        out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
+        self.cache = out.past_key_values if out.past_key_values is not None else self.cache
+        logits = out.logits[0, -num_logits:, : self.vocab_limit].float()  # [num_logits, V]
+        return logits, (self._captured[0, -num_logits:] if hidden else None)
+
+    @torch.inference_mode()
+    def _append_tree(self, linear: list[int], ids: Sequence[int], parents: Sequence[int], first: int, hidden: bool):
+        tree = self.tree
+        assert tree is not None
+        past = len(self.tokens)
+        q = len(linear) + len(ids)
+        allowed = torch.zeros(q, past + q, dtype=torch.bool)
+        for r in range(len(linear)):  # the linear part: causal
+            allowed[r, : past + r + 1] = True
+        allowed[len(linear):, : tree.base] = True  # every node sees the whole context
+        for j in range(len(ids)):
+            node = first + j
+            while node >= 0:  # itself and its ancestors
+                allowed[len(linear) + j, tree.base + node] = True
+                node = tree.parents[node]
+        positions = [past + r for r in range(len(linear))] + [tree.base - 1 + tree.depths[first + j] for j in range(len(ids))]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        input_ids = torch.tensor([[*linear, *ids]], dtype=torch.long, device=self.device)
+        rows = len(ids) + (1 if linear else 0)
+        kwargs = {"logits_to_keep": rows} if self._keeps_logits else {}
+        out = self.model(
+            input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+            attention_mask=mask[None, None].to(self.device), position_ids=torch.tensor([positions], device=self.device),
+            **kwargs,
+        )
+        self.cache = out.past_key_values if out.past_key_values is not None else self.cache
+        logits = out.logits[0, -rows:, : self.vocab_limit].float()
+        return logits, (self._captured[0, -rows:] if hidden else None)
+
+    def _keep(self, path: Sequence[int]) -> None:
+        tree = self.tree
+        assert tree is not None
+        index = [*range(tree.base), *(tree.base + n for n in path)]
+        if len(index) < len(self.tokens):
+            gather_cache(self.cache, torch.tensor(index, device=self.device))
+
+    def _crop_tree(self, length: int) -> None:
+        self._crop(length)  # tree entries sit after the context, so a crop drops them
+        del self.tokens[length:]
+
+    @torch.inference_mode()
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head applied to hidden states ``[..., H]`` -> float32 logits ``[..., V]``."""
+        return self.head(hidden)[..., : self.vocab_limit].float()
+
+    def eos_ids(self) -> list[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.config):
+            value = getattr(source, "eos_token_id", None) if source is not None else None
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return sorted(ids)
+
+    def parameter_bytes(self) -> int:
+        """Bytes of the weights as held: parameters and buffers (int8 and packed layers keep their
+        weights in buffers), each storage counted once (tied embeddings share one)."""
+        return tensor_bytes([*self.model.parameters(), *self.model.buffers()])
+
+    def cache_bytes(self) -> int:
+        total = 0
+        for layer in getattr(self.cache, "layers", []):
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)
+                if isinstance(t, torch.Tensor):
+                    total += t.numel() * t.element_size()
+        return total
+
+
+#: the name the rest of specdec (and its tests) knew this class by
+CausalLM = HFModel
+
+
+# -------------------------------------------------------------------------- loading
+@dataclass
+class Loaded:
+    """A loaded model and its tokenizer, with where they came from."""
+
+    model: torch.nn.Module
+    tokenizer: object
+    source: str
+    path: Path | None
+
+
+def resolve(source: str, progress: bool = True) -> tuple[str, str, Path | None]:
+    """``(kind, ref, path)``: what ``from_pretrained`` should read for ``source`` (bundled models and
+    GGUF files are prepared into their cached folders first). ``kind`` is ``folder`` or ``hub``."""
+    kind, path = locate(source)
+    if kind == "bundled":
+        from ..bundled import ensure_prepared
+
+        path = ensure_prepared(source, progress=progress)
+        kind = "folder"
+    if kind == "gguf":
+        from ..convert import ensure_converted
+
+        path = ensure_converted(path, progress=progress)
+        kind = "folder"
+    return kind, (str(path) if path is not None else source), path
+
+
+def load_config(source: str, progress: bool = True):
+    """The model's transformers config (no weights), e.g. to key a cost table before loading."""
+    kind, ref, _ = resolve(source, progress)
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(ref)
+    except OSError as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecdecError(f"could not load the config of model {source!r} ({first_line})") from exc
+
+
+def load(source: str, dtype: torch.dtype, device: torch.device, progress: bool = True) -> Loaded:
+    """Load a causal LM and its tokenizer from a bundled name, folder, .gguf file or hub id."""
+    kind, ref, path = resolve(source, progress)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    if not progress:
+        hf_logging.disable_progress_bar()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(ref)
+        model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype)
+    except OSError as exc:
+        where = "the hub: no such local path, and the hub did not answer or has no such id" if kind == "hub" else ref
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise SpecdecError(f"could not load model {source!r} from {where} ({first_line})") from exc
+    finally:
+        if not progress:
+            hf_logging.enable_progress_bar()
+    model.to(device)
+    return Loaded(model=model, tokenizer=tokenizer, source=source, path=path)
+
+
