@@ -135,6 +135,7 @@ class Pair:
         cfg = config if config is not None else make_config(**kwargs)
         if config is not None and kwargs:
             raise SpecdecError(f"pass either config= or decoding keywords, not both (got {sorted(kwargs)})")
+        self.engine.check_config(cfg)
         prompt_ids = self.encode(prompt, chat=chat, system=system)
         self.engine.check_prompt(prompt_ids)
         stops = StopStrings(self.tokenizer, stop)

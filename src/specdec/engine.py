@@ -136,6 +136,38 @@ class Engine:
         """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`)."""
         return make_drafter(cfg.drafter, self.draft, self.eos_ids, dict(cfg.drafter_params))
 
+    def check_config(self, cfg: DecodeConfig) -> None:
+        """Refuse, before any work, a request the loaded models cannot serve: a token-tree drafter
+        on a backend that cannot score trees (or not trees that wide), a rule that needs hidden
+        states from a backend that has none, a draft-model drafter without a draft model."""
+        policy = cfg.parsed
+        if policy is None:
+            return
+        cls = drafter_class(cfg.drafter)
+        if cls.needs_model and self.draft is None:
+            raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
+        if getattr(cls, "grows_trees", False):
+            nodes = int(cfg.drafter_params.get("tree_nodes", cls.Options.tree_nodes))
+            width = int(cfg.drafter_params.get("tree_width", cls.Options.tree_width))
+            depth = cls.depth_limit(**cfg.drafter_params) if cfg.k == AUTO_K else int(cfg.k)
+            # leaves: the target scores at most tree_nodes nodes; the draft feeds at most tree_width per depth
+            for role, lm, leaves in (("target", self.target, nodes), ("draft", self.draft, width * depth + 1)):
+                if lm is None:
+                    continue
+                caps = lm.capabilities
+                if not caps.trees:
+                    raise SpecdecError(f"drafter {cfg.drafter!r} grows token trees, which the {lm.backend} backend "
+                                       f"({role} model) cannot score; use a chain drafter (model, pld, model+pld)")
+                if caps.max_tree_leaves is not None and leaves > caps.max_tree_leaves:
+                    raise SpecdecError(
+                        f"drafter {cfg.drafter!r}: a tree of up to {leaves} paths ({role} model) exceeds the "
+                        f"{lm.backend} backend's limit of {caps.max_tree_leaves}; lower tree_nodes, tree_width or k")
+        if policy.needs_hidden:
+            for lm in (self.target,):
+                if not lm.capabilities.hidden:
+                    raise SpecdecError(f"policy {cfg.policy!r} needs the target's hidden states, which the "
+                                       f"{lm.backend} backend cannot give")
+
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         if len(prompt_ids) == 0:
             raise SpecdecError("the prompt is empty")
@@ -155,6 +187,7 @@ class Engine:
         point of view, e.g. a client that went away); when it says yes, the generation ends with
         finish reason ``cancelled``. ``check=False`` skips the prompt check (the caller did it)."""
         if check:
+            self.check_config(cfg)
             self.check_prompt(prompt_ids)
         out = out if out is not None else Generation(list(prompt_ids))
         policy = cfg.parsed

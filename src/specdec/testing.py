@@ -351,7 +351,7 @@ def engine_sample(engine, n: int, params, prompt: tuple[int, ...] = (1, 3, 0, 2)
 
     from .engine import DecodeConfig
 
-    vocab, prompt = engine.target.config.vocab_size, list(prompt)
+    vocab, prompt = engine.target.vocab_limit, list(prompt)
     counts = torch.zeros(vocab, vocab, vocab)
     accepted = relaxed = 0
     for seed in range(n):

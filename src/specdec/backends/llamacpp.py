@@ -173,7 +173,7 @@ class LlamaCppModel(Model):
         cp = L.llama_context_default_params()
         cp.n_ctx = int(n_ctx or min(trained, DEFAULT_CTX))
         cp.n_batch = cp.n_ubatch = BATCH
-        cp.n_seq_max = 1
+        cp.n_seq_max = MAX_SEQ  # sequence ids a batch may use (token trees: one per path)
         cp.kv_unified = True  # one KV buffer for every sequence: token trees share the context's cells
         cp.n_threads = cp.n_threads_batch = self.threads
         cp.embeddings = False
@@ -425,4 +425,4 @@ def read_head(path: Path, rows: int) -> torch.Tensor:
         raise SpecdecError(f"{path}: no output.weight or token_embd.weight tensor in this GGUF file")
     w = dequantize(t.data, t.tensor_type)
     w = np.asarray(w, dtype=np.float32).reshape(-1, w.shape[-1])[:rows]
-    return torch.from_numpy(np.ascontiguousarray(w))
+    return torch.from_numpy(np.array(w, dtype=np.float32, copy=True))

@@ -1,0 +1,79 @@
+"""The engine on the llama.cpp backend, on tiny GGUF files the tests write themselves: lossless
+greedy equals plain decoding, every rule and drafter runs, and at T>0 lossless speculation samples
+the target's distribution (seeded chi-square through the engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.engine import DecodeConfig, Engine
+from specdec.sampling import SamplingParams
+from specdec.testing import byte_tokenizer, chisquare_joint, engine_sample, save_tiny_gguf, tiny_model
+
+pytest.importorskip("llama_cpp")
+
+PROMPTS = [list(b"def fib(n):"), list(b"Hello, world. Hello, "), [1, 2, 3, 4, 5, 6, 7, 8]]
+
+
+@pytest.fixture(scope="module")
+def pair_paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("llama-engine")
+    tok = byte_tokenizer()
+    kw = dict(layers=1, hidden=16, initializer_range=0.2)
+    return (save_tiny_gguf(tiny_model(21, **kw), tok, root / "target.gguf"),
+            save_tiny_gguf(tiny_model(22, **kw), tok, root / "draft.gguf"))
+
+
+def engine_on(paths, vocab_limit=None, eos=(258,)):
+    from specdec.backends.llamacpp import LlamaCppModel
+
+    target, draft = (LlamaCppModel(p, f"tiny-{i}", vocab_limit=vocab_limit, n_ctx=256, threads=2)
+                     for i, p in enumerate(paths))
+    return Engine(target, draft, eos_ids=list(eos))
+
+
+@pytest.mark.parametrize("drafter,k", [("model", 2), ("model", 5), ("pld", 3), ("model+pld", 4), ("tree", 3)])
+def test_lossless_greedy_equals_plain_decoding(pair_paths, drafter, k):
+    engine = engine_on(pair_paths)
+    for prompt in PROMPTS:
+        ar = engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=24)).token_ids
+        spec = engine.generate(prompt, DecodeConfig(policy="lossless", drafter=drafter, k=k, max_new_tokens=24))
+        assert spec.token_ids == ar
+        assert spec.stats.rounds < 24 or spec.stats.drafted > 0
+
+
+@pytest.mark.parametrize("policy", ["mars", "dropmatch", "typical", "fly", "fly+mars", "block"])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_every_rule_runs_on_llama_cpp(pair_paths, policy, temperature):
+    engine = engine_on(pair_paths)
+    k = 8 if "fly" in policy else 4
+    cfg = DecodeConfig(policy=policy, drafter="model", k=k, max_new_tokens=20,
+                       sampling=SamplingParams(temperature=temperature, seed=3))
+    out = engine.generate(PROMPTS[0], cfg)
+    assert 1 <= len(out.token_ids) <= 20 and all(0 <= t < 259 for t in out.token_ids)
+    assert out.stats.rounds >= 1
+
+
+def test_k_auto_runs_from_a_llama_cpp_cost_table(pair_paths):
+    from specdec.costmodel import CostTable, measure
+
+    engine = engine_on(pair_paths)
+    widths, seconds, context, prefill = measure(engine.target)
+    assert widths[0] == 1 and all(s > 0 for s in seconds) and engine.target.tokens == []
+    engine.target_costs = CostTable("tiny", "gguf:ALL_F32", widths, seconds, context, prefill_seconds=prefill)
+    engine.draft_costs = CostTable("tiny-d", "gguf:ALL_F32", *measure(engine.draft)[:3])
+    ar = engine.generate(PROMPTS[1], DecodeConfig(policy="ar", max_new_tokens=24)).token_ids
+    out = engine.generate(PROMPTS[1], DecodeConfig(policy="lossless", k="auto", max_new_tokens=24))
+    assert out.token_ids == ar and len(out.stats.k_chosen) == out.stats.rounds
+
+
+@pytest.mark.slow
+def test_engine_sampling_on_llama_cpp_matches_target_distribution(pair_paths):
+    """T = 0.9, top-p 0.95, K = 2 over the first 4 tokens of the tiny GGUF pair (logits cut to 4
+    rows: a 4-token model): the joint of the first three generated tokens equals the target's, as
+    llama.cpp itself computes it one token at a time."""
+    engine = engine_on(pair_paths, vocab_limit=4, eos=())
+    counts, expected, accept_rate, _ = engine_sample(engine, 6000, SamplingParams(temperature=0.9, top_p=0.95))
+    assert 0.2 < accept_rate < 0.97
+    pvalue, outside = chisquare_joint(counts, expected)
+    assert pvalue > 1e-3 and outside == 0
