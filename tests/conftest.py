@@ -11,6 +11,16 @@ from specdec.testing import save_tiny_pair
 torch.set_num_threads(1)  # tiny models: threads only add overhead and noise
 
 
+def pytest_sessionstart(session):
+    """Under SPECDEC_REQUIRE_LLAMA=1 (CI) the llama.cpp backend's tests must run, not skip."""
+    import importlib.util
+    import os
+
+    if os.environ.get("SPECDEC_REQUIRE_LLAMA") == "1" and importlib.util.find_spec("llama_cpp") is None:
+        raise pytest.UsageError("SPECDEC_REQUIRE_LLAMA=1, but llama-cpp-python is not installed: "
+                                "pip install 'specdec[llama]'")
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """(target_dir, draft_dir): a tiny random Qwen2 and a perturbed copy, with a byte tokenizer."""

@@ -24,6 +24,7 @@ tool's own count (accepted tokens + one per target step, EOS included).
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -101,10 +102,12 @@ def speculative_simple_args(
 
 _NUM = r"([-+]?(?:\d+(?:\.\d*)?|\.\d+|nan|inf)(?:[eE][-+]?\d+)?)"
 _SPEED = re.compile(r"\b(encoded|decoded)\s+(\d+) tokens in\s+" + _NUM + r" seconds, speed:\s+" + _NUM + r" t/s")
-_COUNTER = re.compile(r"^\s*(?:\S+:\s+)?(n_draft|n_predict|n_drafted|n_accept)\s*=\s*(-?\d+)\s*$", re.M)
-_ACCEPT = re.compile(r"^\s*(?:\S+:\s+)?accept\s*=\s*" + _NUM + r"%", re.M | re.I)
-_PERF = re.compile(r"llama_perf_context_print:\s+(load time|prompt eval time|eval time|total time)\s*=\s*"
-                   + _NUM + r" ms(?: /\s*(\d+) (?:tokens|runs))?")
+# lines carry a log prefix ("0.35.967.755 I ") by default: match anywhere after whitespace
+_COUNTER = re.compile(r"(?:^|\s)(n_draft|n_predict|n_drafted|n_accept)\s*=\s*(-?\d+)\s*$", re.M)
+_ACCEPT = re.compile(r"(?:^|\s)accept\s*=\s*" + _NUM + r"\s*%", re.M | re.I)
+_PERF = re.compile(r"(?:common_perf_print|llama_perf_context_print):\s+"
+                   r"(load time|prompt eval time|eval time|total time)\s*=\s*" + _NUM
+                   + r" ms(?:\s*/\s*(\d+) (?:tokens|runs))?")
 _STATS = re.compile(r"statistics\s+draft-simple:.*?#gen tokens =\s*(\d+), #acc tokens =\s*(\d+)"
                     r"(?:.*?#mean acc len =\s*" + _NUM + ")?")
 
@@ -184,7 +187,8 @@ def run_speculative_simple(
     target_gguf, draft_gguf, prompt_text: str, *, n_predict: int, draft_max: int, draft_min: int = 0,
     threads: int, ctx: int = 4096, seed: int = 0, temperature: float = 0.0, draft_p_min: float = 0.0,
     threads_draft: int | None = None, top_k: int = 0, top_p: float = 1.0, min_p: float = 0.0,
-    stops: Sequence[str] = (), timeout: float | None = None, extra_args: Sequence[str] = (),
+    stops: Sequence[str] = (), prompt_ids: Sequence[int] | None = None, timeout: float | None = None,
+    extra_args: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run llama-speculative-simple once and parse its report.
 
@@ -192,12 +196,26 @@ def run_speculative_simple(
     Returns ``text`` (generated, cut before the first of ``stops``; ``raw_text`` uncut),
     ``n_predict``/``n_drafted``/``n_accept`` (the tool's counters), ``seconds`` (wall time of the
     whole subprocess: model loading, warm-up, prompt and generation), ``decode_seconds`` and
-    ``tokens_per_second`` (the tool's own decode timing and speed), ``encode_seconds``,
-    ``n_prompt``, ``stopped_at_eos`` and ``command``."""
+    ``tokens_per_second`` (the tool's own decode timing and speed), ``encode_seconds`` (its prompt
+    evaluation), ``generate_seconds`` (encode + decode: prompt evaluation and generation, without
+    model loading), ``n_prompt``, ``stopped_at_eos`` and ``command``.
+
+    ``prompt_ids``: our engine's prompt token ids. When given, the ids llama.cpp will use are
+    compared with them first (exactly, through llama-cpp-python when installed; otherwise by count,
+    after the run) and a mismatch raises SpecdecError, so the two never run different prompts."""
     binary = require_tool(SPECULATIVE_SIMPLE)
     for label, path in (("target", target_gguf), ("draft", draft_gguf)):
         if not Path(path).is_file():
             raise SpecdecError(f"{label} GGUF not found: {path}")
+    ids_check = None
+    if prompt_ids is not None:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            ids_check = "count"
+        else:
+            check_prompt_ids(target_gguf, prompt_text, prompt_ids)
+            ids_check = "exact"
     with tempfile.TemporaryDirectory(prefix="specdec-llama-") as tmp:
         prompt_file = Path(tmp) / "prompt.txt"
         # -f drops one trailing newline: add one so the prompt arrives byte for byte
@@ -217,22 +235,50 @@ def run_speculative_simple(
     if proc.returncode != 0:
         raise SpecdecError(f"{SPECULATIVE_SIMPLE} exited with status {proc.returncode}: {_last_line(stderr)}")
     res = parse_speculative_simple(stdout, stderr, prompt_text)
+    if ids_check == "count" and res.get("n_prompt") != len(prompt_ids):
+        raise SpecdecError(
+            f"llama.cpp tokenized the prompt into {res.get('n_prompt')} tokens, ours into {len(prompt_ids)}"
+        )
     raw = res["text"]
     text, stopped = cut_at_stops(raw, stops)
     res.update(
-        text=text, raw_text=raw, stopped_at_stop=stopped, seconds=seconds,
+        text=text, raw_text=raw, stopped_at_stop=stopped, seconds=seconds, prompt_ids_check=ids_check,
+        generate_seconds=res.get("encode_seconds", 0.0) + res["decode_seconds"],
         # the loop only ends early at an end-of-generation token; otherwise it passes n_predict
         stopped_at_eos=res["n_predict"] <= n_predict, requested_n_predict=n_predict, command=cmd,
     )
     return res
 
 
-def llama_token_ids(gguf, text: str) -> list[int]:
-    """The prompt token ids llama-speculative-simple will use for ``text``: the same llama.cpp
-    tokenizer call (``add_special=True, parse_special=True``) through llama-cpp-python, if installed."""
+@functools.lru_cache(maxsize=4)
+def _vocab(gguf: str):
     try:
         from llama_cpp import Llama
     except ImportError as e:
-        raise SpecdecError("llama_token_ids needs llama-cpp-python (pip install llama-cpp-python)") from e
-    llm = Llama(model_path=str(gguf), vocab_only=True, verbose=False)
-    return list(llm.tokenize(text.encode("utf-8"), add_bos=True, special=True))
+        raise SpecdecError(
+            "checking llama.cpp's prompt token ids needs llama-cpp-python (pip install llama-cpp-python)"
+        ) from e
+    try:
+        return Llama(model_path=gguf, vocab_only=True, verbose=False)
+    except ValueError as e:
+        raise SpecdecError(f"llama.cpp cannot read the vocabulary of {gguf}: {e}") from e
+
+
+def llama_token_ids(gguf, text: str) -> list[int]:
+    """The prompt token ids llama-speculative-simple will use for ``text``: the same llama.cpp
+    tokenizer call (``add_special=True, parse_special=True``) through llama-cpp-python."""
+    return list(_vocab(str(gguf)).tokenize(text.encode("utf-8"), add_bos=True, special=True))
+
+
+def check_prompt_ids(gguf, text: str, prompt_ids: Sequence[int]) -> None:
+    """Raise SpecdecError unless llama.cpp tokenizes ``text`` into exactly ``prompt_ids``. They differ
+    when the text holds a literal of a token that llama.cpp treats as special and Hugging Face as
+    plain text: in the bundled Qwen2.5 GGUFs, ``</s>`` (id 128247, which llama.cpp marks as control)."""
+    ours = [int(t) for t in prompt_ids]
+    theirs = llama_token_ids(gguf, text)
+    if theirs != ours:
+        i = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+        raise SpecdecError(
+            f"llama.cpp tokenizes the prompt differently ({len(theirs)} tokens vs our {len(ours)}, first difference "
+            f"at token {i}: {theirs[i:i + 3]} vs {ours[i:i + 3]}); {SPECULATIVE_SIMPLE} takes text only"
+        )
