@@ -96,9 +96,13 @@ def test_acceptance_estimate_is_conditional_per_position():
 
 
 def test_controller_learns_and_probes_when_plain_decoding_wins():
-    c = KController(linear(0.2), draft_step=0.05, k_max=8, probe_every=4)
+    # plain decoding wins at the prior acceptance (0.75), near-perfect drafts would pay: probes
+    c = KController(table([0.2, 0.26, 0.38, 0.62, 1.1, 2.06]), draft_step=0.1, k_max=8, probe_every=4)
     ks = [c.choose(room=100) for _ in range(28)]
     assert [i for i, k in enumerate(ks) if k] == [3, 11, 27]  # probes after 4, 8, 16 rounds: failing probes back off
+    # a pass over w tokens costs w steps: nothing could pay, so nothing is probed
+    c = KController(linear(0.2), draft_step=0.05, k_max=8, probe_every=4)
+    assert [c.choose(room=100) for _ in range(28)] == [0] * 28
     c = KController(flat(0.2), draft_step=0.01, k_max=20)
     for _ in range(30):
         c.observe(drafted=10, accepted=10, draft_seconds=0.1, verify_seconds=0.2)
@@ -261,3 +265,17 @@ def test_a_cached_table_of_an_older_format_is_measured_again(tiny_dirs, counting
     path.write_text(json.dumps(old))
     specdec.load(str(target), draft=None, dtype="float32", progress=False)
     assert len(counting) == 2 and json.loads(path.read_text())["format"] == costmodel.FORMAT
+
+
+def test_no_probe_where_even_perfect_drafts_cannot_pay():
+    """A compute-bound machine: a pass over w tokens costs w steps. K = 0 every round, and no probe
+    (the draft model's catch-up would make each one cost more than it could ever find)."""
+    from specdec.autok import KController
+
+    linear = CostTable("t", "gguf", [1, 2, 4, 8], [0.1, 0.2, 0.4, 0.8], 8)
+    control = KController(linear, draft_step=0.03, k_max=7)
+    assert not control.could_pay(7)
+    assert [control.choose(100) for _ in range(300)] == [0] * 300
+    flat = CostTable("t", "gguf", [1, 2, 4, 8], [0.1, 0.1, 0.11, 0.12], 8)
+    control = KController(flat, draft_step=0.03, k_max=7)
+    assert control.could_pay(7)

@@ -16,7 +16,9 @@ another load on the machine) scales the target's and the draft's tables separate
 speculation cannot pay the engine costs what plain decoding costs. While at ``K = 0`` nothing is
 learned about acceptance, so after ``probe_every`` rounds at K=0 one round drafts the best
 ``K > 0`` (a bounded price for noticing that the text became predictable); while probes keep
-failing the interval doubles, up to ``MAX_PROBE_INTERVAL`` rounds. The draft model's prefill is
+failing the interval doubles, up to ``MAX_PROBE_INTERVAL`` rounds. No probe is made where even
+near-perfect drafts could not pay (``OPTIMISTIC_ACCEPTANCE``): a probe then buys nothing, and the
+draft model's catch-up over the text since its last proposal makes it dear. The draft model's prefill is
 lazy (its first proposal feeds the prompt), so a generation that never drafts never pays it.
 
 A policy with FLy's window ``W`` acts as two rules, depending on the block: a block of ``W`` drafts
@@ -44,6 +46,10 @@ from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k, tokens_per_second
 
 #: while probes keep finding that drafting does not pay, they come at most this rarely
 MAX_PROBE_INTERVAL = 256
+#: a probe is worth its price only if drafting could pay at all: at this acceptance at every position
+#: (all but perfect drafts). Where even that cannot beat a plain step (a compute-bound CPU whose wide
+#: passes cost nearly one step per token), the controller never probes, so it costs what plain decoding costs.
+OPTIMISTIC_ACCEPTANCE = 0.98
 
 
 @dataclass
@@ -118,6 +124,8 @@ class KController:
         k = self._best(k_max, allow_zero=True)
         if k == 0 and k_max > 0:
             self.rounds_at_zero += 1
+            if self.rounds_at_zero >= self.probe_interval and not self.could_pay(k_max):
+                self.rounds_at_zero = 0  # even near-perfect drafts would not pay here: no probe
             if self.rounds_at_zero >= self.probe_interval:  # explore: is drafting paying again?
                 self.rounds_at_zero = 0
                 self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
@@ -136,6 +144,12 @@ class KController:
                 self.rounds_short = 0
                 self.window_probe_interval = self.probe_every
         return k
+
+    def could_pay(self, k_max: int) -> bool:
+        """Whether some K > 0 beats a plain step at near-perfect acceptance (``OPTIMISTIC_ACCEPTANCE``)
+        with the current cost estimates."""
+        rates = [OPTIMISTIC_ACCEPTANCE] * max(1, k_max)
+        return best_k(self.verify_cost, self.draft_cost, rates, k_max) > 0
 
     def _rates(self, k_max: int) -> tuple[list[float], list[float]]:
         """Per-position rates for blocks up to the window (inner) and past it (windowed, never below

@@ -12,7 +12,10 @@ the bundled Qwen2.5 GGUFs have ``tokenizer.ggml.add_bos_token = false``, so no B
 things would otherwise change the text, and this module prevents both: ``-f`` drops one trailing
 newline of the file (we write the prompt plus one extra ``\\n``), and escape processing (on by
 default, also for ``-f``) would turn a literal backslash-n into a newline (we pass ``--no-escape``).
-:func:`llama_token_ids` tokenizes with the same llama.cpp code through llama-cpp-python, to check.
+:func:`llama_token_ids` tokenizes with the same llama.cpp code through llama-cpp-python, to check
+(``prompt_ids=`` in :func:`run_speculative_simple` does it before every run). One known difference
+remains: llama.cpp marks ``</s>`` (id 128247 in these GGUFs) as a control token and parses it in the
+text, Hugging Face does not; prompts holding a literal ``</s>`` cannot be given identical ids.
 
 What the tool does not do: stop strings (it stops at ``-n`` or an end-of-generation token only),
 so cap ``n_predict`` and cut the text (``stops=``), counting the time over everything it generated.
