@@ -52,8 +52,11 @@ def register(sub) -> None:
                    help="run every K in A..B (inclusive), A..B..STEP or a list 2,4,8 instead of --k")
     g.add_argument("--peers", default=None, metavar="LIST",
                    help="peers: hf-assisted (transformers, same draft model), hf-pld (prompt_lookup_num_tokens=10), "
-                        "llama-cpp (llama-cpp-python on the target's GGUF, plain decoding); parameters as items, "
-                        "e.g. hf-assisted:num_assistant_tokens=5")
+                        "llama-cpp (llama-cpp-python on the target's GGUF, plain decoding), llama-cpp-spec "
+                        "(llama.cpp's own draft-model speculation: llama-speculative-simple, built by "
+                        "scripts/build_llama_tools.sh; draft_max=3 as llama.cpp's default); parameters as items, "
+                        "e.g. hf-assisted:num_assistant_tokens=5 or llama-cpp-spec:draft_max=8. Policies take "
+                        ":backend=transformers|llama.cpp to run on another backend than the run's, in the same process")
     add_sampling_args(g)
     g.add_argument("--repeats", default="1", metavar="R",
                    help="time each (sample, configuration) R times; report the median and min-max (default: 1)")

@@ -35,6 +35,11 @@ PEERS = {
     # llama.cpp (llama-cpp-python) plain decoding on the target's GGUF file: what a CPU user would
     # run instead; needs `pip install llama-cpp-python` and a bundled or .gguf target
     "llama-cpp": {"keys": ("n_threads", "n_batch"), "defaults": {}},
+    # llama.cpp's own draft-model speculation (llama-speculative-simple, built by
+    # scripts/build_llama_tools.sh from the same llama.cpp source) on the pair's GGUF files; draft_max
+    # etc. at llama.cpp's own defaults (common.h: n_max 3, n_min 0, p_min 0)
+    "llama-cpp-spec": {"keys": ("draft_max", "draft_min", "draft_p_min", "n_threads"),
+                       "defaults": {"draft_max": 3, "draft_min": 0, "draft_p_min": 0.0}},
 }
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-+.]*$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -291,5 +296,5 @@ def check_peer_available(c: Config) -> None:
 
 def needs_draft_model(c: Config) -> bool:
     if c.kind == "peer":
-        return c.policy == "hf-assisted"
+        return c.policy in ("hf-assisted", "llama-cpp-spec")
     return not c.is_ar and "model" in str(c.drafter).split("+")

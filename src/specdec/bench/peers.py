@@ -57,7 +57,7 @@ def llama_model(pair, params: dict):
     if key not in cache:
         from llama_cpp import Llama
 
-        threads = int(params.get("n_threads") or torch.get_num_threads())
+        threads = int(params.get("n_threads") or _threads())
         cache[key] = Llama(model_path=gguf_of(pair.target_name), n_ctx=4096, n_threads=threads,
                            n_threads_batch=threads, n_batch=int(params.get("n_batch") or 512), verbose=False)
     return cache[key]
@@ -100,12 +100,58 @@ def run_llama(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str
     }
 
 
+def run_llama_spec(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
+                   temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> dict[str, Any]:
+    """llama.cpp's own draft-model speculation (``llama-speculative-simple``) on the pair's GGUF
+    files, with the same prompt ids (checked). The tool has no stop strings and overshoots ``-n``
+    by up to ``draft_max`` tokens, so its text is cut as ours is, and its time is its prompt
+    evaluation plus its decode time per produced token times the tokens kept (model loading, which
+    it does on every call, is not counted)."""
+    from .llama_tools import run_speculative_simple
+
+    if pair.draft_name is None:
+        raise SpecdecError("peer llama-cpp-spec needs a draft model; load one or drop it from --peers")
+    params = {**PEERS[peer.policy]["defaults"], **peer.params}
+    threads = int(params.get("n_threads") or _threads())
+    text = pair.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
+    res = run_speculative_simple(
+        gguf_of(pair.target_name), gguf_of(pair.draft_name), text, n_predict=max_new_tokens,
+        draft_max=int(params["draft_max"]), draft_min=int(params["draft_min"]),
+        draft_p_min=float(params["draft_p_min"]), threads=threads, seed=seed or 0, temperature=temperature,
+        top_k=top_k, top_p=top_p, stops=list(stops), prompt_ids=list(prompt_ids))
+    ids = pair.tokenizer.encode(res["text"], add_special_tokens=False)  # the kept text (re-tokenized)
+    finish = "stop" if res.get("stopped_at_eos") or len(res["text"]) < len(res.get("raw_text", res["text"])) else "length"
+    ids = ids[:max_new_tokens]
+    produced = max(int(res.get("n_predict") or len(ids)), 1)
+    decode = float(res.get("decode_seconds") or 0.0)
+    seconds = float(res.get("encode_seconds") or 0.0) + decode * min(1.0, len(ids) / produced)
+    forwards = produced - int(res.get("n_accept") or 0)
+    return {
+        "text": res["text"], "token_ids": ids,
+        "finish_reason": finish, "prompt_tokens": len(prompt_ids), "new_tokens": len(ids), "produced_tokens": produced,
+        "seconds": seconds, "target_forwards": forwards, "tau": produced / forwards if forwards > 0 else None,
+        "peer_settings": {**params, "n_threads": threads, "n_drafted": res.get("n_drafted"),
+                          "n_accept": res.get("n_accept"), "tool_decode_seconds": decode,
+                          "tool_encode_seconds": res.get("encode_seconds"), "tool_wall_seconds": res.get("seconds"),
+                          "tool_tokens_per_second": res.get("tokens_per_second")},
+    }
+
+
+def _threads() -> int:
+    from ..backends.llamacpp import default_threads
+
+    return default_threads()
+
+
 def run_peer(
     pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
 ) -> dict[str, Any]:
     """One generation by a peer: text, token_ids, finish_reason, new_tokens, seconds (wall time
     of ``generate``), target_forwards, tau, and the settings it used."""
+    if peer.policy == "llama-cpp-spec":
+        return run_llama_spec(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
+                              top_p=top_p, top_k=top_k, seed=seed)
     if peer.policy == "llama-cpp":
         return run_llama(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_p=top_p, top_k=top_k, seed=seed)
