@@ -221,3 +221,24 @@ def test_auto_backend_choice_says_why(tmp_path, monkeypatch):
     monkeypatch.setattr(backends, "available", lambda name: True)
     assert api.choose_backend("auto", "qwen2.5-coder-1.5b", None, cpu, {})[0] == "llama.cpp"
     assert api.choose_backend("auto", "qwen2.5-coder-1.5b", None, torch.device("meta"), {})[0] == "transformers"
+
+
+def test_auto_follows_the_measurement_when_both_backends_are_measured(gguf_path, monkeypatch):
+    """auto picks llama.cpp for a GGUF on a CPU, and says so; when the transformers backend's
+    tables for the same models are cached here and predict a faster request, it follows them."""
+    import specdec
+    from specdec import api
+    from specdec.costmodel import DtypeChoice
+
+    pair = specdec.load(str(gguf_path), draft=None, progress=False)
+    assert pair.backend == "llama.cpp" and pair.backend_why.startswith("auto: GGUF models on a CPU")
+    assert pair.costs.target is not None and pair.costs.target.dtype == "gguf:ALL_F32"
+    out = pair.generate([1, 2, 3], policy="ar", max_new_tokens=4)
+    assert len(out.token_ids) == 4
+    pair.target.close()
+    monkeypatch.setattr(api, "_transformers_measured", lambda t, d: DtypeChoice("float32", None, 1e-9, 0, {}))
+    pair = specdec.load(str(gguf_path), draft=None, progress=False)
+    assert pair.backend == "transformers" and "measured on this machine, transformers" in pair.backend_why
+    monkeypatch.setattr(api, "_transformers_measured", lambda t, d: DtypeChoice("float32", None, 1e9, 0, {}))
+    pair = specdec.load(str(gguf_path), draft=None, progress=False)
+    assert pair.backend == "llama.cpp" and "measured on this machine, llama.cpp" in pair.backend_why

@@ -138,3 +138,32 @@ def test_target_without_a_draft_uses_prompt_lookup_by_default(tiny_dirs):
     pair = specdec.load(str(tiny_dirs[0]), draft=None, dtype="float32", progress=False)
     out = pair.generate("abcabcabcabc", chat=False, max_new_tokens=16)
     assert out.stats.drafter == "pld" and pair.default_drafter == "pld"
+
+
+#: the only modules that import transformers: its backend, the GGUF->folder conversion, the GGUF
+#: tokenizer loader of the llama.cpp backend, test helpers, and bench's transformers peers and version record
+TRANSFORMERS_IMPORTERS = {"backends/hf.py", "backends/llamacpp.py", "convert.py", "testing.py", "bench/peers.py",
+                          "bench/environment.py"}
+
+
+def test_only_the_backends_import_transformers():
+    found = set()
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        if rel.startswith("vllm/"):
+            continue  # vLLM's plugin lives in vLLM's process (its own transformers)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n == "transformers" or n.startswith("transformers.") for n in names):
+                found.add(rel)
+    assert found <= TRANSFORMERS_IMPORTERS, sorted(found - TRANSFORMERS_IMPORTERS)
+
+
+def test_the_engine_and_drafters_see_models_only_through_the_interface():
+    for rel in ("engine.py", "autok.py", "costmodel.py", "drafters/model.py", "drafters/mla.py", "drafters/tree.py",
+                "drafters/lookup.py", "api.py"):
+        imported = imports_of(SRC / rel)
+        assert not any(m.startswith("backends.hf") or m.startswith("backends.llamacpp") for m in imported
+                       if rel != "api.py"), rel
+        assert "models" not in imported or rel == "api.py", rel

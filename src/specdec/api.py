@@ -16,7 +16,7 @@ from .engine import DecodeConfig, Engine, Generation
 from .errors import SpecdecError
 from .backends import AUTO as AUTO_BACKEND, Model, check_backend
 from .models import check_same_vocabulary, resolve_device, resolve_dtype
-from .costmodel import FALLBACK_K
+from .costmodel import FALLBACK_K, choose_dtypes
 from .quant import resolve_quant
 from .sampling import SamplingParams
 from .stats import Stats
@@ -321,7 +321,33 @@ def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, re
         if t_table is None:
             log(f"specdec: warning: no cost model, so k=auto is k={FALLBACK_K}")
     costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}})
+    if why.startswith("auto") and t_table is not None and (d is None or d_table is not None):
+        other = _transformers_measured(target, draft)
+        if other is not None:
+            mine = choose_dtypes({t.variant: t_table}, {d.variant: d_table} if d is not None else None)
+            if other.seconds < mine.seconds:  # measured faster on this machine: use it
+                for m in (t, d):
+                    if m is not None:
+                        m.close()
+                why = (f"auto: measured on this machine, transformers {other.seconds:.1f}s against llama.cpp "
+                       f"{mine.seconds:.1f}s for a reference request")
+                return _load_transformers(target, draft, why, torch.device("cpu"), dtype="auto", draft_dtype="auto",
+                                          draft_quant="auto", calibrate=True, recalibrate=False, progress=progress,
+                                          log=log)
+            why = (f"auto: GGUF models on a CPU; measured on this machine, llama.cpp {mine.seconds:.1f}s against "
+                   f"transformers {other.seconds:.1f}s for a reference request")
     return Pair(t, tokenizer, d, names=(target, draft), costs=costs, backend_why=why)
+
+
+def _transformers_measured(target: str, draft: str | None):
+    """The transformers backend's expected reference-request time from tables cached on this
+    machine (None when not measured here yet: nothing is converted or measured for this)."""
+    from .calibrate import cached_choice
+
+    try:
+        return cached_choice(target, draft, torch.device("cpu"))
+    except Exception:  # noqa: BLE001 - a comparison must never break a load
+        return None
 
 
 def _load_transformers(target: str, draft: str | None, why: str, dev: torch.device, *, dtype, draft_dtype,

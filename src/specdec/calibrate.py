@@ -24,7 +24,7 @@ import torch
 from .costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for, time_step
 from .errors import SpecdecError
 from .kernels import can_pad_rows, pack_linears, set_row_padding
-from .backends.hf import CausalLM, Loaded, load as load_model, load_config
+from .backends.hf import CausalLM, Loaded, folder_config, load as load_model, load_config
 from .models import DTYPES, resolve_dtype
 from .quant import quantize_int8, resolve_quant
 
@@ -147,6 +147,44 @@ def materialize(source: str, variant: str, device: torch.device, measured: tuple
     loaded = load_model(source, dtype, device, progress=progress)
     loaded.model = build_variant(loaded.model, variant, table.kernels if table is not None else ())
     return loaded
+
+
+def cached_choice(target: str, draft: str | None, device: torch.device) -> DtypeChoice | None:
+    """The transformers backend's ``dtype="auto"`` choice for these models from cost tables
+    already cached on this machine, without converting or loading anything; None when a model has
+    no converted folder yet or a candidate's table is missing (``backend="auto"`` compares it with
+    llama.cpp's measured tables when it exists)."""
+    from pathlib import Path
+
+    from .bundled import BUNDLED, cache_dir
+    from .convert import check_folder, gguf_cache_dir
+    from .costmodel import fingerprint, load_cached
+
+    def folder(source: str) -> Path | None:
+        if source in BUNDLED:
+            f = cache_dir(source)
+        elif str(source).endswith(".gguf") and Path(source).expanduser().is_file():
+            f = gguf_cache_dir(Path(source).expanduser())
+        else:
+            return None
+        return f if (f / "config.json").exists() and check_folder(f) is None else None
+
+    fp = fingerprint(device)
+    tables: list[dict] = []
+    for source, cands in ((target, target_candidates("auto", device)),
+                          (draft, draft_candidates("auto", "auto", "auto", device) if draft else [])):
+        if source is None:
+            tables.append({})
+            continue
+        f = folder(source)
+        if f is None:
+            return None
+        key = model_key(source, folder_config(f))
+        found = {c: load_cached(fp, key, c) for c in cands}
+        if any(t is None for t in found.values()):
+            return None
+        tables.append(found)
+    return choose_dtypes(tables[0], tables[1] or None)
 
 
 def llama_table(lm, remeasure: bool = False, log: Log | None = None) -> CostTable | None:

@@ -194,6 +194,13 @@ def resolve(source: str, progress: bool = True) -> tuple[str, str, Path | None]:
     return kind, (str(path) if path is not None else source), path
 
 
+def folder_config(folder: Path):
+    """The transformers config in a model folder (no weights)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(folder))
+
+
 def load_config(source: str, progress: bool = True):
     """The model's transformers config (no weights), e.g. to key a cost table before loading."""
     kind, ref, _ = resolve(source, progress)

@@ -240,6 +240,7 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     def card() -> dict:
         return {"id": name, "object": "model", "created": 0, "owned_by": "specdec",
                 "max_model_len": pair.target.max_length, "draft": pair.draft_name,
+                "backend": getattr(pair, "backend", None),
                 "speculative": {k: v for k, v in defaults.items() if k not in SAMPLING}}
 
     @app.get("/v1/models")
