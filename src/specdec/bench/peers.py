@@ -78,6 +78,10 @@ def run_llama(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str
     start = time.perf_counter()
     sampling = dict(temp=temperature, top_p=top_p if temperature > 0 else 1.0, top_k=top_k if temperature > 0 else 1,
                     repeat_penalty=1.0)
+    # generate(reset=True) still reuses the longest prefix the last call left in the KV cache (a
+    # warm-up of the same prompt would skip its whole prefill): reset first, so the peer pays the
+    # prefill our engine pays (it starts every request from an empty cache)
+    llm.reset()
     for tok in llm.generate(list(prompt_ids), reset=True, **sampling):
         new.append(int(tok))
         if tok in eos:
