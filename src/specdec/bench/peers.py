@@ -123,9 +123,13 @@ def run_llama_spec(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequenc
         draft_max=int(params["draft_max"]), draft_min=int(params["draft_min"]),
         draft_p_min=float(params["draft_p_min"]), threads=threads, seed=seed or 0, temperature=temperature,
         top_k=top_k, top_p=top_p, stops=list(stops), prompt_ids=list(prompt_ids))
-    ids = pair.tokenizer.encode(res["text"], add_special_tokens=False)  # the kept text (re-tokenized)
-    finish = "stop" if res.get("stopped_at_eos") or len(res["text"]) < len(res.get("raw_text", res["text"])) else "length"
-    ids = ids[:max_new_tokens]
+    # token ids as ours count them: the generated text re-tokenized, through the stop-completing token
+    ids = pair.tokenizer.encode(res.get("raw_text", res["text"]), add_special_tokens=False)[:max_new_tokens]
+    checker = StopStrings(pair.tokenizer, list(stops))
+    finish = "stop" if res.get("stopped_at_eos") else "length"
+    keep = checker(ids, len(ids)) if checker.stops else None
+    if keep is not None:
+        ids, finish = ids[:keep], "stop"
     produced = max(int(res.get("n_predict") or len(ids)), 1)
     decode = float(res.get("decode_seconds") or 0.0)
     seconds = float(res.get("encode_seconds") or 0.0) + decode * min(1.0, len(ids) / produced)
