@@ -43,7 +43,13 @@ def cmd_generate(a: argparse.Namespace) -> int:
         if not a.quiet:
             print(out.stats.summary(), file=sys.stderr)
     s = out.stats
-    if s.policy != "ar" and s.rounds >= 4 and s.mean_acceptance_length < LOW_TAU:
+    zero = sum(1 for k in s.k_chosen if k == 0) if s.k_chosen else 0
+    if s.policy != "ar" and s.rounds >= 4 and s.k_chosen and zero >= len(s.k_chosen) / 2:
+        if not a.quiet:  # the controller chose not to draft: nothing was rejected
+            print(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds: "
+                  "by this machine's measured pass costs drafting does not pay here (specdec calibrate shows them)",
+                  file=sys.stderr)
+    elif s.policy != "ar" and s.rounds >= 4 and s.mean_acceptance_length < LOW_TAU:
         print(f"specdec: warning: low acceptance (tau={s.mean_acceptance_length:.2f}); speculation is likely "
               "slower than plain decoding here. Try --drafter pld, a smaller -k, or --policy ar.", file=sys.stderr)
     return 0

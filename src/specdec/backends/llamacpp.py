@@ -41,6 +41,9 @@ MAX_SEQ = 256
 BATCH = 512
 #: context size when the caller gives none: the model's trained context, capped (KV memory grows with it)
 DEFAULT_CTX = 8192
+#: read the weights into memory instead of mapping the file: llama.cpp repacks most quantized weights
+#: for the CPU at load, and a mapping kept the file pages resident beside the repacked copy
+MMAP = False
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -163,7 +166,7 @@ class LlamaCppModel(Model):
             raise SpecdecError(f"{self.path}: no such GGUF file")
         self._L = L
         mp = L.llama_model_default_params()
-        mp.use_mmap = True
+        mp.load_mode = 1 if MMAP else 0  # LLAMA_LOAD_MODE_MMAP or _NONE (read into memory)
         self._model = L.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self._model:
             raise SpecdecError(f"{self.path}: llama.cpp could not load this GGUF file (not a model it supports, or corrupt)")
