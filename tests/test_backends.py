@@ -114,9 +114,6 @@ def test_extended_tree_and_kept_path_equal_a_prefill(lm):
     lm.reset()
     lm.tree_logits(CONTEXT, TREE_IDS[:2], TREE_PARENTS[:2])
     more = lm.extend_tree(TREE_IDS[2:], TREE_PARENTS[2:])  # new branches under cached nodes
-    lm_rows = []
-    for node in range(2, len(TREE_IDS)):
-        lm_rows.append(node)
     ids = [*TREE_IDS]
     path = path_to(5, TREE_PARENTS)  # 0 -> 3 -> 5
     lm.keep_path(path)

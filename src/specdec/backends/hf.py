@@ -128,10 +128,6 @@ class HFModel(Model):
         if len(index) < len(self.tokens):
             gather_cache(self.cache, torch.tensor(index, device=self.device))
 
-    def _crop_tree(self, length: int) -> None:
-        self._crop(length)  # tree entries sit after the context, so a crop drops them
-        del self.tokens[length:]
-
     @torch.inference_mode()
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head applied to hidden states ``[..., H]`` -> float32 logits ``[..., V]``."""
