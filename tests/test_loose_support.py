@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specdec.api import Pair
+from specdec.costmodel import CostTable
 from specdec.errors import SpecdecError
 from specdec.models import CausalLM
 from specdec.sampling import SamplingParams, probabilities
@@ -59,6 +60,12 @@ def test_fly_with_k_auto_keeps_a_window_aware_controller(tiny_dirs):
 
     target, draft = tiny_dirs
     p = specdec.load(str(target), draft=str(draft), dtype="float32", progress=False)
+    # tiny models cost what the machine's overheads cost: give the controller a cost model where
+    # drafting pays (flat verify, a cheap draft), as on a GPU
+    widths = [1, 2, 4, 8, 16, 32]
+    p.engine.target_costs = CostTable("t|x", "float32", widths, [0.01] * 6, 32)
+    p.engine.draft_costs = CostTable("d|x", "float32", widths, [0.001] * 6, 32)
+    p.engine.controllers.clear()
     out = p.generate("abc abc abc", chat=False, policy="fly", max_new_tokens=60)
     ks = out.stats.k_chosen
     assert len(ks) == out.stats.rounds and any(ks) and max(ks) < 60

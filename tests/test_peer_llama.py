@@ -1,5 +1,5 @@
-"""The llama-cpp peer's logic (stop at EOS, stop strings, budget, timing fields) with a fake
-``llama_cpp`` module: llama-cpp-python compiles llama.cpp, so CI does not install it."""
+"""The llama-cpp peer's logic (stop at EOS, stop strings, budget, timing fields, an empty KV cache
+per request) with a fake ``llama_cpp`` module, so it runs without building llama.cpp."""
 
 import sys
 import types
@@ -19,6 +19,10 @@ class FakeLlama:
         self.model_path, self.kw = model_path, kw
         FakeLlama.made.append(self)
         self.seeds = []
+        self.resets = 0
+
+    def reset(self):
+        self.resets += 1
 
     def set_seed(self, seed):
         self.seeds.append(seed)
@@ -61,6 +65,7 @@ def test_budget_eos_and_stop_strings(tiny_pair, fake_llama):
     run(tiny_pair, temperature=0.8, top_p=0.9, top_k=20, seed=3)
     assert fake_llama.made[0].seeds == [3] and fake_llama.made[0].last[1]["temp"] == 0.8
     assert len(fake_llama.made) == 1  # the model loads once per pair and settings
+    assert fake_llama.made[0].resets == 4  # each request starts from an empty KV cache (no prefix reuse)
 
 
 def test_missing_library_and_non_gguf_target(monkeypatch, tiny_pair):
