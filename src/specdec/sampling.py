@@ -11,10 +11,17 @@ import torch
 
 from .checks import check_int, check_number
 
+#: Temperatures below this are greedy (as in vLLM, whose ``_SAMPLING_EPS`` is the same 1e-5):
+#: dividing logits by a far smaller one overflows float32 (1e-300 gives inf, then NaN), and
+#: sampling that sharp is the argmax anyway, up to ties closer than the floor.
+TEMPERATURE_FLOOR = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the target's next-token distribution is shaped. ``temperature == 0`` means greedy."""
+    """How the target's next-token distribution is shaped. ``temperature == 0`` means greedy; a
+    temperature below :data:`TEMPERATURE_FLOOR` (1e-5) is stored as 0, so it is greedy too.
+    Any ``top_p`` in (0, 1] keeps at least the most likely token (1e-46, 0 in float32, included)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -23,6 +30,8 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         check_number("temperature", self.temperature, lo=0)
+        if self.temperature < TEMPERATURE_FLOOR:
+            object.__setattr__(self, "temperature", 0.0)
         check_number("top_p", self.top_p, lo=0, hi=1, lo_open=True)
         check_int("top_k (0 = off)", self.top_k, lo=0)
         if self.seed is not None:
@@ -53,6 +62,7 @@ def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         # drop a token when the mass strictly before it already reaches top_p (always keeps the top-1)
         drop_sorted = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        drop_sorted[..., 0] = False  # a top_p that rounds to 0 in float32 must not drop the top-1 too
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         probs = probs.masked_fill(drop, 0.0)
         probs = probs / probs.sum(-1, keepdim=True)
