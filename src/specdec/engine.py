@@ -10,6 +10,7 @@ same loop with no drafts, through the same model wrapper, so speed comparisons a
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -31,6 +32,9 @@ from .verify.tree import TreeRound, tree_depth
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
 AUTO_K = "auto"
+#: k=auto controllers kept per engine, one per distinct (policy, parameters, drafter, sampling mode);
+#: the least recently used goes first (a server sees any number of distinct request parameters)
+MAX_CONTROLLERS = 64
 
 
 def check_k(k) -> int | str:
@@ -111,7 +115,8 @@ class Engine:
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.target_costs = target_costs
         self.draft_costs = draft_costs
-        self.controllers: dict[tuple, KController] = {}  # k=auto state, warm across requests
+        #: k=auto state, warm across requests; at most MAX_CONTROLLERS, least recently used evicted
+        self.controllers: OrderedDict[tuple, KController] = OrderedDict()
 
     def controller(self, cfg: DecodeConfig) -> KController | None:
         """The k=auto controller for this policy, drafter and sampling mode (None without a
@@ -120,7 +125,11 @@ class Engine:
             return None
         key = (cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
                tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy)
-        if key not in self.controllers:
+        if key in self.controllers:
+            self.controllers.move_to_end(key)
+        else:
+            while len(self.controllers) >= MAX_CONTROLLERS:
+                self.controllers.popitem(last=False)
             if cfg.drafter == "pld":
                 step = 0.0
             elif self.draft_costs is not None:
