@@ -24,6 +24,7 @@ def test_serve_help_lists_server_model_and_decoding_flags(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--host", "--port", "--api-key", "--max-tokens-limit", "--max-body-bytes", "--max-queue",
+                 "--allowed-host", "--allow-origin", "--request-timeout",
                  "--target", "--draft", "--dtype", "--policy", "--drafter", "--k", "--max-new-tokens", "--temperature"):
         assert flag in out
     assert "127.0.0.1" in out
@@ -36,11 +37,23 @@ def test_serve_help_lists_server_model_and_decoding_flags(capsys):
     ["--max-new-tokens", "100", "--max-tokens-limit", "50"],
     ["--port", "0"],
     ["--max-body-bytes", "0"],
-], ids=["policy", "k", "temperature", "limit", "port", "body"])
+    ["--api-key", ""],
+    ["--api-key", "  "],
+    ["--request-timeout", "-1"],
+    ["--request-timeout", "nan"],
+], ids=["policy", "k", "temperature", "limit", "port", "body", "empty key", "blank key", "timeout", "timeout nan"])
 def test_bad_flags_fail_before_loading(argv, capsys):
     assert main(["serve", "--target", "/nonexistent/model", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specdec: error: ") and "nonexistent" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_an_empty_key_in_the_environment_is_refused(monkeypatch, capsys):
+    """SPECDEC_API_KEY= (set, but empty) served with no key at all."""
+    monkeypatch.setenv("SPECDEC_API_KEY", "")
+    assert main(["serve", "--target", "/nonexistent/model"]) == 2
+    assert "the API key is empty" in capsys.readouterr().err
 
 
 def _free_port() -> int:

@@ -3,14 +3,18 @@
 Each generation request is validated on the event loop (``params.build``), queued for the one
 worker thread, and answered from the events the worker sends back: as one JSON body, or as
 server-sent events ending in ``data: [DONE]``. A task per request watches for the client going
-away and cancels its job, so a disconnected client frees the engine before its next round.
+away and cancels its job, so a disconnected client frees the engine before its next round; the
+same task cancels it with a 503 once the request timeout passes. ``/tokenize`` and ``/detokenize``
+run the tokenizer (and the chat template) in a thread of their own, never on the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import AsyncIterator
 
@@ -21,8 +25,10 @@ from starlette.exceptions import HTTPException
 
 from ..api import make_config
 from ..errors import SpecdecError
+from ..text import tokenizer_call
 from .errors import APIError, error_body
-from .gate import Gate
+from .gate import Gate, endpoint_label
+from .origins import Access
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from .params import SAMPLING, Limits, build
 from .responses import Shaper, sse
@@ -37,6 +43,28 @@ def default_settings(pair) -> dict:
     """The library's defaults: lossless over the draft model (prompt lookup without one), k=auto, greedy, 128 tokens."""
     return {"policy": "lossless", "drafter": "model" if pair.draft is not None else "pld", "k": "auto",
             "max_new_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None}
+
+
+class SafeJSONResponse(JSONResponse):
+    """JSON as UTF-8; a string that UTF-8 cannot carry (a lone surrogate) goes out as a ``\\u``
+    escape instead of failing the response."""
+
+    def render(self, content) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:
+            return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode()
+
+
+def check_api_key(api_key: str | None) -> None:
+    """Refuse a key that cannot protect anything: empty, or not sendable in a header."""
+    if api_key is None:
+        return
+    if not api_key.strip():
+        raise SpecdecError("the API key is empty (--api-key or $SPECDEC_API_KEY): set a key, or unset it to serve "
+                           "without one")
+    if not (api_key.isascii() and api_key.isprintable()) or any(c.isspace() for c in api_key):
+        raise SpecdecError("the API key must be printable ASCII without spaces (it travels in an HTTP header)")
 
 
 class EventStream(Response):
@@ -73,6 +101,17 @@ async def _watch_disconnect(receive, job: Job) -> None:
             return
 
 
+async def _watch(receive, job: Job, timeout: float) -> None:
+    """:func:`_watch_disconnect`, and once ``timeout`` seconds (0: never) have passed, cancel ``job``
+    and answer it with a 503 (an error event when its stream already began)."""
+    try:
+        await asyncio.wait_for(_watch_disconnect(receive, job), timeout if timeout > 0 else None)
+    except asyncio.TimeoutError:
+        job.cancel()
+        job.events.put_nowait(("error", 503, f"the request did not finish within the server's request timeout "
+                                             f"({timeout:g} s); it was cancelled"))
+
+
 def tokenizer_summary(tokenizer, max_model_len: int) -> dict:
     """``tokenizer_class``, the special tokens as text, ``chat_template``, lengths."""
     def text(name: str):
@@ -87,10 +126,15 @@ def tokenizer_summary(tokenizer, max_model_len: int) -> dict:
 
 
 def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
-               model_name: str | None = None) -> FastAPI:
+               model_name: str | None = None, allowed_hosts: list[str] | None = None,
+               allow_origins: list[str] = ()) -> FastAPI:
     """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
     set them (``make_config``'s names; see :func:`default_settings`); ``api_key``: required as
-    ``Authorization: Bearer <key>`` on ``/v1/`` when set; ``model_name``: the served name."""
+    ``Authorization: Bearer <key>`` on every path but ``/health`` and ``/metrics`` when set (an
+    empty key is refused); ``model_name``: the served name; ``allowed_hosts``: the names a ``Host``
+    header may carry (default: the loopback names; ``"*"``: any); ``allow_origins``: browser
+    origins allowed besides the server's own (``"*"``: any), which also get CORS headers."""
+    check_api_key(api_key)
     defaults = {**default_settings(pair), **(defaults or {})}
     limits = limits or Limits()
     make_config(**defaults)  # bad server defaults fail here, not per request
@@ -108,20 +152,28 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
             metrics.finished(out, (job.started or now) - job.submitted, now - job.submitted)
 
     worker = Worker(pair, limits.max_queue, on_done=finished)
+    tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenizer")
 
     @asynccontextmanager
     async def lifespan(app):
         worker.start()
         yield
         await asyncio.to_thread(worker.stop)
+        tokenizing.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",
-                  lifespan=lifespan, docs_url=None, redoc_url=None, strict_content_type=False)
+                  lifespan=lifespan, docs_url=None, redoc_url=None, default_response_class=SafeJSONResponse)
     app.state.worker, app.state.metrics, app.state.defaults, app.state.limits = worker, metrics, defaults, limits
 
     @app.exception_handler(APIError)
     async def _api_error(request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return SafeJSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        """Last resort (the gate answers first): a bug still gets OpenAI's error shape."""
+        metrics.response(endpoint_label(request.url.path), 500)
+        return SafeJSONResponse(error_body(500, "internal error; see the server log"), status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
@@ -130,7 +182,10 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
         if err.get("type") == "json_invalid":
             where = f" at character {loc[0]}" if loc else ""
             reason = (err.get("ctx") or {}).get("error", err.get("msg", ""))
-            return JSONResponse(error_body(400, f"the body is not valid JSON: {reason}{where}"), 400)
+            return SafeJSONResponse(error_body(400, f"the body is not valid JSON: {reason}{where}"), 400)
+        if err.get("type") == "surrogate":
+            field = (err.get("ctx") or {}).get("field") or None
+            return SafeJSONResponse(error_body(400, err.get("msg", "a lone surrogate is not Unicode text"), field), 400)
         loc = [p for p in loc if "[" not in p and p not in ("str", "int", "float", "bool", "none")]  # union branches
         param = ".".join(loc) or None
         if param is None:
@@ -138,15 +193,15 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
             message += "; send a JSON object (Content-Type: application/json)"
         else:
             message = f"{param}: {err.get('msg', 'invalid value')}"
-        return JSONResponse(error_body(400, message, param), status_code=400)
+        return SafeJSONResponse(error_body(400, message, param), status_code=400)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException):
-        return JSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code, headers=exc.headers)
+        return SafeJSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code, headers=exc.headers)
 
     @app.exception_handler(SpecdecError)
     async def _user(request: Request, exc: SpecdecError):
-        return JSONResponse(error_body(400, str(exc)), status_code=400)
+        return SafeJSONResponse(error_body(400, str(exc)), status_code=400)
 
     async def generate(body: CompletionRequest | ChatRequest, request: Request) -> Response:
         try:
@@ -164,7 +219,7 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
             worker.submit(job)
         except Busy as exc:
             raise APIError(503 if "shutting" in str(exc) else 429, str(exc)) from None
-        watcher = asyncio.create_task(_watch_disconnect(request.receive, job))
+        watcher = asyncio.create_task(_watch(request.receive, job, limits.request_timeout_seconds))
         getter = asyncio.ensure_future(job.events.get())
         try:
             if body.stream:
@@ -182,14 +237,15 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
         if first[0] != "delta":
             watcher.cancel()
         if first[0] == "error":
-            param = ("messages" if isinstance(body, ChatRequest) else "prompt") if "prompt" in first[2] else None
+            about_prompt = any(w in first[2] for w in ("prompt", "chat template", "message"))
+            param = ("messages" if isinstance(body, ChatRequest) else "prompt") if about_prompt else None
             raise APIError(first[1], first[2], param)
         if first[0] == "cancelled":
             metrics.cancel()
             return Response(status_code=499)
         shaper = Shaper(isinstance(body, ChatRequest), body.model or name)
         if not body.stream:
-            return JSONResponse(shaper.response(first[1]))
+            return SafeJSONResponse(shaper.response(first[1]))
         usage = bool(body.stream_options and body.stream_options.include_usage)
         return EventStream(_events(job, first, shaper, usage), job, watcher)
 
@@ -253,19 +309,34 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
             raise APIError(404, f"no model {model_id!r}; this server serves {name!r}", "model", "model_not_found")
         return card()
 
+    async def tokenizer_thread(fn, *args):
+        """``fn(*args)`` in the tokenizer's own thread: the event loop keeps answering meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(tokenizing, fn, *args)
+
+    def encode(body: TokenizeRequest) -> list[int]:
+        tok = pair.tokenizer
+        if body.messages is None:
+            return list(tokenizer_call("the tokenizer refused the prompt", tok.encode, body.prompt,
+                                       add_special_tokens=body.add_special_tokens))
+        messages = [{"role": m.role, "content": m.content if isinstance(m.content, str) else ""} for m in body.messages]
+        ids = tokenizer_call("the chat template refused the messages", tok.apply_chat_template, messages,
+                             tokenize=True, add_generation_prompt=body.add_generation_prompt)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
         """vLLM's shape: ``{"tokens": [...], "count": n, "max_model_len": L}``."""
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "send either prompt or messages", "prompt")
-        if body.messages is not None:
-            messages = [{"role": m.role, "content": m.content if isinstance(m.content, str) else ""}
-                        for m in body.messages]
-            ids = pair.tokenizer.apply_chat_template(messages, tokenize=True,
-                                                     add_generation_prompt=body.add_generation_prompt)
-            ids = list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
-        else:
-            ids = pair.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+        size = len(body.prompt) if body.messages is None else sum(
+            len(m.role) + len(m.content if isinstance(m.content, str) else "") for m in body.messages)
+        if size > limits.max_tokenize_chars:
+            raise APIError(400, f"the text has {size} characters; /tokenize takes at most {limits.max_tokenize_chars}",
+                           "prompt" if body.messages is None else "messages")
+        try:
+            ids = await tokenizer_thread(encode, body)
+        except SpecdecError as exc:
+            raise APIError(400, str(exc), "prompt" if body.messages is None else "messages") from None
         return {"tokens": [int(t) for t in ids], "count": len(ids), "max_model_len": pair.target.max_length}
 
     @app.get("/tokenizer_info")
@@ -277,22 +348,36 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest):
         """vLLM's shape: ``{"prompt": text}``."""
+        if len(body.tokens) > limits.max_tokenize_chars:
+            raise APIError(400, f"{len(body.tokens)} token ids; /detokenize takes at most {limits.max_tokenize_chars}",
+                           "tokens")
         vocab = len(pair.tokenizer)
         bad = [t for t in body.tokens if not 0 <= t < vocab]
         if bad:
             raise APIError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "tokens")
-        return {"prompt": pair.tokenizer.decode(body.tokens)}
+        try:
+            text = await tokenizer_thread(tokenizer_call, "the tokenizer could not decode the ids",
+                                          pair.tokenizer.decode, body.tokens)
+        except SpecdecError as exc:
+            raise APIError(400, str(exc), "tokens") from None
+        return {"prompt": text}
 
     @app.get("/health")
     async def health():
         ok = worker.alive
         body = {"status": "ok" if ok else "engine worker not running", "model": name,
-                "waiting": worker.waiting, "running": worker.running}
-        return JSONResponse(body, status_code=200 if ok else 503)
+                "waiting": worker.waiting, "running": worker.running, "worker_restarts": worker.restarts}
+        return SafeJSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prometheus():
         return Response(metrics.render(worker.waiting, worker.running), media_type=METRICS_CONTENT_TYPE)
 
-    app.add_middleware(Gate, metrics=metrics, api_key=api_key, max_body_bytes=limits.max_body_bytes)
+    access = Access(allowed_hosts, allow_origins)
+    app.add_middleware(Gate, metrics=metrics, api_key=api_key, max_body_bytes=limits.max_body_bytes, access=access)
+    if access.origins:  # outermost: answers CORS preflights, adds CORS headers to allowed origins' answers
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=access.origins, allow_methods=["GET", "POST"],
+                           allow_headers=["authorization", "content-type"])
     return app

@@ -4,7 +4,6 @@ become the defaults of requests that do not set them), plus the server's own fla
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import os
 import sys
 
@@ -22,7 +21,18 @@ def register(sub) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     g.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1/ (default: $SPECDEC_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' on every path but /health and /metrics "
+                        "(default: $SPECDEC_API_KEY, else none; an empty key is refused)")
+    g.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
+                   help="a name the Host header may carry, repeatable; '*' = any (default: the loopback names "
+                        "when bound to loopback, the bound address and the loopback names when bound to one "
+                        "other address, any when bound to 0.0.0.0 or ::). Other Hosts get 400 (DNS rebinding)")
+    g.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a browser origin allowed to call the API (e.g. http://localhost:3000), repeatable; "
+                        "'*' = any (default: none; requests with another Origin get 403)")
+    g.add_argument("--request-timeout", type=float, default=1800.0, metavar="SECONDS",
+                   help="cancel a request not finished this long after it arrived, queue included, with a "
+                        "503; 0 = no limit (default: 1800)")
     g.add_argument("--served-model-name", default=None,
                    help="the model name in responses and /v1/models (default: the --target value)")
     g.add_argument("--max-tokens-limit", type=int, default=4096,
@@ -38,22 +48,14 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def cmd_serve(a: argparse.Namespace) -> int:
     try:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
         raise SpecdecError("specdec serve needs the server extra: pip install 'specdec[server]'") from None
-    from .app import create_app
+    from .app import check_api_key, create_app
+    from .origins import default_hosts, is_loopback
     from .params import Limits
     from .run import serve
 
@@ -64,16 +66,21 @@ def cmd_serve(a: argparse.Namespace) -> int:
     for flag in ("max_tokens_limit", "max_body_bytes", "max_queue"):
         if getattr(a, flag) < 1:
             raise SpecdecError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    if not a.request_timeout >= 0 or a.request_timeout == float("inf"):
+        raise SpecdecError(f"--request-timeout must be a number of seconds >= 0 (0 = no limit), got {a.request_timeout}")
+    check_api_key(a.api_key)
     if kwargs["max_new_tokens"] > a.max_tokens_limit:
         raise SpecdecError(f"--max-new-tokens ({kwargs['max_new_tokens']}) is over --max-tokens-limit "
                            f"({a.max_tokens_limit})")
-    if not _is_loopback(a.host) and not a.api_key:
+    if not is_loopback(a.host) and not a.api_key:
         print(f"specdec: warning: serving on {a.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr)
     pair = load_pair(a)
     print(startup_summary(pair), file=sys.stderr, flush=True)
-    limits = Limits(max_tokens=a.max_tokens_limit, max_body_bytes=a.max_body_bytes, max_queue=a.max_queue)
-    app = create_app(pair, kwargs, api_key=a.api_key, limits=limits, model_name=a.served_model_name or a.target)
+    limits = Limits(max_tokens=a.max_tokens_limit, max_body_bytes=a.max_body_bytes, max_queue=a.max_queue,
+                    request_timeout_seconds=a.request_timeout)
+    app = create_app(pair, kwargs, api_key=a.api_key, limits=limits, model_name=a.served_model_name or a.target,
+                     allowed_hosts=a.allowed_host or default_hosts(a.host), allow_origins=a.allow_origin)
     print(f"specdec: serving on http://{a.host}:{a.port}/v1 (one request at a time; Ctrl-C stops)",
           file=sys.stderr, flush=True)
     serve(app, a.host, a.port, a.log_level)

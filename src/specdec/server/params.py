@@ -20,7 +20,10 @@ from .schemas import ChatRequest, CompletionRequest
 SAMPLING = ("max_new_tokens", "temperature", "top_p", "top_k", "seed")
 #: Request fields mapped onto ``make_config`` keyword arguments.
 _FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed"}
+#: stop strings per request, and characters per stop string (each round holds back up to that
+#: many characters per stop, so both bound a round's text work)
 MAX_STOPS = 16
+MAX_STOP_CHARS = 256
 #: Keys a ``speculative`` object may not hold: top-level fields and ``Pair.stream``'s own arguments.
 _RESERVED = ("max_tokens", "stop", "n", "stream", "prompt", "chat", "system", "on_text")
 
@@ -28,14 +31,18 @@ _RESERVED = ("max_tokens", "stop", "n", "stream", "prompt", "chat", "system", "o
 @dataclass
 class Limits:
     """Server limits: largest ``max_tokens``, largest request body, most requests queued or running;
-    and for a streaming request still queued: when its headers go out and how often a keep-alive
-    comment follows until its first tokens."""
+    for a streaming request still queued: when its headers go out and how often a keep-alive
+    comment follows until its first tokens; the longest a request may take, queue included, before
+    it is cancelled with a 503 (0 = no limit); the longest text ``/tokenize`` takes (characters)
+    and the most ids ``/detokenize`` takes."""
 
     max_tokens: int = 4096
     max_body_bytes: int = 2 * 1024 * 1024
     max_queue: int = 64
     stream_wait_seconds: float = 0.5  # a streaming request not started by then gets its headers now
     keepalive_seconds: float = 10.0  # ... and an SSE comment this often until its first tokens
+    request_timeout_seconds: float = 1800.0
+    max_tokenize_chars: int = 256 * 1024
 
 
 @dataclass
@@ -194,6 +201,9 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
             raise APIError(400, f"at most {MAX_STOPS} stop strings", "stop")
         if any(not s for s in stop):
             raise APIError(400, "stop strings must be non-empty", "stop")
+        longest = max((len(s) for s in stop), default=0)
+        if longest > MAX_STOP_CHARS:
+            raise APIError(400, f"a stop string has {longest} characters; at most {MAX_STOP_CHARS}", "stop")
     if req.seed is not None and not -(2**63) <= req.seed < 2**64:
         raise APIError(400, "seed must fit in 64 bits", "seed")
     kwargs = {k: v for k, v in defaults.items() if k in SAMPLING}

@@ -1,18 +1,55 @@
 """Request bodies of the OpenAI endpoints (pydantic, strict types; unknown fields are ignored).
 
 Strict: ``"max_tokens": "5"`` or ``1.5`` is a type error (400), not silently coerced; integers
-are accepted where a number is expected. NaN and infinities are rejected.
+are accepted where a number is expected. NaN and infinities are rejected. So is a lone surrogate
+(``"\\ud800"``, valid JSON but not Unicode text) in any string or key of the body, unknown fields
+included: no tokenizer takes one and no UTF-8 response can echo it (error type ``surrogate``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic_core import PydanticCustomError
+
+from ..text import surrogate_at
+
+
+def find_surrogate(value: Any, path: tuple = ()) -> tuple[tuple, str, int] | None:
+    """``(path, text, index)`` of the first string or key in a JSON value that holds a lone
+    surrogate, else None."""
+    if isinstance(value, str):
+        at = surrogate_at(value)
+        return None if at is None else (path, value, at)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = find_surrogate(key, path + (key,)) if isinstance(key, str) else None
+            found = found or find_surrogate(item, path + (key,))
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = find_surrogate(item, path + (i,))
+            if found:
+                return found
+    return None
 
 
 class _Body(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_surrogates(cls, data: Any) -> Any:
+        found = find_surrogate(data)
+        if found is not None:
+            path, text, at = found
+            field = ".".join(ascii(p)[1:-1] if isinstance(p, str) else str(p) for p in path)
+            raise PydanticCustomError(
+                "surrogate", "{field}: a lone surrogate ({char}) at character {at} is not Unicode text; send UTF-8",
+                {"field": field, "char": ascii(text[at]), "at": at})
+        return data
 
 
 class StreamOptions(_Body):

@@ -5,6 +5,7 @@ the loop: ``("delta", text)`` (streaming jobs only), then ``("done", Output)`` o
 ``("error", status, message)``, or ``("cancelled",)``. ``Job.cancel()`` (the client went away)
 makes the worker skip a queued job, or close a running stream after its current delta, so the
 engine stops before its next round. A lock per :class:`Pair` keeps two apps over one pair apart.
+A worker thread that dies answers its job with a 503 and is replaced at once (``restarts``).
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Worker:
         self._stopping = False
         self.waiting = 0
         self.running = 0
+        self.restarts = 0  # threads started again after one died
         self._current: Job | None = None
 
     @property
@@ -78,11 +80,19 @@ class Worker:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
+        """Start the thread (again after :meth:`stop`), or a new one if the last one died."""
         with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return
             if self._thread is None:
                 self._stopping = False
-                self._thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
-                self._thread.start()
+            else:
+                self.restarts += 1
+            self._spawn()
+
+    def _spawn(self) -> None:  # with self._lock held
+        self._thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
+        self._thread.start()
 
     def submit(self, job: Job) -> None:
         """Queue ``job``; raises :class:`Busy` when ``max_queue`` jobs are already queued or running."""
@@ -120,6 +130,25 @@ class Worker:
             job.cancel()
 
     def _loop(self) -> None:
+        """Run jobs until :meth:`stop`. Should anything escape (a bug, or an exception that is not an
+        ``Exception``), the job it was running gets a 503 at once and a new thread takes over the
+        queue, so no request waits on a dead thread."""
+        try:
+            self._serve()
+        except BaseException:
+            log.exception("the engine worker died; starting a new one")
+            job, self._current = self._current, None
+            with self._lock:
+                self.running = 0
+            if job is not None:
+                job.cancel()
+                job.emit("error", 503, "the engine worker failed while running this request; see the server log")
+            with self._lock:
+                if not self._stopping and self._thread is threading.current_thread():
+                    self.restarts += 1
+                    self._spawn()
+
+    def _serve(self) -> None:
         while True:
             job = self._queue.get()
             if job is None:
@@ -128,17 +157,15 @@ class Worker:
                 self.waiting -= 1
                 self.running = 1
             self._current = job
-            try:
-                if job.cancelled:
-                    job.emit("cancelled")
-                else:
-                    job.started = time.perf_counter()
-                    with pair_lock(self.pair):
-                        self._run(job)
-            finally:
-                self._current = None
-                with self._lock:
-                    self.running = 0
+            if job.cancelled:
+                job.emit("cancelled")
+            else:
+                job.started = time.perf_counter()
+                with pair_lock(self.pair):
+                    self._run(job)
+            self._current = None
+            with self._lock:
+                self.running = 0
 
     def _run(self, job: Job) -> None:
         r = job.req
