@@ -132,6 +132,34 @@ def test_cli_mismatched_vocab_and_long_prompt(tmp_path, tiny_dirs):
     assert res.returncode == 2 and "context holds 512" in res.stderr and "Traceback" not in res.stderr
 
 
+@pytest.mark.parametrize("flags", [["--temperature", "1e-300"], ["--temperature", "5e-324"],
+                                   ["--temperature", "1", "--top-p", "1e-46", "--seed", "1"]],
+                         ids=["T 1e-300", "T 5e-324", "top_p 1e-46"])
+def test_cli_tiny_temperature_and_top_p_generate(tiny_dirs, flags):
+    """These printed a traceback (inf logits, NaN in multinomial): now below the 1e-5 floor a
+    temperature is greedy, and any top_p keeps the top token."""
+    target, _ = tiny_dirs
+    res = run_cli("generate", "hello", "--target", str(target), "--draft", "none", "--no-calibrate", "--no-chat",
+                  "--max-new-tokens", "4", "-q", *flags)
+    assert res.returncode == 0, res.stderr
+    assert "Traceback" not in res.stderr and res.stdout.strip()
+
+
+def test_cli_arguments_that_are_not_utf8_are_one_line_errors(tmp_path):
+    """An argument with bytes that are not UTF-8 reaches Python as lone surrogates: refused in one
+    line before anything loads."""
+    for args in (["generate", "hi\udcff there"], ["generate", "hi", "--stop", "\udcc3"],
+                 ["serve", "--served-model-name", "m\udcff"]):
+        res = run_cli(*args)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.strip().startswith("specdec: error: argument ") and len(res.stderr.strip().splitlines()) == 1
+        assert "not UTF-8" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run([sys.executable, "-m", "specdec", "generate", "-", "--target", str(tmp_path / "none")],
+                         input=b"a\xff\xfeb", capture_output=True, timeout=300)
+    assert res.returncode == 2
+    assert res.stderr.decode().strip() == "specdec: error: the prompt on stdin is not UTF-8 text (byte 1: b'\\xff')"
+
+
 def test_cli_argparse_errors_exit_2():
     res = run_cli("generate", "hi", "--max-new-tokens", "five")
     assert res.returncode == 2 and "invalid int value" in res.stderr

@@ -1,6 +1,7 @@
 """``specdec``: generate, models, calibrate, bench, tune, serve. A thin caller of the engine.
 
-User errors print one line (``specdec: error: ...``) and exit 2; no traceback.
+User errors print one line (``specdec: error: ...``) and exit 2; no traceback. That includes an
+argument or a stdin prompt with bytes that are not UTF-8 (the arguments are checked before parsing).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from .bundled import BUNDLED
 from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_kwargs, load_pair, make_config, startup_summary
 from .errors import SpecdecError
 from .server.cli import register as register_serve
+from .text import surrogate_at
 
 # ---------------------------------------------------------------------------- commands
 def cmd_generate(a: argparse.Namespace) -> int:
-    prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
+    prompt = read_stdin() if a.prompt == "-" else a.prompt
     if not prompt.strip():
         raise SpecdecError("the prompt is empty")
     kwargs = decode_kwargs(a)
@@ -53,6 +55,28 @@ def cmd_generate(a: argparse.Namespace) -> int:
         print(f"specdec: warning: low acceptance (tau={s.mean_acceptance_length:.2f}); speculation is likely "
               "slower than plain decoding here. Try --drafter pld, a smaller -k, or --policy ar.", file=sys.stderr)
     return 0
+
+
+def read_stdin() -> str:
+    """All of stdin as UTF-8 text (SpecdecError, not a traceback, for bytes that are not UTF-8)."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecdecError(f"the prompt on stdin is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
+
+
+def check_argv(argv: Sequence[str]) -> None:
+    """Refuse an argument with bytes that are not UTF-8 (Python hands them over as lone surrogates,
+    which no tokenizer, file writer or terminal takes): one line naming it, not a traceback later."""
+    for i, arg in enumerate(argv, 1):
+        at = surrogate_at(arg)
+        if at is not None:
+            shown = arg.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+            raise SpecdecError(f"argument {i} ('{shown[:60]}') holds bytes that are not UTF-8 (at character {at}); "
+                               "specdec takes UTF-8 text and paths")
 
 
 def cmd_models(a: argparse.Namespace) -> int:
@@ -198,6 +222,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    try:
+        check_argv(sys.argv[1:] if argv is None else list(argv))
+    except SpecdecError as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 2
     a = parser.parse_args(argv)
     if not getattr(a, "command", None):
         parser.print_help()

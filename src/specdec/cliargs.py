@@ -80,8 +80,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         f"--tree-nodes; the tree's own pruning stops it earlier) (default: {d['k']})")
     g.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"generation budget (default: {d['max_new_tokens']})")
-    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: 0)")
-    g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default: 1.0 = off)")
+    g.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy; below 1e-5 is greedy too (default: 0)")
+    g.add_argument("--top-p", type=float, default=None,
+                   help="nucleus sampling mass in (0, 1]; the most likely token is always kept (default: 1.0 = off)")
     g.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default: 0 = off)")
     g.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
     for name, (spec, owners) in drafter_flags().items():
