@@ -297,6 +297,30 @@ def test_no_isolation_refuses_unless_unsafe(monkeypatch):
                                                 FIXTURE[0]["canonical_solution"])["sandbox"] == sandbox.UNSAFE
 
 
+def test_bench_refuses_without_isolation_in_one_line(monkeypatch, tmp_path, capsys):
+    from specdec.cli import main
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(False, "simulated: no namespaces"))
+    out = tmp_path / "o"
+    assert main(["bench", "--dataset", "fixture", "--no-plots", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specdec: error:") and "--unsafe-exec" in err and len(err.splitlines()) == 1
+    assert not (out / "run.json").exists()
+
+
+def test_bench_records_the_isolation_in_run_json(monkeypatch):
+    from specdec.bench import cli
+
+    fixture = load_dataset("fixture")
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(False, "simulated"))
+    assert cli.sandbox_setting(fixture, unsafe=True) == sandbox.UNSAFE
+    with pytest.raises(SandboxUnavailable):
+        cli.sandbox_setting(fixture, unsafe=False)
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(True, ""))
+    assert cli.sandbox_setting(fixture, unsafe=False) == sandbox.ISOLATED
+    assert "sandbox" in cli.MACHINE_KEYS
+
+
 @isolated
 def test_memory_bomb_is_stopped():
     start = time.perf_counter()
