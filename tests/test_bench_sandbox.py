@@ -360,3 +360,23 @@ def test_math_scoring():
     assert scorer.score(s, "It costs 1300")["correct"] is False
     other = Sample(id="w", dataset="spec-bench", category="writing", kind="chat", question="q")
     assert scorer.score(other, "anything") == {}
+
+
+@isolated
+def test_namespace_dies_when_the_caller_is_killed():
+    """The caller killed mid-check (no timeout of its will fire): pid 1's own alarm ends it all."""
+    name = f"sdxcaller{os.getpid() % 10000}"
+    program = ORPHAN.format(name=name, tail="import time\ntime.sleep(100)")
+    caller = subprocess.Popen([sys.executable, "-c", "import sys; from specdec.bench.sandbox import run_program; "
+                               f"run_program(sys.stdin.read(), timeout=1)"], stdin=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(sandbox.__file__).parents[2])})
+    caller.stdin.write(program)
+    caller.stdin.close()
+    deadline = time.monotonic() + 10
+    while not _alive_with_name(name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive_with_name(name)
+    caller.kill()
+    caller.wait()
+    time.sleep(7)  # the alarm: timeout + 5 s
+    assert _alive_with_name(name) == []

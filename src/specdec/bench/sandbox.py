@@ -16,7 +16,8 @@ Isolation (``isolation()`` probes it once; the bench records its ``label`` in ``
   mounts of its namespace); so isolation needs root, and ``unshare`` with those flags.
 - **limits**: memory (``RLIMIT_AS``), CPU seconds, file size, no core dumps, 256 open files, and
   a wall-clock timeout after which the ``unshare`` process is killed; ``--kill-child`` then kills
-  pid 1, and the kernel kills every process of the pid namespace (``setsid`` does not help).
+  pid 1, and the kernel kills every process of the pid namespace (``setsid`` does not help). Should
+  the caller die first, pid 1 exits on its own alarm 5 s after the timeout.
 - a weaker in-process layer as before: Python's sockets and the destructive ``os``/``shutil``/
   ``subprocess`` functions are removed in the program process (ctypes gets past it; the layers
   above do not depend on it).
@@ -139,7 +140,8 @@ def _run(program: str, tests: str | None, entry_point: str | None, *, timeout: f
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             header = json.dumps({
                 "memory_bytes": int(memory_mb) << 20 if memory_mb else None,
-                "cpu_seconds": max(1, math.ceil(timeout)) + 1, "output_bytes": OUTPUT_LIMIT, "nproc": NPROC,
+                "cpu_seconds": max(1, math.ceil(timeout)) + 1, "wall_seconds": math.ceil(timeout) + 5,
+                "output_bytes": OUTPUT_LIMIT, "nproc": NPROC,
                 "tmp_mb": TMP_MB, "uid": 1_000_000_000 + 2 * secrets.randbelow(500_000_000), "isolated": isolated,
                 "out_fd": out.fileno(), "entry_point": entry_point,
                 "program_bytes": len(prog), "tests_bytes": None if test_bytes is None else len(test_bytes),

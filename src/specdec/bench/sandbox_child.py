@@ -21,6 +21,7 @@ module does nothing; run as ``__main__`` it is the *supervisor*:
    else). The tester alone holds the verdict pipe and reports pass or why not;
 5. waits for the tester (or, without tests, the program), prints one JSON line (the verdict and
    exit statuses) on its stdout, and exits: as pid 1, that kills everything left in the namespace.
+   It also exits on its own at ``wall_seconds`` (an alarm), in case the caller died first.
 """
 
 from __future__ import annotations
@@ -365,6 +366,10 @@ def _status(status: int) -> str:
 def main() -> None:
     (n,) = struct.unpack(">Q", _read_exact(0, 8))
     cfg = json.loads(_read_exact(0, n))
+    # our own wall clock, should the caller die before its timeout kills us (pid 1 ignores an
+    # unhandled SIGALRM, hence the handler); a fork does not inherit the alarm
+    signal.signal(signal.SIGALRM, lambda *_: os._exit(124))
+    signal.alarm(cfg["wall_seconds"])
     program = _read_exact(0, cfg["program_bytes"])
     isolated = cfg["isolated"]
     result: dict = {}
