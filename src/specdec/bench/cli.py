@@ -100,10 +100,13 @@ def add_sampling_args(g, max_new_tokens: int = 256) -> None:
 
 
 def add_execution_args(o) -> None:
-    """--no-warmup, --sandbox-timeout, --sandbox-memory-mb, --quiet (shared with ``specdec tune``)."""
+    """--no-warmup, --sandbox-timeout, --sandbox-memory-mb, --unsafe-exec, --quiet (shared with ``specdec tune``)."""
     o.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per configuration")
     o.add_argument("--sandbox-timeout", default="10", metavar="S", help="wall seconds per HumanEval check (default: 10)")
     o.add_argument("--sandbox-memory-mb", default="1024", metavar="MB", help="address-space limit per check (default: 1024)")
+    o.add_argument("--unsafe-exec", action="store_true",
+                   help="where the sandbox cannot isolate code (it needs root and unshare: namespaces and a fresh "
+                        "uid), run model-written code anyway, with resource limits only (recorded in run.json)")
     o.add_argument("-q", "--quiet", action="store_true", help="no progress bar or startup line")
 
 
@@ -125,6 +128,7 @@ def parse_settings(a: argparse.Namespace, repeats: int = 1):
         repeats=repeats, warmup=not a.no_warmup,
         sandbox_timeout=parse_float(a.sandbox_timeout, "--sandbox-timeout"),
         sandbox_memory_mb=cfgs.parse_int(a.sandbox_memory_mb, "--sandbox-memory-mb", 64),
+        unsafe_exec=a.unsafe_exec,
     )
     if settings.sandbox_timeout <= 0:
         raise SpecdecError("--sandbox-timeout must be > 0")
@@ -156,9 +160,19 @@ def parse_args(a: argparse.Namespace):
     return configs, peers, settings, selection
 
 
+def sandbox_setting(dataset, unsafe: bool) -> str | None:
+    """The isolation model-written code of ``dataset`` will run under (``sandbox`` in run.json),
+    None when it has no code; refuses in one line where the machine cannot isolate code and
+    ``unsafe`` (--unsafe-exec) was not given."""
+    from .sandbox import label
+
+    return label(unsafe) if any(s.kind == "code" for s in dataset.samples) else None
+
+
 def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
     """The settings that make results in one folder comparable (stored in run.json). dtypes are
-    stored as asked for (``auto`` is decided at load; the summary records what it chose)."""
+    stored as asked for (``auto`` is decided at load; the summary records what it chose).
+    ``--report-only`` executes nothing, so it needs no --unsafe-exec."""
     from ..bundled import DEFAULT_DRAFT, DEFAULT_TARGET
     from ..models import resolve_device
 
@@ -174,6 +188,7 @@ def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
         "data": dataset.source if dataset.sha256 is None else f"sha256:{dataset.sha256}",
         "cpu": env["hardware"]["cpu"], "cpu_flags": env["hardware"]["cpu_flags"], "gpu": env["hardware"]["gpu"],
         "torch": env["versions"]["torch"], "transformers": env["versions"]["transformers"],
+        "sandbox": sandbox_setting(dataset, settings.unsafe_exec or getattr(a, "report_only", False)),
     }
 
 
@@ -312,7 +327,7 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
 
 #: run.json settings that describe the machine and its software, not the run: --report-only may
 #: report a folder made elsewhere.
-MACHINE_KEYS = ("cpu", "cpu_flags", "gpu", "torch", "transformers")
+MACHINE_KEYS = ("cpu", "cpu_flags", "gpu", "torch", "transformers", "sandbox")
 
 
 def finished_only(dataset, out: Path, configs: list, repeats: int):

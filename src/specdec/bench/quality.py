@@ -11,14 +11,15 @@ import re
 from typing import Sequence
 
 from .datasets import Sample
-from .sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, run_program
+from .sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, SandboxResult, run_program
 
 _NUMBER = re.compile(r"-?\$?\s?\d[\d,]*(?:\.\d+)?")
 
 
 #: bumped when scoring changes, so a run folder never mixes verdicts of two scorers
-#: (1: the raw completion; 2: its solution part)
-SCORER_VERSION = 2
+#: (1: the raw completion; 2: its solution part; 3: the tests in their own process, see
+#: :mod:`.sandbox`: a candidate's return values reach them as plain data)
+SCORER_VERSION = 3
 _DEFINITIONS = ("def ", "async def ", "class ", "import ", "from ", "@")
 
 
@@ -66,6 +67,14 @@ def check_program(problem: dict, completion: str) -> str:
     return problem["prompt"] + completion + "\n" + problem["test"] + "\n" + f"check({problem['entry_point']})"
 
 
+def run_check(problem: dict, completion: str, *, timeout: float = DEFAULT_TIMEOUT,
+              memory_mb: int = DEFAULT_MEMORY_MB, unsafe: bool = False) -> SandboxResult:
+    """``check(entry_point)`` of ``problem["test"]`` against prompt + completion, the tests in a
+    process of their own (the verdict a program cannot forge, see :mod:`.sandbox`)."""
+    return run_program(problem["prompt"] + completion, tests=problem["test"], entry_point=problem["entry_point"],
+                       timeout=timeout, memory_mb=memory_mb, unsafe=unsafe)
+
+
 def normalize_number(text: str) -> str | None:
     """``"$1,000.00"`` -> ``"1000"``, ``"-2.50"`` -> ``"-2.5"``; None when no digits."""
     s = text.strip().replace("$", "").replace(",", "").replace(" ", "").rstrip(".")
@@ -104,10 +113,11 @@ def agreement(ids: Sequence[int], ref: Sequence[int]) -> tuple[bool, float]:
 
 class Scorer:
     """Scores samples; remembers sandbox verdicts by (sample, completion) so repeats and
-    identical lossless outputs are executed once."""
+    identical lossless outputs are executed once. ``unsafe`` allows running code without
+    isolation where the machine has none (else the first code sample raises SandboxUnavailable)."""
 
-    def __init__(self, timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB):
-        self.timeout, self.memory_mb = timeout, memory_mb
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, memory_mb: int = DEFAULT_MEMORY_MB, unsafe: bool = False):
+        self.timeout, self.memory_mb, self.unsafe = timeout, memory_mb, unsafe
         self._cache: dict[str, dict] = {}
 
     def score(self, sample: Sample, text: str) -> dict:
@@ -117,8 +127,8 @@ class Scorer:
             key = hashlib.sha256(f"{sample.id}\0{text}".encode()).hexdigest()
             if key not in self._cache:
                 solution = solution_part(sample.problem["prompt"], text)
-                res = run_program(check_program(sample.problem, solution), timeout=self.timeout,
-                                  memory_mb=self.memory_mb)
+                res = run_check(sample.problem, solution, timeout=self.timeout, memory_mb=self.memory_mb,
+                                unsafe=self.unsafe)
                 self._cache[key] = {"passed": res.passed, "exec_status": res.status, "sandbox": res.isolation,
                                     "cut_chars": len(text) - len(solution)}
             return dict(self._cache[key])

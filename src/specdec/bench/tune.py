@@ -34,7 +34,7 @@ from ..checks import check_number
 from ..errors import SpecdecError
 from . import configs as cfgs
 from .cli import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies, parse_float,
-                  parse_selection, parse_settings, run_settings)
+                  parse_selection, parse_settings, run_settings, sandbox_setting)
 
 #: the tuning split when --samples is not given (HumanEval: the last 64 problems)
 DEFAULT_SPLIT = {"humaneval": (100, 163)}
@@ -221,6 +221,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
         raise SpecdecError(f"drafter {a.drafter!r} needs a draft model, but --draft none was given")
     check_optional_dependencies(a, plots=False)
     dataset = load_dataset(a.dataset, limit, a.data, positions)
+    sandbox_setting(dataset, settings.unsafe_exec)  # refuse before the models load
     proxy_set = replace(dataset, samples=dataset.samples[: cfgs.parse_int(a.proxy_samples, "--proxy-samples")])
     out = Path(a.out)
     target = Path(a.write) if a.write else out / "config.json"
