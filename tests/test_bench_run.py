@@ -16,6 +16,7 @@ from specdec.bench.datasets import load_dataset
 from specdec.bench.results import ResultsFile
 from specdec.bench.runner import Settings, run
 from specdec.cli import main
+from specdec.errors import SpecdecError
 
 DATA = Path(__file__).parent / "data"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # tiny models: threads only add contention on a shared CPU
@@ -86,16 +87,106 @@ def test_resume_after_crash_and_torn_line(tiny_pair, tmp_path, monkeypatch):
         assert "passed" in r["quality"]
 
 
+def record(sample="a", config="ar", repeat=0, **extra):
+    return {"key": f"{sample}|{config}|{repeat}", "sample_id": sample, "config": config, "repeat": repeat,
+            "text": "x", "token_ids": [1], "new_tokens": 1, "seconds": 0.5, "stats": {}, "quality": {}, **extra}
+
+
 def test_torn_and_corrupt_lines_are_discarded(tmp_path):
     path = tmp_path / "results.jsonl"
-    good = {"key": "a|ar|0", "sample_id": "a"}
-    path.write_text(json.dumps(good) + "\n" + "not json\n" + json.dumps({"key": "b|ar|0"}))  # last: no newline
+    good = record("a")
+    path.write_text(json.dumps(good) + "\n" + "not json\n" + json.dumps(record("b")))  # last: no newline
     rf = ResultsFile(tmp_path)
     assert rf.load() == [good] and rf.discarded == 2
+    assert rf.problems == ["line 2: not JSON", "line 3: torn (no end of line: the write never finished)"]
     assert path.read_text() == json.dumps(good) + "\n"
-    rf.append({"key": "c|ar|0"})
+    rf.append(record("c"))
     rf.close()
     assert [r["key"] for r in lines(path)] == ["a|ar|0", "c|ar|0"]
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"key": "a|ar|0"}, "no 'sample_id'"),
+    ([1, 2], "a JSON list, not an object"),
+    ("just a string", "a JSON str, not an object"),
+    ({**record(), "new_tokens": "7"}, "'new_tokens' is str, not int"),
+    ({**record(), "repeat": True}, "'repeat' is bool"),
+    ({**record(), "seconds": -1}, "'seconds' is -1"),
+    ({**record(), "token_ids": [1, "2"]}, "'token_ids' holds a non-integer"),
+    ({**record(), "key": "b|ar|0"}, "does not match its sample_id"),
+    ({k: v for k, v in record().items() if k != "stats"}, "no 'stats'"),
+])
+def test_each_line_is_validated(tmp_path, bad, why):
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(record("z")) + "\n" + json.dumps(bad) + "\n")
+    rf = ResultsFile(tmp_path)
+    assert [r["key"] for r in rf.load(repair=False)] == ["z|ar|0"]
+    assert len(rf.problems) == 1 and rf.problems[0].startswith("line 2: ") and why in rf.problems[0], rf.problems
+    assert path.read_text().count("\n") == 2  # repair=False writes nothing
+    line = rf.report()
+    assert line.count("\n") == 0 and "discarded 1 unusable line(s)" in line and why in line
+
+
+def test_resume_with_a_key_only_line_and_a_truncated_line(tiny_pair, tmp_path, monkeypatch, capsys):
+    """A line that is valid JSON holding only a key (and one cut short) made resume fail with a
+    KeyError; now each is reported in one line and run again, and the rest resumes."""
+    dataset = load_dataset("fixture")
+    configs = cfgs.build_configs("ar,lossless", "pld", 2)
+    settings = Settings(max_new_tokens=4, warmup=False, sandbox_timeout=5)
+    total = len(dataset.samples) * len(configs)
+    run(tiny_pair, dataset, configs, [], settings, tmp_path, progress=False)
+    path = tmp_path / "results.jsonl"
+    recs = lines(path)
+    assert len(recs) == total
+    victim, cut = recs[1]["key"], recs[4]
+    text = "".join(json.dumps({"key": r["key"]}) + "\n" if r["key"] == victim else json.dumps(r) + "\n"
+                   for r in recs if r is not cut)
+    path.write_text(text + json.dumps(cut)[:40] + "\n")  # a truncated line, then the end of line
+    capsys.readouterr()
+    calls = []
+    real = tiny_pair.generate
+    monkeypatch.setattr(tiny_pair, "generate", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    records = run(tiny_pair, dataset, configs, [], settings, tmp_path, progress=False)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "discarded 2 unusable line(s)" in err, err
+    assert "no 'sample_id'" in err and "not JSON" in err
+    assert len(calls) == 2  # only the two bad lines are made again
+    keys = [r["key"] for r in lines(path)]
+    assert len(keys) == len(set(keys)) == total == len(records)
+    assert victim in keys and cut["key"] in keys
+
+
+def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tiny_dirs, tmp_path, capsys):
+    """``--out`` is locked (flock) while a run writes it: a second run gets one line naming the
+    holder; the lock goes with its holder's process, ended normally or killed."""
+    from specdec.bench.results import lock_out
+
+    out = tmp_path / "shared"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from specdec.bench.results import lock_out\n"
+         f"with lock_out({str(out)!r}):\n    print('held', flush=True); time.sleep(120)"],
+        stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        argv = ["bench", "--dataset", "fixture", "--policies", "ar", "--max-new-tokens", "2", "--no-warmup",
+                "--no-plots", "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("specdec: error: ") and "in use by another run" in err, err
+        assert f"pid {holder.pid} " in err
+        assert not (out / "run.json").exists() and not (out / "results.jsonl").exists()
+    finally:
+        holder.kill()  # SIGKILL: no clean-up code runs
+        holder.wait(timeout=30)
+    with lock_out(out):  # the kernel dropped the killed holder's lock
+        with pytest.raises(SpecdecError, match="in use by another run"):
+            with lock_out(out):  # another open file of the same lock: refused, even in one process
+                pass
+    assert main(argv) == 0  # a finished run releases it too
+    assert main(argv) == 0
+    with lock_out(out):
+        pass
 
 
 def test_cli_writes_results_summary_report_and_plots(tiny_dirs, tmp_path, capsys):

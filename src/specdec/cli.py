@@ -44,17 +44,40 @@ def cmd_generate(a: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         if not a.quiet:
             print(out.stats.summary(), file=sys.stderr)
-    s = out.stats
+    for line in decoding_notes(out.stats, pair):
+        if not (a.quiet and line.startswith("specdec: note:")):
+            print(line, file=sys.stderr)
+    return 0
+
+
+def decoding_notes(s, pair) -> list[str]:
+    """What a generation's stats call for, one line each. The low-acceptance warning speaks only
+    of rejected drafts (tau over the rounds that drafted); when k=auto chose plain steps (K=0) in
+    at least half the rounds, nothing was rejected for them, and the note says why (the measured
+    costs against the acceptance drafting would need). A cost table the passes drifted far from
+    gets a note too."""
+    from .autok import draft_step_estimate, why_plain_steps
+
+    lines = []
     zero = sum(1 for k in s.k_chosen if k == 0) if s.k_chosen else 0
     if s.policy != "ar" and s.rounds >= 4 and s.k_chosen and zero >= len(s.k_chosen) / 2:
-        if not a.quiet:  # the controller chose not to draft: nothing was rejected
-            print(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds: "
-                  "by this machine's measured pass costs drafting does not pay here (specdec calibrate shows them)",
-                  file=sys.stderr)
-    elif s.policy != "ar" and s.rounds >= 4 and s.mean_acceptance_length < LOW_TAU:
-        print(f"specdec: warning: low acceptance (tau={s.mean_acceptance_length:.2f}); speculation is likely "
-              "slower than plain decoding here. Try --drafter pld, a smaller -k, or --policy ar.", file=sys.stderr)
-    return 0
+        why = "by this machine's measured pass costs drafting does not pay here"
+        table = pair.costs.target
+        if table is not None:
+            why = why_plain_steps(table, draft_step_estimate(s.drafter, table, pair.costs.draft), s.drafted,
+                                  s.accepted)
+        lines.append(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds, "
+                     f"so no draft was rejected there: {why} ('specdec calibrate' measures the costs again, e.g. if "
+                     "the machine was busy when they were measured)")
+    elif s.policy != "ar" and s.drafting_rounds >= 4 and s.drafting_tau < LOW_TAU:
+        lines.append(f"specdec: warning: low acceptance: the target rejected {s.drafted - s.accepted} of {s.drafted} "
+                     f"drafted tokens (tau={s.drafting_tau:.2f} over the {s.drafting_rounds} rounds that drafted); "
+                     "speculation is likely slower than plain decoding here. Try --drafter pld, a smaller -k, "
+                     "or --policy ar.")
+    if s.cost_drift is not None:
+        lines.append(f"specdec: note: the target's passes took {s.cost_drift:.2f}x the seconds of its measured cost "
+                     "table; the cached table is marked stale and the next load measures it again")
+    return lines
 
 
 def read_stdin() -> str:

@@ -10,6 +10,17 @@ candidate dtype, with the threads torch really uses. Tables are cached as JSON u
 version, threads, device) + model + dtype; a changed fingerprint or an unreadable file means a
 new measurement, never a failed load.
 
+A busy machine must not fool it (the timings decide the dtype and every K afterwards): each width
+is timed several times in interleaved rounds and the median kept; a width whose samples spread
+widely, or that disagrees with its neighbours (a wider pass cheaper than a narrower one by more
+than noise, or dearer than proportional to its width by half again), is timed afresh, twice at
+most, after which the table is repaired to be monotone and recorded as ``noisy``. A 1-minute load
+average above the cores left over for the measurement gets a warning and also makes the table
+``noisy``; a noisy table is measured again at a later load that finds the machine quiet. While
+decoding, k=auto compares each pass with the table (:class:`specdec.autok.KController`); a large
+sustained drift marks the cached table ``stale`` (:func:`mark_stale`), so the next load measures
+again.
+
 Pure functions, for the engine and the tests: :func:`expected_tokens` (the lesson seed's formula
 generalised to per-position acceptance), :func:`best_k` (the draft length that maximises
 expected tokens per second; ``0`` = a plain decoding step) and :func:`choose_dtypes`.
@@ -21,6 +32,7 @@ import hashlib
 import json
 import os
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -117,6 +129,13 @@ class CostTable:
     #: half-precision linears run as two rows, :class:`specdec.kernels.RowPaddedLinear`)
     kernels: list[str] = field(default_factory=list)
     format: int = FORMAT
+    #: per width, the relative spread of its timings (median absolute deviation / median)
+    spread: list[float] = field(default_factory=list)
+    #: why the timings are not to be trusted ("" when they are): the machine looked loaded, or
+    #: timings stayed noisy or inconsistent after re-measuring. Measured again at a quiet load.
+    noisy: str = ""
+    #: set on the cached copy when observed passes drifted far from it (:func:`mark_stale`)
+    stale: str = ""
 
     def __post_init__(self) -> None:
         ok = (len(self.widths) == len(self.seconds) >= 1 and self.widths[0] == 1
@@ -161,7 +180,9 @@ class CostTable:
                    seconds=[float(s) for s in d["seconds"]], context=int(d["context"]),
                    fingerprint=dict(d.get("fingerprint") or {}), measured_at=str(d.get("measured_at", "")),
                    prefill_seconds=None if d.get("prefill_seconds") is None else float(d["prefill_seconds"]),
-                   kernels=[str(k) for k in d.get("kernels") or []])
+                   kernels=[str(k) for k in d.get("kernels") or []],
+                   spread=[float(x) for x in d.get("spread") or []], noisy=str(d.get("noisy") or ""),
+                   stale=str(d.get("stale") or ""))
 
 
 # -------------------------------------------------------------------------- measuring
@@ -170,11 +191,69 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(lm, widths: Sequence[int] = WIDTHS, repeats: int = 2) -> tuple[list[int], list[float], int, float]:
+#: each width is timed this many times, in interleaved rounds (a slow spell hits every width alike)
+REPEATS = 5
+#: a width whose median pass takes longer is timed only MIN_REPEATS times (its noise is small against it)
+SLOW_PASS = 0.5
+MIN_REPEATS = 3
+#: a width whose timings spread more than this (median absolute deviation / median) is timed afresh
+SPREAD_LIMIT = 0.2
+#: a wider pass may be cheaper than a narrower one by this share (noise), no more
+MONOTONE_TOLERANCE = 0.15
+#: a wider pass may cost at most (its width / the narrower width) x this much more: more is an outlier
+PROPORTIONAL_TOLERANCE = 1.5
+#: timings and differences under this many seconds are call overhead and jitter, not evidence of load
+NOISE_FLOOR = 0.002
+#: re-measuring rounds before the table is repaired and recorded as noisy
+MAX_REMEASURE = 2
+
+
+class Measured(tuple):
+    """``(widths, seconds, context, prefill_seconds)`` with ``report``: ``spread`` (per width),
+    ``remeasured`` (widths timed afresh), ``noisy`` (why the timings are not trusted, or "")."""
+
+    report: dict
+
+
+def _spread(xs: Sequence[float]) -> float:
+    med = statistics.median(xs)
+    return statistics.median(abs(x - med) for x in xs) / med if med > 0 and len(xs) > 1 else 0.0
+
+
+def suspect_widths(widths: Sequence[int], seconds: Sequence[float]) -> set[int]:
+    """The widths whose timings contradict a neighbour's: a wider pass cheaper than the narrower
+    one by more than ``MONOTONE_TOLERANCE``, or dearer than proportional to the width by more than
+    ``PROPORTIONAL_TOLERANCE`` (e.g. one width 6x its neighbours' trend). Both of the pair are
+    suspects (which one is off is not known yet); differences under ``NOISE_FLOOR`` are ignored."""
+    bad: set[int] = set()
+    for (wa, sa), (wb, sb) in zip(zip(widths, seconds), zip(widths[1:], seconds[1:])):
+        cheaper = sb < sa * (1 - MONOTONE_TOLERANCE) and sa - sb > NOISE_FLOOR
+        dearer = sb > sa * (wb / wa) * PROPORTIONAL_TOLERANCE and sb - sa > NOISE_FLOOR
+        if cheaper or dearer:
+            bad |= {wa, wb}
+    return bad
+
+
+def repair(widths: Sequence[int], seconds: Sequence[float]) -> list[float]:
+    """A sane table from inconsistent timings: each width at most proportional to the one before
+    (an outlier comes down to its neighbours' trend), then non-decreasing (a narrower pass never
+    costs more than a wider one: an inflated narrow width comes down)."""
+    out = list(seconds)
+    for i in range(1, len(out)):
+        out[i] = min(out[i], out[i - 1] * widths[i] / widths[i - 1] * PROPORTIONAL_TOLERANCE)
+    for i in range(len(out) - 2, -1, -1):
+        out[i] = min(out[i], out[i + 1])
+    return out
+
+
+def measure(lm, widths: Sequence[int] = WIDTHS, repeats: int = REPEATS) -> Measured:
     """Time ``lm`` (a :class:`specdec.backends.Model`): a prefill pass of the widest width builds
     a KV cache of that many tokens; each width is then fed on top of it as a verify pass (logits
-    at every position) and cropped away again, best of ``repeats`` (passes over 1 s once). Leaves the cache empty.
-    Returns ``(widths, seconds, context, prefill_seconds)``."""
+    at every position) and cropped away again: ``repeats`` interleaved rounds (``MIN_REPEATS`` for
+    a width slower than ``SLOW_PASS``), the median kept. Widths that spread widely or contradict a
+    neighbour (:func:`suspect_widths`) are timed afresh, ``MAX_REMEASURE`` times at most; then
+    the table is :func:`repair`-ed and the report says so. Leaves the cache empty.
+    Returns ``(widths, seconds, context, prefill_seconds)`` with a ``report`` (:class:`Measured`)."""
     widths = sorted({int(w) for w in widths if int(w) >= 1} | {1})
     g = torch.Generator().manual_seed(0)
     top = widths[-1]
@@ -188,19 +267,46 @@ def measure(lm, widths: Sequence[int] = WIDTHS, repeats: int = 2) -> tuple[list[
     _sync(lm.device)
     prefill = clock() - t0
     context = top
-    best: dict[int, float] = {}
+
+    def timed(w: int) -> float:  # a verify pass: logits for every position, as the engine asks
+        t0 = clock()
+        lm.forward(ids[context:context + w], num_logits=w)
+        _sync(lm.device)
+        dt = clock() - t0
+        lm.truncate(context)
+        return max(dt, 1e-7)
+
+    samples: dict[int, list[float]] = {w: [] for w in widths}
     for rep in range(max(1, repeats)):
-        for w in widths:  # verify passes: logits for every position, as the engine asks
-            if rep and best[w] > 1.0:
-                continue  # a slow pass is measured once: its noise is small against it
-            t0 = clock()
-            lm.forward(ids[context:context + w], num_logits=w)
-            _sync(lm.device)
-            dt = clock() - t0
-            lm.truncate(context)
-            best[w] = min(best.get(w, dt), dt)
+        for w in widths:
+            if rep >= MIN_REPEATS and statistics.median(samples[w]) > SLOW_PASS:
+                continue
+            samples[w].append(timed(w))
+    remeasured: list[int] = []
+    suspects: set[int] = set()
+    for attempt in range(MAX_REMEASURE + 1):
+        med = [statistics.median(samples[w]) for w in widths]
+        suspects = suspect_widths(widths, med) | {
+            w for w, m in zip(widths, med) if _spread(samples[w]) > SPREAD_LIMIT and m > NOISE_FLOOR}
+        if not suspects or attempt == MAX_REMEASURE:
+            break
+        fresh: dict[int, list[float]] = {w: [] for w in suspects}
+        for _ in range(MIN_REPEATS):
+            for w in sorted(suspects):
+                fresh[w].append(timed(w))
+        samples.update(fresh)  # the earlier samples of a suspect are not trusted
+        remeasured += sorted(suspects)
     lm.reset()
-    return widths, [max(best[w], 1e-7) for w in widths], context, max(prefill, 1e-7)
+    med = [statistics.median(samples[w]) for w in widths]
+    noisy = ""
+    if suspects:
+        noisy = (f"timings of width(s) {', '.join(map(str, sorted(suspects)))} stayed noisy or inconsistent "
+                 f"after {MAX_REMEASURE} re-measurements")
+        med = repair(widths, med)
+    out = Measured((widths, med, context, max(prefill, 1e-7)))
+    out.report = {"spread": [round(_spread(samples[w]), 4) for w in widths], "remeasured": remeasured,
+                  "noisy": noisy}
+    return out
 
 
 def time_step(lm, context: int = 32, repeats: int = 5) -> float:
@@ -247,7 +353,46 @@ def load_cached(fp: Mapping, model: str, dtype: str) -> CostTable | None:
     table = read_table(cache_path(fp, model, dtype))
     if table is None or table.fingerprint != dict(fp) or table.model != model or table.dtype != dtype:
         return None
+    if table.stale:  # observed passes drifted far from it: measure again
+        return None
+    if table.noisy and machine_load(int(fp.get("threads") or 1)) is None:
+        return None  # measured on a busy machine, and this one is quiet now: measure again
     return table
+
+
+def machine_load(threads: int) -> str | None:
+    """Why this machine looks too busy to time on, or None: the 1-minute load average, less the
+    ``threads`` a measurement runs (its own load), exceeds the cores left over (``os.cpu_count()``
+    less ``threads``; at least half a core). Where the load average is not available, None."""
+    try:
+        load = os.getloadavg()[0]
+    except (OSError, AttributeError):
+        return None
+    cores = os.cpu_count() or 1
+    threads = max(1, int(threads))
+    others = load - threads
+    if others > max(0.5, cores - threads):
+        return (f"the 1-minute load average is {load:.1f} on {cores} cores and the measurement runs {threads} "
+                "thread(s)")
+    return None
+
+
+def mark_stale(table: CostTable, why: str) -> bool:
+    """Mark ``table``'s cached copy stale (observed passes drifted far from it), so the next load
+    measures again. Only the copy made by the same measurement is marked; True when one was."""
+    path = cache_path(table.fingerprint, table.model, table.dtype)
+    cached = read_table(path)
+    if cached is None or cached.measured_at != table.measured_at or cached.seconds != table.seconds:
+        return False
+    if cached.stale:
+        return True
+    cached.stale = why
+    try:
+        save(cached)
+    except OSError:
+        return False
+    table.stale = why
+    return True
 
 
 def save(table: CostTable) -> None:
@@ -281,9 +426,19 @@ def table_for(lm, model: str, dtype: str, log: Callable[[str], None] | None = No
     try:
         if log:
             log(f"specdec: measuring {model.split('|')[0]} in {dtype} on this machine (once; cached)")
-        widths, seconds, context, prefill = measure(lm)
+        busy = machine_load(int(fp.get("threads") or 1))
+        result = measure(lm)
+        widths, seconds, context, prefill = result
+        report = getattr(result, "report", {}) or {}
+        busy = busy or machine_load(int(fp.get("threads") or 1))
+        noisy = "; ".join(x for x in (busy, report.get("noisy")) if x)
         table = CostTable(model, dtype, widths, seconds, context, fp, time.strftime("%Y-%m-%dT%H:%M:%S"),
-                          prefill_seconds=prefill, kernels=list(kernels))
+                          prefill_seconds=prefill, kernels=list(kernels), spread=list(report.get("spread") or []),
+                          noisy=noisy)
+        if noisy and log:
+            log(f"specdec: warning: this machine looks busy ({noisy}); the timings of {model.split('|')[0]} in "
+                f"{dtype} may be off, so the choice of dtype and K may be too: they are measured again at a "
+                "later load that finds the machine quiet (or run 'specdec calibrate' then)")
     except Exception as exc:  # noqa: BLE001 - a measurement must never break a load
         if log:
             log(f"specdec: warning: could not measure {model.split('|')[0]} in {dtype} ({type(exc).__name__}: "

@@ -277,6 +277,8 @@ class Engine:
                 stats.k_chosen.append(k)
             if control is not None:
                 control.observe(n, accepted, t1 - t0 if draft.fed <= 2 else None, t2 - t1, inner=inner)
+                if control.drift is not None:  # the cost table drifted far from the observed passes
+                    stats.cost_drift = control.drift
             # 4. commit, cut at the first stop
             new = ([draft.tokens[i] for i in path] if tree else draft.tokens[:accepted]) + [token]
             for i, t in enumerate(new):

@@ -38,6 +38,9 @@ class Stats:
     k_chosen: list[int] = field(default_factory=list)  # k=auto: the K of each round (0 = plain step)
     accepted_per_round: list[int] = field(default_factory=list)  # drafts kept in each round
     round_ends: list[float] = field(default_factory=list)  # seconds from the start to each round's commit
+    #: k=auto: observed / table target pass seconds when they drifted far from the cost table
+    #: (its cached copy is then marked stale; :mod:`specdec.autok`), else None
+    cost_drift: float | None = None
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification rule
@@ -76,6 +79,17 @@ class Stats:
         return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
 
     tau = mean_acceptance_length
+
+    @property
+    def drafting_rounds(self) -> int:
+        """Rounds that drafted at least one token (k=auto's plain steps, K=0, are not among them)."""
+        return self.drafted_at[0] if self.drafted_at else 0
+
+    @property
+    def drafting_tau(self) -> float:
+        """tau over the rounds that drafted: 1 + drafts kept per drafting round (0 without one);
+        low only when drafts were rejected, whatever k=auto's plain steps did."""
+        return 1.0 + self.accepted / self.drafting_rounds if self.drafting_rounds else 0.0
 
     @property
     def acceptance_rate(self) -> float:

@@ -207,10 +207,8 @@ def check_optional_dependencies(a: argparse.Namespace, plots: bool = True) -> No
 
 
 def cmd_bench(a: argparse.Namespace) -> int:
-    from ..cliargs import load_pair, startup_summary
     from . import environment
-    from .results import check_run_settings, prepare_dir
-    from .runner import run
+    from .results import lock_out, prepare_dir
 
     configs, peers, settings, (limit, positions) = parse_args(a)
     everything = [*configs, *peers]
@@ -223,27 +221,41 @@ def cmd_bench(a: argparse.Namespace) -> int:
         out, dataset, records, env, models = report_inputs(a, stored, env, dataset, everything, settings.repeats)
     else:
         out = prepare_dir(a.out)
-        check_run_settings(out, stored, {"argv": env["argv"], "git": env["git"]})
-        pair = load_pair(a, progress=not a.quiet)
-        if not a.quiet:
-            print(startup_summary(pair), file=sys.stderr, flush=True)
-        for c in everything:
-            if c.kind == "peer" and c.policy.startswith("hf-") and pair.backend != "transformers":
-                raise SpecdecError(f"peer {c.policy} runs transformers' generate() on the run's own model objects, "
-                                   f"so it needs --backend transformers (this run uses {pair.backend})")
-            if pair.draft is None and cfgs.needs_draft_model(c):
-                raise SpecdecError(f"configuration {c.id} needs a draft model; pass --draft (none was loaded for "
-                                   f"{a.target!r})")
-        records = run(pair, dataset, configs, peers, settings, out, progress=not a.quiet)
-        models = {"target": pair.target_name, "draft": pair.draft_name, "draft_quant": pair.draft_quant,
-                  "backend": pair.backend, "backend_why": pair.backend_why,
-                  "dtype": pair.target.variant,
-                  "draft_dtype": None if pair.draft is None else pair.draft.variant,
-                  "dtype_asked": stored["dtype"], "dtype_why": pair.costs.why, "device": stored["device"],
-                  "cost_model": {role: (None if t is None else t.to_dict())
-                                 for role, t in (("target", pair.costs.target), ("draft", pair.costs.draft))}}
+        with lock_out(out):  # a second run on the same folder is refused; a killed run leaves no lock
+            records, models = _bench_locked(a, out, stored, env, configs, peers, everything, settings, dataset)
+            write_outputs(a, records, everything, dataset, planned, settings, out, env, models)
+        return 0
     write_outputs(a, records, everything, dataset, planned, settings, out, env, models)
     return 0
+
+
+def _bench_locked(a, out, stored, env, configs, peers, everything, settings, dataset) -> tuple[list[dict], dict]:
+    """Check or store run.json, load the models and run what is not finished: the records and
+    the models' description. The caller holds ``out``'s lock."""
+    from ..cliargs import load_pair, startup_summary
+    from .results import check_run_settings
+    from .runner import run
+
+    check_run_settings(out, stored, {"argv": env["argv"], "git": env["git"]})
+    pair = load_pair(a, progress=not a.quiet)
+    if not a.quiet:
+        print(startup_summary(pair), file=sys.stderr, flush=True)
+    for c in everything:
+        if c.kind == "peer" and c.policy.startswith("hf-") and pair.backend != "transformers":
+            raise SpecdecError(f"peer {c.policy} runs transformers' generate() on the run's own model objects, "
+                               f"so it needs --backend transformers (this run uses {pair.backend})")
+        if pair.draft is None and cfgs.needs_draft_model(c):
+            raise SpecdecError(f"configuration {c.id} needs a draft model; pass --draft (none was loaded for "
+                               f"{a.target!r})")
+    records = run(pair, dataset, configs, peers, settings, out, progress=not a.quiet)
+    models = {"target": pair.target_name, "draft": pair.draft_name, "draft_quant": pair.draft_quant,
+              "backend": pair.backend, "backend_why": pair.backend_why,
+              "dtype": pair.target.variant,
+              "draft_dtype": None if pair.draft is None else pair.draft.variant,
+              "dtype_asked": stored["dtype"], "dtype_why": pair.costs.why, "device": stored["device"],
+              "cost_model": {role: (None if t is None else t.to_dict())
+                             for role, t in (("target", pair.costs.target), ("draft", pair.costs.draft))}}
+    return records, models
 
 
 def write_outputs(a: argparse.Namespace, records: list[dict], everything: list, dataset, planned: int, settings,
@@ -304,7 +316,10 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
     made, invocations = read_run_settings(out, stored, ignore=MACHINE_KEYS)
     dataset = finished_only(dataset, out, everything, repeats)
     wanted = {s.id for s in dataset.samples}
-    records = [r for r in ResultsFile(out).load() if r["sample_id"] in wanted]
+    results = ResultsFile(out)
+    records = [r for r in results.load(repair=False) if r["sample_id"] in wanted]  # writes nothing: a run may hold it
+    if results.report() is not None:
+        print(results.report("they are left out of the report"), file=sys.stderr)
     if any(made.get(k) != stored.get(k) for k in MACHINE_KEYS):
         print(f"specdec: reporting results made on another machine ({made.get('cpu')}, flags "
               f"{','.join(made.get('cpu_flags') or [])}); speeds are that machine's", file=sys.stderr)
@@ -337,7 +352,7 @@ def finished_only(dataset, out: Path, configs: list, repeats: int):
 
     from .results import ResultsFile, record_key
 
-    keys = {r["key"] for r in ResultsFile(out).load()}
+    keys = {r["key"] for r in ResultsFile(out).load(repair=False)}
     done = [s for s in dataset.samples
             if all(record_key(s.id, c.id, rep) in keys for c in configs for rep in range(repeats))]
     if not done:

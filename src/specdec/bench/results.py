@@ -2,8 +2,12 @@
 
 ``results.jsonl`` is append-only: one line per (sample, configuration, repeat), written with a
 single ``write`` then flushed and fsynced, so a run killed at any moment loses at most the line
-being written. On load a torn or unparsable line is discarded (the file is rewritten atomically
-without it), and finished keys are skipped by the rerun. ``run.json`` holds the settings that make
+being written. On load every line is checked (:func:`line_problem`: JSON, an object, the fields
+a record needs with their types, a key that matches them); a torn, unparsable or incomplete line is
+discarded (the file is rewritten atomically without it, and the run reports it in one line), so
+its (sample, configuration, repeat) runs again; finished keys are skipped by the rerun. While a run
+writes a folder it holds :func:`lock_out` (``fcntl.flock`` on ``.specdec.lock``; the kernel releases it
+when the process ends, killed or not), so a second run on the same folder is refused in one line. ``run.json`` holds the settings that make
 results comparable (models, dtype, device, draft quantization, budget, sampling, prompt format,
 data file, hardware, library versions); a rerun whose settings differ is refused rather than
 mixed. The configuration set, ``--limit`` and ``--repeats`` may change between runs: lines are
@@ -12,18 +16,28 @@ keyed by the full configuration id.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterator
 
 from ..errors import SpecdecError
 
 RESULTS = "results.jsonl"
 RUN = "run.json"
+LOCK = ".specdec.lock"
+
+#: the fields every results line has (runner._base, _our_record, _peer_record) and what each must be
+_NUMBER = (int, float)
+REQUIRED: dict[str, tuple[type, ...]] = {
+    "key": (str,), "sample_id": (str,), "config": (str,), "repeat": (int,), "text": (str,),
+    "token_ids": (list,), "new_tokens": (int,), "seconds": _NUMBER, "stats": (dict,), "quality": (dict,),
+}
 
 
 def record_key(sample_id: str, config_id: str, repeat: int) -> str:
@@ -74,44 +88,119 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def line_problem(rec: Any) -> str | None:
+    """Why a parsed results line cannot be used (None when it can): a record missing a field the
+    summary reads, a field of the wrong type, or a key that does not match its own fields."""
+    if not isinstance(rec, dict):
+        return f"a JSON {type(rec).__name__}, not an object"
+    for name, types in REQUIRED.items():
+        if name not in rec:
+            return f"no {name!r}"
+        v = rec[name]
+        if isinstance(v, bool) or not isinstance(v, types):
+            return f"{name!r} is {type(v).__name__}, not {'/'.join(t.__name__ for t in types)}"
+    if rec["repeat"] < 0 or rec["new_tokens"] < 0:
+        return "a negative 'repeat' or 'new_tokens'"
+    if not (math.isfinite(rec["seconds"]) and rec["seconds"] >= 0):
+        return f"'seconds' is {rec['seconds']}"
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in rec["token_ids"]):
+        return "'token_ids' holds a non-integer"
+    if rec["key"] != record_key(rec["sample_id"], rec["config"], rec["repeat"]):
+        return f"key {rec['key']!r} does not match its sample_id, config and repeat"
+    if rec.get("agreement") is not None and not isinstance(rec["agreement"], dict):
+        return "'agreement' is not an object"
+    return None
+
+
+@contextlib.contextmanager
+def lock_out(out_dir: Path, what: str = "specdec bench") -> Iterator[None]:
+    """Hold the output folder for this process: an exclusive ``fcntl.flock`` on ``.specdec.lock``
+    in it, taken without waiting. A folder another run holds is refused in one line naming that
+    run (pid, host, start time, command, written into the lock file by its holder). The kernel
+    drops the lock when the holder's file is closed, so a killed run never leaves the folder
+    locked (the file itself stays, harmless)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no locking
+        yield
+        return
+    path = Path(out_dir) / LOCK
+    f = open(path, "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read(400).strip().replace("\n", " ") or "another process"
+            raise SpecdecError(f"{out_dir} is in use by another run ({holder}); wait for it to finish, "
+                               "or use another --out folder") from None
+        f.seek(0)
+        f.truncate()
+        import sys
+
+        f.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+                f"{what} {' '.join(sys.argv[1:])[:200]}\n")
+        f.flush()
+        yield
+    finally:
+        f.close()  # releases the lock
+
+
 class ResultsFile:
     """``results.jsonl``: load (tolerating a torn tail), then append durable lines."""
 
     def __init__(self, out_dir: Path):
         self.path = Path(out_dir) / RESULTS
-        self.discarded = 0  # unparsable lines dropped by the last load()
+        self.discarded = 0  # unusable lines dropped by the last load()
+        self.problems: list[str] = []  # "line N: why" for each of them
         self._f = None
 
-    def load(self) -> list[dict]:
+    def load(self, repair: bool = True) -> list[dict]:
+        """The usable records (the last per key). ``repair``: rewrite the file without the unusable
+        lines (a run about to append, holding the folder's lock); without it nothing is written
+        (a report of the folder as it is)."""
+        self.discarded, self.problems = 0, []
         if not self.path.exists():
             return []
         raw = self.path.read_bytes()
         good: list[bytes] = []
         records: list[dict] = []
-        bad = 0
         lines = raw.split(b"\n")
         for i, line in enumerate(lines):
             if not line.strip():
                 continue
-            torn = i == len(lines) - 1  # no newline after it: the write never finished
-            try:
-                rec = json.loads(line)
-                ok = isinstance(rec, dict) and isinstance(rec.get("key"), str) and not torn
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                ok = False
-            if ok:
+            if i == len(lines) - 1:  # no newline after it: the write never finished
+                why: str | None = "torn (no end of line: the write never finished)"
+            else:
+                try:
+                    rec = json.loads(line)
+                    why = line_problem(rec)
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    why = "not JSON"
+                except RecursionError:
+                    why = "nested too deep"
+            if why is None:
                 good.append(line)
                 records.append(rec)
             else:
-                bad += 1
-        self.discarded = bad
-        if bad or (raw and not raw.endswith(b"\n")):
+                self.problems.append(f"line {i + 1}: {why}")
+        self.discarded = len(self.problems)
+        if repair and (self.problems or (raw and not raw.endswith(b"\n"))):
             atomic_write_text(self.path, "".join(g.decode("utf-8") + "\n" for g in good))
         # the last line per key wins (a key is never written twice by this code, but be tolerant)
         by_key: dict[str, dict] = {}
         for rec in records:
             by_key[rec["key"]] = rec
         return list(by_key.values())
+
+    def report(self, then: str = "their runs are made again") -> str | None:
+        """One line on what the last load discarded (None when nothing was)."""
+        if not self.problems:
+            return None
+        shown = "; ".join(p[:120] for p in self.problems[:3])
+        more = f"; and {len(self.problems) - 3} more" if len(self.problems) > 3 else ""
+        return (f"specdec: warning: {self.path}: discarded {len(self.problems)} unusable line(s) ({shown}{more}); "
+                f"{then}")
 
     def append(self, record: dict) -> None:
         try:

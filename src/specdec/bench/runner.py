@@ -10,6 +10,7 @@ anything is timed. Every finished (sample, configuration, repeat) is scored and 
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,9 +100,13 @@ def run(
     progress: bool = True, on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """Run whatever is not finished yet; returns all records (loaded and new) of this run's
-    samples. ``on_record`` is called after each line is durable (tests use it to inject crashes)."""
+    samples. ``on_record`` is called after each line is durable (tests use it to inject crashes).
+    Unusable lines already in the folder are reported in one line on stderr and run again. The
+    caller holds the folder's lock (:func:`specdec.bench.results.lock_out`)."""
     results = ResultsFile(out_dir)
     existing = {r["key"]: r for r in results.load()}
+    if results.report() is not None:
+        print(results.report(), file=sys.stderr, flush=True)
     everything = [*configs, *peers]
     prompts: dict[str, Prompt] = {s.id: build_prompt(pair.tokenizer, s) for s in dataset.samples}
     scorer = Scorer(settings.sandbox_timeout, settings.sandbox_memory_mb, settings.unsafe_exec)

@@ -185,16 +185,17 @@ def check_quality_dataset(spec: str) -> None:
 
 def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str) -> dict:
     """One bench run folder (resumable) -> its per-configuration summary rows."""
-    from .results import check_run_settings, prepare_dir
+    from .results import check_run_settings, lock_out, prepare_dir
     from .runner import run
     from .summary import summarize
 
     folder = prepare_dir(out / name)
-    check_run_settings(folder, run_settings(a, settings, dataset, env), {"argv": env["argv"], "git": env["git"]})
-    if not a.quiet:
-        print(f"specdec tune: {name} stage, {len(configs) - 1} setting(s) + ar on {len(dataset.samples)} sample(s), "
-              f"{settings.max_new_tokens} tokens", file=sys.stderr, flush=True)
-    records = run(pair, dataset, configs, [], settings, folder, progress=not a.quiet)
+    with lock_out(folder, "specdec tune"):  # a second tune on the same folder is refused
+        check_run_settings(folder, run_settings(a, settings, dataset, env), {"argv": env["argv"], "git": env["git"]})
+        if not a.quiet:
+            print(f"specdec tune: {name} stage, {len(configs) - 1} setting(s) + ar on {len(dataset.samples)} "
+                  f"sample(s), {settings.max_new_tokens} tokens", file=sys.stderr, flush=True)
+        records = run(pair, dataset, configs, [], settings, folder, progress=not a.quiet)
     return summarize(records, [c.to_dict() for c in configs], [s.id for s in dataset.samples], 1)["configs"]
 
 
