@@ -18,7 +18,7 @@ import torch
 
 from .checks import check_int
 from .drafters import Draft, Drafter, check_drafter_options, drafter_class, make_drafter
-from .autok import KController
+from .autok import KController, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model
@@ -130,12 +130,7 @@ class Engine:
         else:
             while len(self.controllers) >= MAX_CONTROLLERS:
                 self.controllers.popitem(last=False)
-            if cfg.drafter == "pld":
-                step = 0.0
-            elif self.draft_costs is not None:
-                step = self.draft_costs.forward(1)
-            else:
-                step = self.target_costs.forward(1) / 3  # unmeasured draft: a third of a target step
+            step = draft_step_estimate(cfg.drafter, self.target_costs, self.draft_costs)
             k_max = max(1, self.target_costs.widths[-1] - 1)
             window = window_of(cfg.parsed)  # FLy: short blocks leave the window inert, long ones let it act
             self.controllers[key] = KController(self.target_costs, step, k_max=max(k_max, window + 1), window=window)
