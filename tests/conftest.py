@@ -21,6 +21,13 @@ def pytest_sessionstart(session):
                                 "pip install 'specdec[llama]'")
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """The end-to-end tests first (stable otherwise): on a fresh machine they assemble, convert and
+    measure the real pair, the longest file, so under ``-n 2 --dist loadfile`` one worker starts it
+    at once while the other takes everything else."""
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """(target_dir, draft_dir): a tiny random Qwen2 and a perturbed copy, with a byte tokenizer."""
