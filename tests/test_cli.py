@@ -45,3 +45,13 @@ def test_models_lists_bundled_pair():
     res = run_cli("models")
     assert res.returncode == 0
     assert "qwen2.5-coder-1.5b" in res.stdout and "qwen2.5-coder-0.5b" in res.stdout
+
+
+def test_calibrate_explains_only_the_kernels_it_shows(tiny_dirs, tmp_path):
+    target, draft = tiny_dirs
+    res = run_cli("calibrate", "-q", "--target", str(target), "--draft", str(draft), "--dtype", "float32",
+                  "--draft-dtype", "float32", "--draft-quant", "none")
+    assert res.returncode == 0, res.stderr
+    assert "(* = the variant in use" in res.stdout and "cached under $SPECDEC_HOME/costs" in res.stdout
+    assert ("pad1 =" in res.stdout) == ("kernels: pad1" in res.stdout)  # float32 tables use no pad1: no legend
+    assert "pad1" not in res.stdout

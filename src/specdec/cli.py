@@ -167,8 +167,10 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             print(row)
     if pair.costs.why:
         print(f"dtype auto: {pair.costs.why}")
-    print("(* = the variant in use; kernels: pad1 = one-token passes run each linear over two rows, measured"
-          " faster here; cached under $SPECDEC_HOME/costs for this machine)")
+    shown = [t for c in pair.costs.candidates.values() for t in c.values() if t is not None]
+    pad1 = ("; kernels: pad1 = one-token passes run each linear over two rows, measured faster here"
+            if any("pad1" in t.kernels for t in shown) else "")
+    print(f"(* = the variant in use{pad1}; cached under $SPECDEC_HOME/costs for this machine)")
     return 0
 
 
