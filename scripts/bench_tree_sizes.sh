@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 11, the tree size: chains and trees of 8, 16 and 32 scored tokens per pass, lossless and
-# fly+mars, greedy, on HumanEval's first 10 problems and the same 20 Spec-Bench prompts as
-# scripts/issue11_bench.sh, with the default chain (k=auto) beside them. Wider trees pay only
+# The tree size: chains and trees of 8, 16 and 32 scored tokens per pass, lossless and fly+mars,
+# greedy, on HumanEval's first 10 problems and the same 20 Spec-Bench prompts as
+# scripts/bench_trees.sh, with the default chain (k=auto) beside them. Wider trees pay only
 # where a wide verify pass costs little more than a narrow one (the cost model's table): run it
 # on each machine kind; folders are named after it (avx512bf16 / avx2, from /proc/cpuinfo).
 # Resumable: rerun to continue. Needs nothing else running.
@@ -13,5 +13,5 @@ SB=spec-bench:translation,summarization,qa,math_reasoning,rag,writing,roleplay,r
 T=lossless:drafter=tree
 SIZES="ar,lossless,lossless:k=8,lossless:k=16,lossless:k=32,$T:tree_nodes=8,$T:tree_nodes=16,$T:tree_nodes=16:tree_width=4,$T:tree_nodes=32:tree_width=4,fly+mars:k=16,fly+mars:drafter=tree:tree_nodes=16:tree_width=4"
 run() { specdec bench -q --max-new-tokens "$TOKENS" --policies "$SIZES" "$@" ${REPORT:+--report-only} > /dev/null; }
-run --dataset "$SB" --limit 2 --out "benchmarks/issue11-$KIND-sb20-sizes"
-run --dataset humaneval --limit 10 --out "benchmarks/issue11-$KIND-he10-sizes"
+run --dataset "$SB" --limit 2 --out "benchmarks/specbench20-$TOKENS-treesizes-$KIND"
+run --dataset humaneval --limit 10 --out "benchmarks/humaneval10-$TOKENS-treesizes-$KIND"

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The issue-10 figures: each loose rule tuned by `specdec tune` on HumanEval problems 100-107
-# (positions 100..107, the tuning split), then every pick in one report run on HumanEval 1-12
-# (positions 0..11, disjoint) with plain decoding and the default lossless configuration.
+# Each loose rule tuned by `specdec tune` on HumanEval problems 100-107 (positions 100..107, the
+# tuning split), then every pick in one report run on HumanEval 1-12 (positions 0..11, disjoint)
+# with plain decoding and the default lossless configuration; greedy, 128 new tokens.
+# Folders: benchmarks/tune-<policy>-humaneval8-128-<kind> (and a .log beside each) and
+# benchmarks/humaneval12-128-tuned-<kind>; <kind> = avx512bf16 or avx2, from /proc/cpuinfo
+# (KIND=... overrides).
 # Resumable: rerun to continue (finished tunes are skipped, bench resumes). Needs nothing else
 # running (timings) and: pip install -e '.[all]'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+KIND=${KIND:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo avx512bf16 || echo avx2)}
 TUNE=(--k auto --limit 8 --max-new-tokens 128 --proxy-samples 2 --proxy-tokens 48 --confirm 2 -q)
 declare -A GRID=([mars]="" [typical]="" [dropmatch]="" [fly]="" [fly+mars]="--grid fly_theta=0.3")
 CONFIGS=()
 POLICIES="ar,lossless"  # + a rule at its defaults where no setting was within the budget
 for policy in mars typical dropmatch fly fly+mars; do
-  out="benchmarks/issue10-tune-${policy/+/-}"
+  out="benchmarks/tune-${policy/+/-}-humaneval8-128-$KIND"
   if [ ! -f "$out/config.json" ]; then
     # shellcheck disable=SC2086
     specdec tune --policy "$policy" ${GRID[$policy]} "${TUNE[@]}" --out "$out" > /dev/null 2> "$out.log" \
@@ -20,4 +24,4 @@ for policy in mars typical dropmatch fly fly+mars; do
   if [ -f "$out/config.json" ]; then CONFIGS+=(--config "$out/config.json"); else POLICIES+=",$policy"; fi
 done
 specdec bench -q --dataset humaneval --samples 0..11 --max-new-tokens 128 --policies "$POLICIES" "${CONFIGS[@]}" \
-  --out benchmarks/issue10-he12 > /dev/null
+  --out "benchmarks/humaneval12-128-tuned-$KIND" > /dev/null
