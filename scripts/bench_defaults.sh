@@ -9,7 +9,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIND=${KIND:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo avx512bf16 || echo avx2)}
-run() { specdec bench -q --max-new-tokens 128 "$@" > /dev/null; }
+# The figures were measured on the transformers backend; with llama-cpp-python installed, backend
+# auto would now pick llama.cpp for the bundled pair, so the backend is named (BACKEND=... overrides).
+BACKEND=${BACKEND:-transformers}
+run() { specdec bench -q --backend "$BACKEND" --max-new-tokens 128 "$@" > /dev/null; }
 # peers and plain decoding in both dtypes (measured at a5bb4fb)
 # run --dataset humaneval --limit 20 --policies "ar,ar:dtype=bfloat16,lossless" --peers "hf-assisted,llama-cpp" --out "benchmarks/humaneval20-128-peers-$KIND"
 run --dataset spec-bench --limit 2 --policies "ar,lossless" --out "benchmarks/specbench26-128-$KIND"

@@ -34,11 +34,14 @@ B=benchmarks
 TUNED=(--config $B/tune-mars-humaneval8-128-avx2/config.json --config $B/tune-dropmatch-humaneval8-128-avx2/config.json
        --config $B/tune-fly-humaneval8-128-avx2/config.json)
 POLICIES=ar,lossless,typical,fly+mars
+# The figures were measured on the transformers backend; with llama-cpp-python installed, backend
+# auto would now pick llama.cpp for the bundled pair, so the backend is named (BACKEND=... overrides).
+BACKEND=${BACKEND:-transformers}
 run() {
   if [[ -n "${REPORT:-}" ]]; then
-    [[ -f "${@: -1}/results.jsonl" ]] && specdec bench -q "$@" --report-only > /dev/null || true
+    [[ -f "${@: -1}/results.jsonl" ]] && specdec bench -q --backend "$BACKEND" "$@" --report-only > /dev/null || true
   else
-    specdec bench -q "$@" > /dev/null
+    specdec bench -q --backend "$BACKEND" "$@" > /dev/null
   fi
 }
 for s in ${STAGES//,/ }; do

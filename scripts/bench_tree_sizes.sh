@@ -12,6 +12,9 @@ KIND=${KIND:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo avx512bf16
 SB=spec-bench:translation,summarization,qa,math_reasoning,rag,writing,roleplay,reasoning,coding,stem
 T=lossless:drafter=tree
 SIZES="ar,lossless,lossless:k=8,lossless:k=16,lossless:k=32,$T:tree_nodes=8,$T:tree_nodes=16,$T:tree_nodes=16:tree_width=4,$T:tree_nodes=32:tree_width=4,fly+mars:k=16,fly+mars:drafter=tree:tree_nodes=16:tree_width=4"
-run() { specdec bench -q --max-new-tokens "$TOKENS" --policies "$SIZES" "$@" ${REPORT:+--report-only} > /dev/null; }
+# The figures were measured on the transformers backend; with llama-cpp-python installed, backend
+# auto would now pick llama.cpp for the bundled pair, so the backend is named (BACKEND=... overrides).
+BACKEND=${BACKEND:-transformers}
+run() { specdec bench -q --backend "$BACKEND" --max-new-tokens "$TOKENS" --policies "$SIZES" "$@" ${REPORT:+--report-only} > /dev/null; }
 run --dataset "$SB" --limit 2 --out "benchmarks/specbench20-$TOKENS-treesizes-$KIND"
 run --dataset humaneval --limit 10 --out "benchmarks/humaneval10-$TOKENS-treesizes-$KIND"

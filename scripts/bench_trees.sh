@@ -12,7 +12,10 @@ KIND=${KIND:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo avx512bf16
 SB=spec-bench:translation,summarization,qa,math_reasoning,rag,writing,roleplay,reasoning,coding,stem
 CHAINS="ar,lossless:k=8,lossless:drafter=tree:tree_nodes=8,fly+mars:k=8,fly+mars:drafter=tree:tree_nodes=8"
 SAMPLED="$CHAINS,block:k=8"
-run() { specdec bench -q --max-new-tokens "$TOKENS" "$@" > /dev/null; }
+# The figures were measured on the transformers backend; with llama-cpp-python installed, backend
+# auto would now pick llama.cpp for the bundled pair, so the backend is named (BACKEND=... overrides).
+BACKEND=${BACKEND:-transformers}
+run() { specdec bench -q --backend "$BACKEND" --max-new-tokens "$TOKENS" "$@" > /dev/null; }
 run --dataset humaneval --limit 10 --policies "$CHAINS" --out "benchmarks/humaneval10-$TOKENS-trees-t0-$KIND"
 run --dataset "$SB" --limit 2 --policies "$CHAINS" --out "benchmarks/specbench20-$TOKENS-trees-t0-$KIND"
 run --dataset humaneval --limit 10 --temperature 1 --seed 0 --policies "$SAMPLED" --out "benchmarks/humaneval10-$TOKENS-trees-t1-$KIND"

@@ -10,7 +10,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 KIND=${KIND:-$(grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo && echo avx512bf16 || echo avx2)}
-TUNE=(--k auto --limit 8 --max-new-tokens 128 --proxy-samples 2 --proxy-tokens 48 --confirm 2 -q)
+# The figures were measured on the transformers backend; with llama-cpp-python installed, backend
+# auto would now pick llama.cpp for the bundled pair, so the backend is named (BACKEND=... overrides).
+BACKEND=${BACKEND:-transformers}
+TUNE=(--backend "$BACKEND" --k auto --limit 8 --max-new-tokens 128 --proxy-samples 2 --proxy-tokens 48 --confirm 2 -q)
 declare -A GRID=([mars]="" [typical]="" [dropmatch]="" [fly]="" [fly+mars]="--grid fly_theta=0.3")
 CONFIGS=()
 POLICIES="ar,lossless"  # + a rule at its defaults where no setting was within the budget
@@ -23,5 +26,5 @@ for policy in mars typical dropmatch fly fly+mars; do
   fi
   if [ -f "$out/config.json" ]; then CONFIGS+=(--config "$out/config.json"); else POLICIES+=",$policy"; fi
 done
-specdec bench -q --dataset humaneval --samples 0..11 --max-new-tokens 128 --policies "$POLICIES" "${CONFIGS[@]}" \
+specdec bench -q --backend "$BACKEND" --dataset humaneval --samples 0..11 --max-new-tokens 128 --policies "$POLICIES" "${CONFIGS[@]}" \
   --out "benchmarks/humaneval12-128-tuned-$KIND" > /dev/null
