@@ -1,4 +1,4 @@
-"""The loose rules at T>0 (issue 10, item 2).
+"""The loose rules at T>0.
 
 1. Relaxation switched off by a rule's own parameters = exact: seeded chi-square tests that the
    first three output tokens follow the target's joint law, on hand-made tables and through the

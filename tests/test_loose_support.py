@@ -1,5 +1,5 @@
 """Loose rules at T>0 stay inside the request's sampling support, FLy is never silently inert, and
-DropMatch's paths build no autograd graph (issue 10, defects A-C)."""
+DropMatch's paths build no autograd graph."""
 
 import pytest
 import torch

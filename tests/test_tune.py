@@ -1,5 +1,5 @@
 """``specdec tune`` and config files: the grid, the pick, the config file that generate/serve/bench
-and the API read back, the tuning split, and bad input as one-line errors (issue 10, item 3)."""
+and the API read back, the tuning split, and bad input as one-line errors."""
 
 import json
 from pathlib import Path
