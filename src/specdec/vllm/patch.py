@@ -336,10 +336,11 @@ def check_engine_args(additional_config: Any, speculative_config: Any) -> Select
                            f"rejection_sample_method at 'standard', not {method!r}")
     k = spec.get("num_speculative_tokens")
     policy = sel.parsed()
-    window = int(getattr(getattr(policy, "window", None), "window", 0) or 0)
+    window = 0 if policy is None else policy.lookahead
     if window and isinstance(k, int) and k <= window:
-        raise SpecdecError(f"policy {sel.policy!r}: FLy's window ({window}) acts only on draft blocks longer than it; "
-                           f"num_speculative_tokens={k} would leave it inert; use >= {window + 1} or a smaller fly_window")
+        raise SpecdecError(f"policy {sel.policy!r}: {policy.lookahead_label} acts only on draft blocks longer than "
+                           f"it; num_speculative_tokens={k} would leave it inert; use >= {window + 1}, "
+                           f"{policy.lookahead_remedy}")
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true"):
         raise SpecdecError("specdec's rules run in vLLM's V1 model runner; unset VLLM_USE_V2_MODEL_RUNNER "
                            "(or set it to 0)")
