@@ -70,6 +70,17 @@ TIE_TOLERANCE = 1e-9
 #: DRIFT_ROUNDS rounds in a row: the cost table is stale
 DRIFT_LOW, DRIFT_HIGH = 0.5, 4.0
 DRIFT_ROUNDS = 32
+#: one round moves the online cost correction by at most this factor either way (a pass stalled by
+#: another process, or a page fault, must not swing K for many rounds)
+ROUND_RATIO_CLAMP = (0.1, 10.0)
+#: the default longest block: the cost tables measure passes up to 32 tokens, K drafts + 1 bonus
+K_MAX = 31
+#: rounds at K=0 before the first probe (then doubling up to MAX_PROBE_INTERVAL)
+PROBE_EVERY = 16
+#: weight of each round in the exponential moving averages of observed costs (~5 rounds of memory)
+COST_EMA = 0.2
+#: halvings when solving for the break-even acceptance: 2^-20 of the range, far below any noise
+BISECT_STEPS = 20
 
 
 @dataclass
@@ -114,8 +125,8 @@ class AcceptanceEstimate:
 class KController:
     """Chooses K each round and learns from the round (see the module docstring)."""
 
-    def __init__(self, target: CostTable, draft_step: float, k_max: int = 31, probe_every: int = 16,
-                 ema: float = 0.2, window: int = 0):
+    def __init__(self, target: CostTable, draft_step: float, k_max: int = K_MAX, probe_every: int = PROBE_EVERY,
+                 ema: float = COST_EMA, window: int = 0):
         self.target = target
         self.draft_step = max(0.0, float(draft_step))  # seconds per draft token, before any round
         self.k_max = max(0, int(k_max))
@@ -208,7 +219,7 @@ class KController:
             self.inner.update(drafted, accepted if inner is None else min(inner, accepted))
         predicted = self.target.forward(drafted + 1)
         if predicted > 0 and verify_seconds > 0:
-            ratio = min(max(verify_seconds / predicted, 0.1), 10.0)
+            ratio = min(max(verify_seconds / predicted, ROUND_RATIO_CLAMP[0]), ROUND_RATIO_CLAMP[1])
             self.target_scale += self.ema * (ratio - self.target_scale)
             self._check_drift()
         if drafted > 0 and draft_seconds is not None and draft_seconds >= 0:
@@ -245,7 +256,7 @@ def breakeven_acceptance(verify, draft_step: float, k_max: int) -> float | None:
     if best_k(verify, draft_step, [OPTIMISTIC_ACCEPTANCE] * k_max, k_max) == 0:
         return None
     lo, hi = 0.0, OPTIMISTIC_ACCEPTANCE
-    for _ in range(20):
+    for _ in range(BISECT_STEPS):
         mid = (lo + hi) / 2
         if best_k(verify, draft_step, [mid] * k_max, k_max) > 0:
             hi = mid
