@@ -68,6 +68,19 @@ def test_plain_reads_match_the_file(tmp_path):
         assert torch.equal(ours[name], t), name
 
 
+def test_cast_on_the_way_in_chunk_by_chunk(tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    import specdec.backends.hf_weights as hw
+
+    path = _save(tiny_model(8).to(torch.bfloat16), tmp_path / "m")
+    (file,) = safetensors_files(path)
+    monkeypatch.setattr(hw, "CHUNK_BYTES", 1000)  # many chunks per tensor, and a short last one
+    ours = dict(read_safetensors(file, torch.float32))
+    for name, t in load_file(str(file)).items():
+        assert ours[name].dtype == torch.float32 and torch.equal(ours[name], t.float()), name
+
+
 def test_other_folders_step_aside(tmp_path):
     path = _save(tiny_model(6), tmp_path / "bin", safe_serialization=False) if _bin_ok() else None
     if path is not None:

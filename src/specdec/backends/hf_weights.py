@@ -37,27 +37,54 @@ def safetensors_files(folder: Path) -> list[Path]:
     return [single] if single.is_file() else []
 
 
-def read_safetensors(path: Path) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` for every tensor in the file, each read into a fresh buffer with plain
-    reads (no memory map, so no page of the file stays resident once its tensor is cast)."""
+#: bytes read at a time when a tensor is cast on the way in (the only transient memory of a load)
+CHUNK_BYTES = 8 << 20
+
+
+def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` for every tensor in the file, read with plain reads (no memory map, so no
+    page of the file stays resident) straight into the tensor's own memory; with ``dtype``,
+    floating-point tensors are cast to it ``CHUNK_BYTES`` at a time on the way in."""
     with open(path, "rb") as f:
         (n,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(n))
         base = 8 + n
         header.pop("__metadata__", None)
         for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            dtype = DTYPES.get(info["dtype"])
-            if dtype is None:
+            stored = DTYPES.get(info["dtype"])
+            if stored is None:
                 raise ValueError(f"{path.name}: tensor {name} has dtype {info['dtype']}, which is not read here")
             start, end = info["data_offsets"]
-            out = torch.empty(info["shape"], dtype=dtype)
-            view = out.reshape(-1).view(torch.uint8)  # the tensor's bytes (contiguous: a view)
-            if view.numel() != end - start:
-                raise ValueError(f"{path.name}: tensor {name} holds {end - start} bytes, its shape needs {view.numel()}")
             f.seek(base + start)
-            if f.readinto(memoryview(view.numpy())) != end - start:
-                raise ValueError(f"{path.name}: tensor {name} is cut short")
+            want = dtype if dtype is not None and stored.is_floating_point else stored
+            out = torch.empty(info["shape"], dtype=want)
+            if want == stored:
+                _read_into(f, out.reshape(-1).view(torch.uint8), end - start, path, name)
+            else:
+                _read_cast(f, out.reshape(-1), stored, end - start, path, name)
             yield name, out
+
+
+def _read_into(f, dest: torch.Tensor, size: int, path: Path, name: str) -> None:
+    """Fill ``dest`` (a flat uint8 view) with the next ``size`` bytes of ``f``."""
+    if dest.numel() != size:
+        raise ValueError(f"{path.name}: tensor {name} holds {size} bytes, its shape needs {dest.numel()}")
+    if size and f.readinto(memoryview(dest.numpy())) != size:
+        raise ValueError(f"{path.name}: tensor {name} is cut short")
+
+
+def _read_cast(f, dest: torch.Tensor, stored: torch.dtype, size: int, path: Path, name: str) -> None:
+    """Fill ``dest`` (flat, its own dtype) from the next ``size`` bytes of ``f``, stored as ``stored``,
+    one chunk at a time."""
+    item = torch.empty((), dtype=stored).element_size()
+    if dest.numel() * item != size:
+        raise ValueError(f"{path.name}: tensor {name} holds {size} bytes, its shape needs {dest.numel() * item}")
+    step = max(1, CHUNK_BYTES // item)
+    buf = torch.empty(min(step, dest.numel()), dtype=stored)
+    for lo in range(0, dest.numel(), step):
+        part = buf[: min(step, dest.numel() - lo)]
+        _read_into(f, part.view(torch.uint8), part.numel() * item, path, name)
+        dest[lo:lo + part.numel()].copy_(part)
 
 
 def load_lean(folder: Path, dtype: torch.dtype):
@@ -78,12 +105,12 @@ def load_lean(folder: Path, dtype: torch.dtype):
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded = set()
     for path in files:
-        for name, tensor in read_safetensors(path):
+        for name, tensor in read_safetensors(path, dtype):
             if name not in params:
                 return None  # a checkpoint whose names need transformers' own key mapping
             module_name, _, leaf = name.rpartition(".")
             module = model.get_submodule(module_name)
-            module._parameters[leaf] = torch.nn.Parameter(tensor.to(dtype), requires_grad=False)
+            module._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
             loaded.add(name)
             del tensor
     model.tie_weights()
