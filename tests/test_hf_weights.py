@@ -26,8 +26,7 @@ def _same_model(a, b):
         torch.testing.assert_close(a(ids).logits, b(ids).logits, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("saved, wanted", [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
-                                           (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("saved, wanted", [(torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)])
 def test_lean_load_equals_from_pretrained(tmp_path, saved, wanted):
     from transformers import AutoModelForCausalLM
 
@@ -51,9 +50,9 @@ def test_tied_embeddings_and_shards(tmp_path):
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     path = _save(model, tmp_path / "tied", max_shard_size="20KB")
     assert len(safetensors_files(path)) > 1  # an index of shards
-    lean = load_lean(path, torch.float32)
+    lean = load_lean(path, torch.bfloat16)
     assert lean.lm_head.weight.data_ptr() == lean.model.embed_tokens.weight.data_ptr()
-    _same_model(lean, AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval())
+    _same_model(lean, AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval())
 
 
 def test_plain_reads_match_the_file(tmp_path):
@@ -82,6 +81,8 @@ def test_cast_on_the_way_in_chunk_by_chunk(tmp_path, monkeypatch):
 
 
 def test_other_folders_step_aside(tmp_path):
+    same = _save(tiny_model(9).to(torch.bfloat16), tmp_path / "same")
+    assert load_lean(same, torch.bfloat16) is None  # no cast needed: the memory map is the better load
     path = _save(tiny_model(6), tmp_path / "bin", safe_serialization=False) if _bin_ok() else None
     if path is not None:
         assert load_lean(path, torch.float32) is None  # .bin weights: transformers' loader

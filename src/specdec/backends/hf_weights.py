@@ -7,8 +7,10 @@ model is built with empty parameters (buffers such as rotary frequencies compute
 each tensor is read with plain file reads into its own buffer, cast, and put in place before the
 next is read: the peak is the weights kept plus the largest tensor.
 
-Only plain folders take this path: safetensors weights (one file or an index of shards) and a
-config without quantization. Anything else (``.bin`` weights, quantized checkpoints, a model whose
+Only plain folders that need a cast take this path: safetensors weights (one file or an index of
+shards) stored in another floating-point dtype than the one asked for, and a config without
+quantization. A folder already in the asked dtype loads best through the memory map (the
+parameters are the file's pages, no copy). Anything else (``.bin`` weights, quantized checkpoints, a model whose
 tensor names do not match its parameters) returns None, and the caller uses ``from_pretrained``.
 """
 
@@ -87,6 +89,22 @@ def _read_cast(f, dest: torch.Tensor, stored: torch.dtype, size: int, path: Path
         dest[lo:lo + part.numel()].copy_(part)
 
 
+def stored_dtypes(path: Path) -> set[torch.dtype | None]:
+    """The dtypes of a safetensors file's tensors, from its header alone (None: not one of DTYPES)."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    return {DTYPES.get(info["dtype"]) for info in header.values()}
+
+
+def needs_cast(files: list[Path], dtype: torch.dtype) -> bool:
+    """Whether some floating-point tensor is stored in another dtype than ``dtype``. When none is,
+    ``from_pretrained``'s memory map is the better load: the parameters are the file's own pages,
+    nothing is copied."""
+    return any(d is not None and d.is_floating_point and d != dtype for f in files for d in stored_dtypes(f))
+
+
 def load_lean(folder: Path, dtype: torch.dtype):
     """The folder's causal LM in ``dtype`` with a load peak of the weights plus the largest tensor,
     or None when the folder is not a plain safetensors checkpoint (module docstring)."""
@@ -97,8 +115,10 @@ def load_lean(folder: Path, dtype: torch.dtype):
     from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
 
     files = safetensors_files(folder)
+    if not files or not needs_cast(files, dtype):
+        return None
     config = AutoConfig.from_pretrained(str(folder))
-    if not files or getattr(config, "quantization_config", None):
+    if getattr(config, "quantization_config", None):
         return None
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
