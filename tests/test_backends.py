@@ -141,11 +141,12 @@ def test_truncate_drops_an_open_tree(lm):
 
 def test_hidden_states_feed_the_lm_head(lm):
     lm.reset()
-    logits, hidden = lm.forward(CONTEXT, num_logits=3, hidden=True)
+    logits, hidden = lm.score(CONTEXT, num_logits=3, hidden=True)
     assert hidden.shape == (3, 64)
     assert close(lm.head_logits(hidden), logits, lm.backend)
-    rows, h = lm.tree_logits(CONTEXT + [3], TREE_IDS[:2], TREE_PARENTS[:2], hidden=True)
+    rows, h = lm.score_tree(CONTEXT + [3], TREE_IDS[:2], TREE_PARENTS[:2], hidden=True)
     assert h.shape == (3, 64) and close(lm.head_logits(h), rows, lm.backend)
+    assert lm.score(CONTEXT, num_logits=2).hidden is None  # one return type: Scores, hidden only when asked
 
 
 class _NoTrees(HFModel):

@@ -107,11 +107,15 @@ def test_spec_bench_limit_is_per_category_in_file_order():
     assert ds.samples[0].reference.endswith("#### 7") and ds.sha256
 
 
-def test_bundled_spec_bench_file_if_present():
-    try:
-        ds = load_dataset("spec-bench", limit=10)
-    except SpecdecError as exc:
-        pytest.skip(str(exc))
+def test_spec_bench_ships_with_the_package():
+    from specdec.bench.datasets import SPEC_BENCH
+
+    ds = load_dataset("spec-bench", limit=10)  # no --data, no development checkout needed
+    assert ds.source == str(SPEC_BENCH)
+    assert "Apache License" in (SPEC_BENCH.parent / "LICENSE").read_text()
+    assert len(load_dataset("spec-bench").samples) == 480
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    assert '"data/spec_bench/question.jsonl"' in pyproject and '"data/spec_bench/LICENSE"' in pyproject
     assert len(ds.samples) == 5 * 10 + 8 * 10  # five 80-prompt categories + eight MT-bench ones of 10
     ds = load_dataset("spec-bench:math_reasoning,writing", limit=3)
     assert [s.category for s in ds.samples].count("math_reasoning") == 3

@@ -142,7 +142,7 @@ def test_target_without_a_draft_uses_prompt_lookup_by_default(tiny_dirs):
 
 #: the only modules that import transformers: its backend, the GGUF->folder conversion, the GGUF
 #: tokenizer loader of the llama.cpp backend, test helpers, and bench's transformers peers and version record
-TRANSFORMERS_IMPORTERS = {"backends/hf.py", "backends/llamacpp.py", "convert.py", "testing.py", "bench/peers.py",
+TRANSFORMERS_IMPORTERS = {"backends/hf.py", "backends/hf_weights.py", "backends/llamacpp.py", "convert.py", "testing.py", "bench/peers.py",
                           "bench/environment.py"}
 
 

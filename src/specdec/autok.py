@@ -29,17 +29,19 @@ near-perfect drafts could not pay (``OPTIMISTIC_ACCEPTANCE``): a probe then buys
 draft model's catch-up over the text since its last proposal makes it dear. The draft model's prefill is
 lazy (its first proposal feeds the prompt), so a generation that never drafts never pays it.
 
-A policy with FLy's window ``W`` acts as two rules, depending on the block: a block of ``W`` drafts
-or fewer leaves the window inert (the round is judged by the lossless rule and the token rules
-alone), a longer one lets it flip mismatches. The controller keeps one acceptance estimate for
-each (the *inner* one learns from every round, through what the round would have kept without the
-window, :attr:`specdec.verify.base.Verdict.inner`; the windowed one from rounds longer than ``W``,
-and never rates a position below the inner estimate, since the window only adds acceptances) and
-picks ``K`` among ``0``, ``1..W`` and ``W+1..k_max`` by expected tokens per second. So where the
-window does not pay (text the draft rarely gets right, as translation), FLy with ``k="auto"``
-drafts as short as its token rules alone would, instead of choosing between nothing and a block
-too long to pay. While it drafts short blocks the windowed estimate learns nothing, so after
-``probe_every`` such rounds one round drafts the best ``K > W``, with the same doubling backoff.
+A policy with a lookahead ``W`` (:attr:`specdec.verify.base.Policy.lookahead`: a window rule,
+such as FLy's deferred window, judges a draft by the ``W`` drafts after it) acts as two rules,
+depending on the block: a block of ``W`` drafts or fewer leaves the window inert (the round is
+judged by the lossless rule and the token rules alone), a longer one lets it flip mismatches. The
+controller keeps one acceptance estimate for each (the *inner* one learns from every round, through
+what the round would have kept without the window, :attr:`specdec.verify.base.Verdict.inner`; the
+windowed one from rounds longer than ``W``, and never rates a position below the inner estimate,
+since the window only adds acceptances) and picks ``K`` among ``0``, ``1..W`` and ``W+1..k_max`` by
+expected tokens per second. So where the window does not pay (text the draft rarely gets right, as
+translation), such a policy with ``k="auto"`` drafts as short as its token rules alone would,
+instead of choosing between nothing and a block too long to pay. While it drafts short blocks the
+windowed estimate learns nothing, so after ``probe_every`` such rounds one round drafts the best
+``K > W``, with the same doubling backoff.
 
 One controller lives per (policy, drafter, greedy or sampled) on an engine and keeps its estimates
 across requests (warm start).
@@ -58,10 +60,27 @@ MAX_PROBE_INTERVAL = 256
 #: (all but perfect drafts). Where even that cannot beat a plain step (a compute-bound CPU whose wide
 #: passes cost nearly one step per token), the controller never probes, so it costs what plain decoding costs.
 OPTIMISTIC_ACCEPTANCE = 0.98
+#: a draft model's one-token pass, as a fraction of the target's, before its own costs are known:
+#: the bundled 0.5B draft costs 0.2-0.5 of the 1.5B target's step on the CPUs measured here, and
+#: the first rounds' observed draft times replace this guess at once
+UNMEASURED_DRAFT_STEP = 1 / 3
+#: a longer block must beat a shorter one by more than this relative margin (float noise) to win
+TIE_TOLERANCE = 1e-9
 #: observed / predicted target pass seconds (the online correction) outside these bounds for
 #: DRIFT_ROUNDS rounds in a row: the cost table is stale
 DRIFT_LOW, DRIFT_HIGH = 0.5, 4.0
 DRIFT_ROUNDS = 32
+#: one round moves the online cost correction by at most this factor either way (a pass stalled by
+#: another process, or a page fault, must not swing K for many rounds)
+ROUND_RATIO_CLAMP = (0.1, 10.0)
+#: the default longest block: the cost tables measure passes up to 32 tokens, K drafts + 1 bonus
+K_MAX = 31
+#: rounds at K=0 before the first probe (then doubling up to MAX_PROBE_INTERVAL)
+PROBE_EVERY = 16
+#: weight of each round in the exponential moving averages of observed costs (~5 rounds of memory)
+COST_EMA = 0.2
+#: halvings when solving for the break-even acceptance: 2^-20 of the range, far below any noise
+BISECT_STEPS = 20
 
 
 @dataclass
@@ -106,12 +125,12 @@ class AcceptanceEstimate:
 class KController:
     """Chooses K each round and learns from the round (see the module docstring)."""
 
-    def __init__(self, target: CostTable, draft_step: float, k_max: int = 31, probe_every: int = 16,
-                 ema: float = 0.2, window: int = 0):
+    def __init__(self, target: CostTable, draft_step: float, k_max: int = K_MAX, probe_every: int = PROBE_EVERY,
+                 ema: float = COST_EMA, window: int = 0):
         self.target = target
         self.draft_step = max(0.0, float(draft_step))  # seconds per draft token, before any round
         self.k_max = max(0, int(k_max))
-        self.window = max(0, int(window))  # FLy's window: blocks of at most this many drafts leave it inert
+        self.window = max(0, int(window))  # the policy's lookahead: blocks of at most this many drafts leave it inert
         self.probe_every = probe_every
         self.ema = ema
         self.acceptance = AcceptanceEstimate()  # with a window: rounds longer than it, flips included
@@ -187,7 +206,7 @@ class KController:
         long = self._best_long(k_max, windowed)
         rate_short = tokens_per_second(self.verify_cost, self.draft_cost, inner, short)
         rate_long = tokens_per_second(self.verify_cost, self.draft_cost, windowed, long)
-        return long if rate_long > rate_short * (1 + 1e-9) else short
+        return long if rate_long > rate_short * (1 + TIE_TOLERANCE) else short
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
                 inner: int | None = None) -> None:
@@ -200,7 +219,7 @@ class KController:
             self.inner.update(drafted, accepted if inner is None else min(inner, accepted))
         predicted = self.target.forward(drafted + 1)
         if predicted > 0 and verify_seconds > 0:
-            ratio = min(max(verify_seconds / predicted, 0.1), 10.0)
+            ratio = min(max(verify_seconds / predicted, ROUND_RATIO_CLAMP[0]), ROUND_RATIO_CLAMP[1])
             self.target_scale += self.ema * (ratio - self.target_scale)
             self._check_drift()
         if drafted > 0 and draft_seconds is not None and draft_seconds >= 0:
@@ -221,12 +240,13 @@ class KController:
                                     f"for {DRIFT_ROUNDS} rounds in a row")
 
 
-def draft_step_estimate(drafter: str | None, target: CostTable, draft: CostTable | None) -> float:
-    """Seconds per draft token before any round, as the engine starts its controller: ~0 for
-    prompt lookup, the draft model's one-token pass, or a third of a target step unmeasured."""
-    if drafter == "pld":
+def draft_step_estimate(needs_model: bool, target: CostTable, draft: CostTable | None) -> float:
+    """Seconds per draft token before any round, as the engine starts its controller: ~0 for a
+    drafter without a model (prompt lookup), the draft model's one-token pass, or
+    ``UNMEASURED_DRAFT_STEP`` of a target step when the draft model's costs were not measured."""
+    if not needs_model:
         return 0.0
-    return draft.forward(1) if draft is not None else target.forward(1) / 3
+    return draft.forward(1) if draft is not None else target.forward(1) * UNMEASURED_DRAFT_STEP
 
 
 def breakeven_acceptance(verify, draft_step: float, k_max: int) -> float | None:
@@ -236,7 +256,7 @@ def breakeven_acceptance(verify, draft_step: float, k_max: int) -> float | None:
     if best_k(verify, draft_step, [OPTIMISTIC_ACCEPTANCE] * k_max, k_max) == 0:
         return None
     lo, hi = 0.0, OPTIMISTIC_ACCEPTANCE
-    for _ in range(20):
+    for _ in range(BISECT_STEPS):
         mid = (lo + hi) / 2
         if best_k(verify, draft_step, [mid] * k_max, k_max) > 0:
             hi = mid

@@ -57,6 +57,7 @@ def decoding_notes(s, pair) -> list[str]:
     costs against the acceptance drafting would need). A cost table the passes drifted far from
     gets a note too."""
     from .autok import draft_step_estimate, why_plain_steps
+    from .drafters import drafter_class
 
     lines = []
     zero = sum(1 for k in s.k_chosen if k == 0) if s.k_chosen else 0
@@ -64,7 +65,7 @@ def decoding_notes(s, pair) -> list[str]:
         why = "by this machine's measured pass costs drafting does not pay here"
         table = pair.costs.target
         if table is not None:
-            why = why_plain_steps(table, draft_step_estimate(s.drafter, table, pair.costs.draft), s.drafted,
+            why = why_plain_steps(table, draft_step_estimate(drafter_class(s.drafter).needs_model, table, pair.costs.draft), s.drafted,
                                   s.accepted)
         lines.append(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds, "
                      f"so no draft was rejected there: {why} ('specdec calibrate' measures the costs again, e.g. if "

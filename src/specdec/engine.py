@@ -21,10 +21,10 @@ from .drafters import Draft, Drafter, check_drafter_options, drafter_class, make
 from .autok import KController, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
-from .backends.base import Model
+from .backends.base import Model, Scores
 from .sampling import SamplingParams, make_generator, next_token, probabilities
 from .stats import Stats, peak_rss_mb
-from .verify import Policy, Round, make_policy
+from .verify import Policy, Round, Verdict, make_policy
 from .verify.tree import TreeRound, tree_depth
 
 #: ``stop_check(generated_ids, n_new) -> keep``: how many generated tokens to keep when a stop
@@ -32,6 +32,10 @@ from .verify.tree import TreeRound, tree_depth
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
 AUTO_K = "auto"
+#: a round whose drafter fed its model at most this many context tokens drafted steadily (the last
+#: round's bonus token, and the last draft when all were kept); more means a prefill or a catch-up
+#: after K=0 rounds, whose time says nothing about the cost per draft token, so k=auto skips it
+STEADY_FEED = 2
 #: k=auto controllers kept per engine, one per distinct (policy, parameters, drafter, sampling mode);
 #: the least recently used goes first (a server sees any number of distinct request parameters)
 MAX_CONTROLLERS = 64
@@ -50,10 +54,9 @@ def check_k(k) -> int | str:
     return k
 
 
-def window_of(policy) -> int:
-    """FLy's window size in a policy (0 when it has none)."""
-    fly = getattr(policy, "window", None)
-    return int(getattr(fly, "window", 0) or 0)
+def lookahead_of(policy: Policy | None) -> int:
+    """How many drafts after a position the policy reads to judge it (0: token-wise, or ``ar``)."""
+    return 0 if policy is None else policy.lookahead
 
 
 @dataclass(frozen=True)
@@ -78,21 +81,28 @@ class DecodeConfig:
             object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
         object.__setattr__(self, "k", check_k(self.k))
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
-        cls = drafter_class(self.drafter) if self.policy != "ar" else None
-        tree = getattr(cls, "grows_trees", False)
-        if tree and getattr(self.parsed, "verify_tree", None) is None:
-            raise SpecdecError(f"policy {self.policy!r} verifies chains only; use drafter 'model' (or 'pld'), "
-                               "or a policy that verifies trees (lossless, loose rules)")
-        w = window_of(self.parsed)
-        if w and tree and self.k == AUTO_K and cls.depth_limit(**self.drafter_params) <= w:
-            raise SpecdecError(
-                f"policy {self.policy!r}: FLy's window ({w}) needs paths longer than it, but a tree of "
-                f"depth <= {cls.depth_limit(**self.drafter_params)} cannot grow that deep; raise tree_nodes")
-        if w and isinstance(self.k, int) and self.k <= w:
-            raise SpecdecError(
-                f"policy {self.policy!r}: FLy's window ({w}) acts only on draft blocks longer than it, so k={self.k} "
-                f"would leave it inert; use k >= {w + 1} (FLy's reference uses 15), k='auto', or a smaller "
-                "fly window")
+        if self.parsed is not None:
+            check_drafter_fits_policy(self.parsed, drafter_class(self.drafter), self.k, self.drafter_params)
+
+
+def check_drafter_fits_policy(policy: Policy, cls: type[Drafter], k: int | str, drafter_params: Mapping) -> None:
+    """Refuse, up front, a drafter the policy cannot verify (trees for a chain-only policy) and a
+    draft length that would leave the policy's lookahead inert (a block no longer than it)."""
+    name = policy.name
+    if cls.grows_trees and not policy.verifies_trees:
+        raise SpecdecError(f"policy {name!r} verifies chains only; use drafter 'model' (or 'pld'), "
+                           "or a policy that verifies trees (lossless, loose rules)")
+    w = policy.lookahead
+    if not w:
+        return
+    if cls.grows_trees and k == AUTO_K and cls.depth_limit(**drafter_params) <= w:
+        raise SpecdecError(
+            f"policy {name!r}: {policy.lookahead_label} needs paths longer than it, but a tree of "
+            f"depth <= {cls.depth_limit(**drafter_params)} cannot grow that deep; raise tree_nodes")
+    if isinstance(k, int) and k <= w:
+        raise SpecdecError(
+            f"policy {name!r}: {policy.lookahead_label} acts only on draft blocks longer than it, so k={k} "
+            f"would leave it inert; use k >= {w + 1}, k='auto', {policy.lookahead_remedy}")
 
 
 @dataclass
@@ -103,6 +113,23 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (EOS or a stop sequence) | "length" | "cancelled"
     stats: Stats = field(default_factory=Stats)
+
+
+@dataclass
+class _Run:
+    """One generation's working state, shared by :meth:`Engine.run`'s steps."""
+
+    cfg: DecodeConfig
+    out: Generation
+    policy: Policy | None  # None: plain decoding
+    drafter: Drafter | None
+    auto: bool  # k="auto"
+    depth_limit: int  # a tree drafter's depth limit under k="auto" (0: a chain drafter)
+    control: KController | None  # k="auto" with a cost table, chains only
+    generator: torch.Generator | None
+    context: list[int]  # the prompt and every committed token
+    limit: int  # the model's context length
+    t_start: float
 
 
 class Engine:
@@ -130,9 +157,9 @@ class Engine:
         else:
             while len(self.controllers) >= MAX_CONTROLLERS:
                 self.controllers.popitem(last=False)
-            step = draft_step_estimate(cfg.drafter, self.target_costs, self.draft_costs)
+            step = draft_step_estimate(drafter_class(cfg.drafter).needs_model, self.target_costs, self.draft_costs)
             k_max = max(1, self.target_costs.widths[-1] - 1)
-            window = window_of(cfg.parsed)  # FLy: short blocks leave the window inert, long ones let it act
+            window = lookahead_of(cfg.parsed)  # blocks no longer than the lookahead leave it inert
             self.controllers[key] = KController(self.target_costs, step, k_max=max(k_max, window + 1), window=window)
         return self.controllers[key]
 
@@ -150,7 +177,7 @@ class Engine:
         cls = drafter_class(cfg.drafter)
         if cls.needs_model and self.draft is None:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
-        if getattr(cls, "grows_trees", False):
+        if cls.grows_trees:
             nodes = int(cfg.drafter_params.get("tree_nodes", cls.Options.tree_nodes))
             width = int(cfg.drafter_params.get("tree_width", cls.Options.tree_width))
             depth = cls.depth_limit(**cfg.drafter_params) if cfg.k == AUTO_K else int(cfg.k)
@@ -187,125 +214,156 @@ class Engine:
     ) -> Iterator[Generation]:
         """Generate; yields ``out`` (a :class:`Generation`) after every round that committed
         tokens: the one channel, holding the ids so far (a stop string may cut tokens of earlier
-        rounds, so read ``out.token_ids``, not differences), then the stats and finish reason. ``should_stop`` is asked before every round (from any thread's
-        point of view, e.g. a client that went away); when it says yes, the generation ends with
-        finish reason ``cancelled``. ``check=False`` skips the prompt check (the caller did it)."""
+        rounds, so read ``out.token_ids``, not differences), then the stats and finish reason.
+        ``should_stop`` is asked before every round (from any thread's point of view, e.g. a client
+        that went away); when it says yes, the generation ends with finish reason ``cancelled``.
+        ``check=False`` skips the request and prompt checks (the caller did them).
+
+        The steps of the module docstring: prefill once, then each round (1) draft, (2) score,
+        (3) verify, (4) commit, (5) roll back."""
         if check:
             self.check_config(cfg)
             self.check_prompt(prompt_ids)
-        out = out if out is not None else Generation(list(prompt_ids))
+        run = self._start(prompt_ids, cfg, out)
+        clock = time.perf_counter
+        while True:
+            if should_stop is not None and should_stop():
+                run.out.finish_reason = "cancelled"
+                break
+            k = self._choose_k(run)
+            t0 = clock()
+            draft = run.drafter.propose(run.context, k, cfg.sampling, run.generator) if k else Draft()  # 1.
+            t1 = clock()
+            scores = self._score(run, draft)  # 2.
+            verdict = self._verify(run, draft, scores)  # 3.
+            t2 = clock()
+            self._learn(run, k, draft, verdict, t1 - t0, t2 - t1)
+            new = self._commit(run, draft, verdict, stop_check)  # 4.
+            self._roll_back(run, draft, verdict)  # 5.
+            if new:
+                yield run.out
+            if run.out.finish_reason is not None:
+                break
+        run.out.stats.peak_rss_mb = peak_rss_mb()
+
+    def _start(self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None) -> "_Run":
+        """The generation's state, and the prefill: every cache holds the prompt but its last
+        token, which each round feeds again."""
         policy = cfg.parsed
+        out = out if out is not None else Generation(list(prompt_ids))
         drafter = None if policy is None else self.make_drafter(cfg)
+        cls = None if policy is None else drafter_class(cfg.drafter)
+        trees = cls is not None and cls.grows_trees
         auto = policy is not None and cfg.k == AUTO_K
-        grows_trees = getattr(drafter, "grows_trees", False)
-        control = self.controller(cfg) if auto and not grows_trees else None
-        stats = out.stats = Stats(
+        out.stats = Stats(
             policy=cfg.policy, drafter=None if policy is None else cfg.drafter, k=0 if policy is None else cfg.k,
             lossy=bool(policy and policy.lossy), prompt_tokens=len(prompt_ids),
             params={**(policy.params if policy else {}), **cfg.drafter_params},
         )
-        params = cfg.sampling
-        generator = make_generator(params.seed, self.target.device)
-        limit = self.target.max_length or 1 << 62
-        context = list(prompt_ids)
-        clock = time.perf_counter
-        t_start = clock()
-
-        # prefill: every cache holds the prompt but its last token, which each round feeds again
+        run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, auto=auto,
+                   depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
+                   control=self.controller(cfg) if auto and not trees else None,
+                   generator=make_generator(cfg.sampling.seed, self.target.device),
+                   context=list(prompt_ids), limit=self.target.max_length or 1 << 62, t_start=time.perf_counter())
         self.target.reset()
-        if len(context) > 1:
-            self.target.forward(context[:-1])
+        if len(run.context) > 1:
+            self.target.forward(run.context[:-1])
         if drafter is not None:
-            drafter.start(context)
-        stats.prefill_seconds = clock() - t_start
+            drafter.start(run.context)
+        out.stats.prefill_seconds = time.perf_counter() - run.t_start
+        return run
 
-        while True:
-            if should_stop is not None and should_stop():
-                out.finish_reason = "cancelled"
+    def _choose_k(self, run: "_Run") -> int:
+        """This round's draft length (a tree drafter: its depth limit), within the room left."""
+        cfg = run.cfg
+        room = min(cfg.max_new_tokens - len(run.out.token_ids), run.limit - len(run.context))
+        if run.drafter is None:
+            return 0
+        if run.depth_limit:  # k=auto leaves the depth to the tree's own pruning
+            return max(0, min(run.depth_limit if run.auto else cfg.k, room - 1))
+        if run.control is not None:
+            return run.control.choose(room - 1)
+        fixed = max(FALLBACK_K, lookahead_of(run.policy) + 1) if run.auto else cfg.k  # k=auto, no cost table
+        return max(0, min(fixed, room - 1))
+
+    def _score(self, run: "_Run", draft: Draft) -> Scores:
+        """One target pass over ``[last, d_1..d_K]`` (a tree: ``[last]`` and the tree's nodes, with a
+        tree attention mask); ``[K+1, V]`` logits, and hidden states when the policy reads them."""
+        hidden = bool(run.policy and run.policy.needs_hidden)
+        if draft.parents is not None and len(draft):
+            return self.target.score_tree(run.context, draft.tokens, draft.parents, hidden=hidden)
+        return self.target.score(run.context + draft.tokens, len(draft) + 1, hidden=hidden)
+
+    def _verify(self, run: "_Run", draft: Draft, scores: Scores) -> Verdict:
+        """The policy's decision (no drafts: the target's next token)."""
+        params, logits = run.cfg.sampling, scores.logits
+        if not len(draft):
+            return Verdict(0, next_token(logits[0], params, run.generator))
+        shared = dict(target_logits=logits, params=params, generator=run.generator, target_hidden=scores.hidden,
+                      lm_head=self.target.head_logits, draft_logits=draft.logits,
+                      target_probs=None if params.greedy else probabilities(logits, params))
+        drafts = torch.tensor(draft.tokens, device=logits.device)
+        if draft.parents is not None:  # each node judged against its parent's row; the policy walks the tree
+            rnd, verify = TreeRound(tokens=drafts, parents=draft.parents, **shared), run.policy.verify_tree
+        else:
+            rnd, verify = Round(draft_tokens=drafts, draft_probs=draft.probs, **shared), run.policy.verify
+        t = time.perf_counter()
+        verdict = verify(rnd)
+        run.out.stats.rule_seconds += time.perf_counter() - t
+        return verdict
+
+    def _learn(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, draft_seconds: float,
+               verify_seconds: float) -> None:
+        """Record the round in the stats, and teach the k=auto controller its acceptance and costs."""
+        stats, n, tree = run.out.stats, len(draft), draft.parents is not None and len(draft) > 0
+        stats.draft_seconds += draft_seconds
+        stats.verify_seconds += verify_seconds
+        stats.record(n, verdict.accepted, dict(verdict.relaxed), depth=tree_depth(draft.parents) if tree else None)
+        if run.auto:
+            stats.k_chosen.append(k)
+        if run.control is not None:
+            steady = draft.fed <= STEADY_FEED  # else the draft time holds a prefill or catch-up
+            run.control.observe(n, verdict.accepted, draft_seconds if steady else None, verify_seconds,
+                                inner=verdict.inner)
+            if run.control.drift is not None:  # the cost table drifted far from the observed passes
+                stats.cost_drift = run.control.drift
+
+    def _commit(self, run: "_Run", draft: Draft, verdict: Verdict, stop_check: StopCheck | None) -> list[int]:
+        """Append the round's tokens, cut at the first end-of-sequence id or stop sequence; sets the
+        finish reason. Returns what this round added (a stop may also cut earlier rounds' tokens)."""
+        out, context = run.out, run.context
+        kept = [draft.tokens[i] for i in verdict.path or ()] if draft.parents is not None else draft.tokens[:verdict.accepted]
+        new = kept + [verdict.token]
+        for i, t in enumerate(new):
+            if t in self.eos_ids:
+                new, out.finish_reason = new[: i + 1], "stop"
                 break
-            room = min(cfg.max_new_tokens - len(out.token_ids), limit - len(context))
-            if drafter is None:
-                k = 0
-            elif grows_trees:  # k is the tree's depth limit; k=auto leaves the depth to the tree's own pruning
-                k = max(0, min(drafter.max_depth if auto else cfg.k, room - 1))
-            elif control is not None:
-                k = control.choose(room - 1)
-            else:
-                k = max(0, min(max(FALLBACK_K, window_of(policy) + 1) if auto else cfg.k, room - 1))
-            # 1. draft
-            t0 = clock()
-            draft = drafter.propose(context, k, params, generator) if k else Draft()
-            t1 = clock()
-            # 2. one target pass over [last, d_1..d_K]
-            n = len(draft)
-            tree = draft.parents is not None and n > 0
-            want_hidden = bool(policy and policy.needs_hidden)
-            if tree:  # one pass over [last] + the tree's nodes, with a tree attention mask
-                scored = self.target.tree_logits(context, draft.tokens, draft.parents, hidden=want_hidden)
-            else:
-                scored = self.target.logits_for(context + draft.tokens, n + 1, hidden=want_hidden)
-            logits, hidden = scored if isinstance(scored, tuple) else (scored, None)  # [n+1, V], [n+1, H]
-            # 3. verify
-            path: tuple[int, ...] = ()
-            inner = None  # a window policy: the drafts kept without its window
-            if n == 0:
-                accepted, token, relaxed = 0, next_token(logits[0], params, generator), {}
-            else:
-                drafts = torch.tensor(draft.tokens, device=logits.device)
-                shared = dict(target_logits=logits, params=params, generator=generator, target_hidden=hidden,
-                              lm_head=self.target.head_logits, draft_logits=draft.logits,
-                              target_probs=None if params.greedy else probabilities(logits, params))
-                if tree:  # each node judged against its parent's row; the policy walks the tree
-                    rnd, verify = TreeRound(tokens=drafts, parents=draft.parents, **shared), policy.verify_tree
-                else:
-                    rnd, verify = Round(draft_tokens=drafts, draft_probs=draft.probs, **shared), policy.verify
-                t_rule = clock()
-                verdict = verify(rnd)
-                stats.rule_seconds += clock() - t_rule
-                accepted, token, relaxed, path = verdict.accepted, verdict.token, dict(verdict.relaxed), verdict.path or ()
-                inner = verdict.inner
-            t2 = clock()
-            stats.draft_seconds += t1 - t0
-            stats.verify_seconds += t2 - t1
-            stats.record(n, accepted, relaxed, depth=tree_depth(draft.parents) if tree else None)
-            if auto:
-                stats.k_chosen.append(k)
-            if control is not None:
-                control.observe(n, accepted, t1 - t0 if draft.fed <= 2 else None, t2 - t1, inner=inner)
-                if control.drift is not None:  # the cost table drifted far from the observed passes
-                    stats.cost_drift = control.drift
-            # 4. commit, cut at the first stop
-            new = ([draft.tokens[i] for i in path] if tree else draft.tokens[:accepted]) + [token]
-            for i, t in enumerate(new):
-                if t in self.eos_ids:
-                    new, out.finish_reason = new[: i + 1], "stop"
-                    break
-            out.token_ids += new
-            context += new
-            if stop_check is not None:
-                keep = stop_check(out.token_ids, len(new))
-                if keep is not None:
-                    cut = len(out.token_ids) - keep
-                    del out.token_ids[keep:]
-                    del context[len(context) - cut :]
-                    new = new[: max(0, len(new) - cut)]
-                    out.finish_reason = "stop"
-            if out.finish_reason is None and (len(out.token_ids) >= cfg.max_new_tokens or len(context) >= limit):
-                out.finish_reason = "length"
-            # 5. roll back to the committed text (after a tree: gather the kept path first); tell the drafter
-            if tree:
-                self.target.keep_path(path)
-            self.target.truncate(len(context) - 1)
-            if drafter is not None:
-                drafter.commit(context, n, accepted)
-            stats.new_tokens = len(out.token_ids)
-            stats.total_seconds = clock() - t_start
-            stats.round_ends.append(stats.total_seconds)
-            if new:
-                yield out
-            if out.finish_reason is not None:
-                break
-        stats.peak_rss_mb = peak_rss_mb()
+        out.token_ids += new
+        context += new
+        if stop_check is not None:
+            keep = stop_check(out.token_ids, len(new))
+            if keep is not None:
+                cut = len(out.token_ids) - keep
+                del out.token_ids[keep:]
+                del context[len(context) - cut :]
+                new = new[: max(0, len(new) - cut)]
+                out.finish_reason = "stop"
+        if out.finish_reason is None and (len(out.token_ids) >= run.cfg.max_new_tokens or len(context) >= run.limit):
+            out.finish_reason = "length"
+        return new
+
+    def _roll_back(self, run: "_Run", draft: Draft, verdict: Verdict) -> None:
+        """Both caches back to the committed text (after a tree: keep its path first); the drafter
+        learns what was kept."""
+        if draft.parents is not None and len(draft):
+            self.target.keep_path(verdict.path or ())
+        self.target.truncate(len(run.context) - 1)
+        if run.drafter is not None:
+            run.drafter.commit(run.context, len(draft), verdict.accepted)
+        stats = run.out.stats
+        stats.new_tokens = len(run.out.token_ids)
+        stats.total_seconds = time.perf_counter() - run.t_start
+        stats.round_ends.append(stats.total_seconds)
 
     def generate(self, prompt_ids: Sequence[int], cfg: DecodeConfig, stop_check: StopCheck | None = None) -> Generation:
         out = Generation(list(prompt_ids))

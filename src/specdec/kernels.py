@@ -81,10 +81,10 @@ def pack_linears(model: nn.Module) -> int:
     first = next(model.parameters(), None)
     if first is None or not can_pack(first.device):
         return 0
-    count = 0
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and child.weight.dtype == torch.float32:
-                setattr(module, name, PackedLinear(child))
-                count += 1
-    return count
+    # (parent, name) pairs only: a list holding the Linear modules themselves would keep every
+    # dense weight alive until the end, beside its packed copy (the load peaked at ~2x the weights)
+    slots = [(module, name) for module in model.modules() for name, child in module.named_children()
+             if type(child) is nn.Linear and child.weight.dtype == torch.float32]
+    for module, name in slots:
+        setattr(module, name, PackedLinear(getattr(module, name)))
+    return len(slots)

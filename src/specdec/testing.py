@@ -156,9 +156,22 @@ def save_tiny_gguf(model, tokenizer, path) -> Path:
                 return head + self._pack("I", sub_type) + self._pack("Q", 0)
             return super()._pack_val(val, vtype, add_vtype, sub_type)
 
-    cfg = model.config
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    w = _Writer(str(path), "qwen2")
+    _write_qwen2_header(gguf, w, model.config)
+    _write_byte_bpe_tokenizer(gguf, w, tokenizer, model.config.vocab_size)
+    for name, array in _qwen2_gguf_tensors(model):
+        w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def _write_qwen2_header(gguf, w, cfg) -> None:
+    """The architecture's hyperparameters (plain rope only; head_dim * heads == hidden_size)."""
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     if head_dim * cfg.num_attention_heads != cfg.hidden_size:
         raise ValueError("llama.cpp's qwen2 needs head_dim * heads == hidden_size")
@@ -166,8 +179,6 @@ def save_tiny_gguf(model, tokenizer, path) -> Path:
     rope_theta = rope.get("rope_theta", getattr(cfg, "rope_theta", None))
     if rope.get("rope_type", "default") != "default" or rope_theta is None:
         raise ValueError(f"only plain rope is written, got {rope}")
-
-    w = _Writer(str(path), "qwen2")
     w.add_name("specdec tiny qwen2")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_context_length(cfg.max_position_embeddings)
@@ -179,12 +190,14 @@ def save_tiny_gguf(model, tokenizer, path) -> Path:
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_rope_freq_base(float(rope_theta))
 
-    # tokenizer: ids in order, each spelled as the HF vocabulary spells it (GPT-2 byte chars)
+
+def _write_byte_bpe_tokenizer(gguf, w, tokenizer, vocab_size: int) -> None:
+    """The tokenizer: ids in order, each spelled as the HF vocabulary spells it (GPT-2 byte chars)."""
     vocab = tokenizer.get_vocab()
     tokens = [None] * len(vocab)
     for text, i in vocab.items():
         tokens[i] = text
-    if None in tokens or len(tokens) != cfg.vocab_size:
+    if None in tokens or len(tokens) != vocab_size:
         raise ValueError("the tokenizer's ids must be 0..vocab_size-1 with no gaps")
     specials = set(tokenizer.all_special_tokens) | {
         t.content for t in tokenizer.added_tokens_decoder.values() if t.special
@@ -205,14 +218,6 @@ def save_tiny_gguf(model, tokenizer, path) -> Path:
     w.add_add_bos_token(False)
     if getattr(tokenizer, "chat_template", None):
         w.add_chat_template(tokenizer.chat_template)
-
-    for name, array in _qwen2_gguf_tensors(model):
-        w.add_tensor(name, np.ascontiguousarray(array, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def tiny_gguf_pair(root: Path, noise: float = 0.1, seed: int = 0) -> tuple[Path, Path]:

@@ -5,7 +5,7 @@ implementations: ``transformers`` (:mod:`specdec.backends.hf`) and ``llama.cpp``
 from __future__ import annotations
 
 from ..errors import SpecdecError
-from .base import Capabilities, Model, TreeState, common_prefix
+from .base import Capabilities, Model, Scores, TreeState, common_prefix
 
 #: the backends ``specdec.load(backend=...)`` accepts, besides ``auto``
 BACKENDS = ("transformers", "llama.cpp")
@@ -40,5 +40,5 @@ def require(backend: str) -> None:
                            "(it builds llama.cpp from source, ~8 minutes on 2 cores)")
 
 
-__all__ = ["AUTO", "BACKENDS", "Capabilities", "Model", "TreeState", "available", "check_backend", "common_prefix",
+__all__ = ["AUTO", "BACKENDS", "Capabilities", "Model", "Scores", "TreeState", "available", "check_backend", "common_prefix",
            "require"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -81,6 +81,14 @@ class TreeState:
             expect = node
 
 
+class Scores(NamedTuple):
+    """One pass's output: float32 logits ``[n, V]`` and, when asked for, the final hidden states
+    ``[n, H]`` (the LM head's input, after the final norm; else None)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
 class Model(ABC):
     """A causal LM fed token ids, with one KV cache and the ids that cache holds.
 
@@ -88,9 +96,12 @@ class Model(ABC):
     ``device`` (where logits live), ``vocab_size`` (rows of the LM head), ``vocab_limit`` (rows
     returned: the tokenizer's table), ``max_length`` (context limit or None), ``capabilities``,
     ``tokens`` / ``linear_tokens`` (what the cache holds), ``tree``, ``forward_calls``; the
-    methods :meth:`reset`, :meth:`truncate`, :meth:`forward`, :meth:`logits_for`,
-    :meth:`tree_logits`, :meth:`extend_tree`, :meth:`keep_path`, :meth:`head_logits`,
-    :meth:`eos_ids`, :meth:`parameter_bytes`, :meth:`cache_bytes`, :meth:`close`.
+    methods :meth:`reset`, :meth:`truncate`, :meth:`forward`, :meth:`logits_for`, :meth:`score`,
+    :meth:`tree_logits`, :meth:`extend_tree`, :meth:`score_tree`, :meth:`keep_path`,
+    :meth:`head_logits`, :meth:`eos_ids`, :meth:`parameter_bytes`, :meth:`cache_bytes`,
+    :meth:`close`. Each method has one return type: the ``*_logits``/``forward``/``logits_for``
+    family returns logits, :meth:`score` and :meth:`score_tree` a :class:`Scores` (logits and,
+    when asked, hidden states).
     """
 
     backend: str = "?"
@@ -163,11 +174,11 @@ class Model(ABC):
         return self.tokens if self.tree is None else self.tokens[: self.tree.base]
 
     # ---------------------------------------------------------------- forward
-    def forward(self, ids: Sequence[int], num_logits: int = 1, hidden: bool = False):
-        """Append ``ids`` to the cache; logits ``[num_logits, V]`` (float32) of the last positions.
+    def forward(self, ids: Sequence[int], num_logits: int = 1) -> torch.Tensor:
+        """Append ``ids`` to the cache; logits ``[num_logits, V]`` (float32) of the last positions."""
+        return self._feed(ids, num_logits, hidden=False).logits
 
-        With ``hidden=True`` returns ``(logits, hidden_states)``, the latter ``[num_logits, H]``:
-        the LM head's input, after the final norm."""
+    def _feed(self, ids: Sequence[int], num_logits: int, hidden: bool) -> Scores:
         if not ids:
             raise ValueError("forward needs at least one token")
         if self.tree is not None:
@@ -179,26 +190,37 @@ class Model(ABC):
         logits, h = self._append(list(ids), num_logits, hidden)
         self.forward_calls += 1
         self.tokens.extend(int(t) for t in ids)
-        return (logits, h) if hidden else logits
+        return Scores(logits, h if hidden else None)
 
-    def logits_for(self, context: Sequence[int], num_logits: int = 1, hidden: bool = False):
+    def logits_for(self, context: Sequence[int], num_logits: int = 1) -> torch.Tensor:
         """Logits for the last ``num_logits`` positions of ``context``, feeding only what the cache
         lacks. Rows are the distributions *after* each of those positions."""
+        return self.score(context, num_logits).logits
+
+    def score(self, context: Sequence[int], num_logits: int = 1, hidden: bool = False) -> Scores:
+        """:meth:`logits_for`, and with ``hidden=True`` also the final hidden states
+        ``[num_logits, H]`` (the LM head's input, after the final norm)."""
         if num_logits > len(context):
             raise ValueError("num_logits is larger than the context")
         keep = min(common_prefix(self.linear_tokens, context), len(context) - num_logits)
         self.truncate(keep)
-        return self.forward(context[keep:], num_logits, hidden)
+        return self._feed(context[keep:], num_logits, hidden)
 
     # ------------------------------------------------------------------ trees
-    def tree_logits(self, context: Sequence[int], ids: Sequence[int], parents: Sequence[int], hidden: bool = False):
+    def tree_logits(self, context: Sequence[int], ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Logits ``[1 + len(ids), V]`` of :meth:`score_tree`."""
+        return self.score_tree(context, ids, parents).logits
+
+    def score_tree(self, context: Sequence[int], ids: Sequence[int], parents: Sequence[int],
+                   hidden: bool = False) -> Scores:
         """One forward pass over what the cache lacks of ``context`` and then a token tree hanging
         after it: node ``i`` is ``ids[i]`` under node ``parents[i]`` (``-1``: under the context's last
         token; a parent comes before its children). Each node attends to the context and its own
         ancestors at position ``len(context) - 1 + depth``.
 
-        Returns logits ``[1 + len(ids), V]``: the row after the context, then the row after each
-        node (and the hidden states ``[1 + len(ids), H]`` with ``hidden=True``). The tree stays open:
+        Returns :class:`Scores`: logits ``[1 + len(ids), V]``, the row after the context, then the
+        row after each node (and the hidden states ``[1 + len(ids), H]`` with ``hidden=True``). The
+        tree stays open:
         :meth:`extend_tree` adds nodes, :meth:`keep_path` keeps one root-to-node path and closes it,
         and :meth:`truncate` (or :meth:`logits_for`) drops it whole.
         """
@@ -209,15 +231,15 @@ class Model(ABC):
         self.tree = TreeState(base=len(context))
         return self._grow(linear, ids, parents, hidden)
 
-    def extend_tree(self, ids: Sequence[int], parents: Sequence[int], hidden: bool = False):
+    def extend_tree(self, ids: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         """Add nodes to the open tree (``parents`` index all nodes so far, in the order they were
         added; ``-1`` is the context's last token): logits ``[len(ids), V]``, one row per new node."""
         if self.tree is None:
             raise RuntimeError("extend_tree needs an open tree (call tree_logits first)")
         if not ids:
             raise ValueError("extend_tree needs at least one node")
-        self._check_tree(hidden)
-        return self._grow([], ids, parents, hidden)
+        self._check_tree(False)
+        return self._grow([], ids, parents, False).logits
 
     def _check_tree(self, hidden: bool) -> None:
         if not self.capabilities.trees:
@@ -225,14 +247,14 @@ class Model(ABC):
         if hidden and not self.capabilities.hidden:
             raise SpecdecError(f"{self.name}: the {self.backend} backend cannot return hidden states")
 
-    def _grow(self, linear: list[int], ids: Sequence[int], parents: Sequence[int], hidden: bool):
+    def _grow(self, linear: list[int], ids: Sequence[int], parents: Sequence[int], hidden: bool) -> Scores:
         tree = self.tree
         assert tree is not None
         first = tree.add(parents)
         logits, h = self._append_tree(linear, list(ids), list(parents), first, hidden)
         self.forward_calls += 1
         self.tokens.extend([*linear, *(int(t) for t in ids)])
-        return (logits, h) if hidden else logits
+        return Scores(logits, h if hidden else None)
 
     def keep_path(self, path: Sequence[int]) -> None:
         """Close the open tree keeping only the nodes ``path`` (a root-to-node path, in order) after

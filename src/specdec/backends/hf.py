@@ -18,6 +18,7 @@ import torch
 from ..errors import SpecdecError
 from ..models import locate, output_rows, tensor_bytes
 from .base import Capabilities, Model
+from .hf_weights import load_lean
 
 BACKEND = "transformers"
 
@@ -219,7 +220,9 @@ def load(source: str, dtype: torch.dtype, device: torch.device, progress: bool =
         hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(ref)
-        model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype)
+        model = load_lean(path, dtype) if kind == "folder" and path is not None else None
+        if model is None:  # not a plain safetensors folder: transformers' own loader
+            model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype)
     except OSError as exc:
         where = "the hub: no such local path, and the hub did not answer or has no such id" if kind == "hub" else ref
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

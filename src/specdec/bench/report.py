@@ -52,7 +52,18 @@ def write_summary(summary: dict, out_dir: Path) -> Path:
 
 
 def render_report(summary: dict) -> str:
-    run, env, rows = summary["run"], summary["environment"], summary["configs"]
+    """report.md: the run's settings, the results table, then the tables that apply and the definitions."""
+    lines = _header(summary) + _results(summary) + _paired_table(summary["configs"])
+    for section in (_best_k, _vs_lossless, _by_category, _trees, _curves, _definitions):
+        lines += section(summary)
+    if summary.get("plots"):
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in summary["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def _header(summary: dict) -> list[str]:
+    """The run's command, models, hardware, versions, data and decoding settings."""
+    run, env = summary["run"], summary["environment"]
     hw, ver, git = env["hardware"], env["versions"], env["git"]
     models = run["models"]
     lines = [f"# specdec bench: {run['dataset']}", ""]
@@ -74,10 +85,14 @@ def render_report(summary: dict) -> str:
         f"- **Decoding**: max_new_tokens {run['max_new_tokens']}, temperature {run['temperature']}, top_p {run['top_p']}, "
         f"top_k {run['top_k']}, seed {run['seed']}; repeats {run['repeats']} (median time, min–max over repeats); "
         f"warm-up: {'each configuration once, not recorded' if run['warmup'] else 'off'}",
-        "",
-        "## Results",
-        "",
     ]
+    return lines
+
+
+def _results(summary: dict) -> list[str]:
+    """The main table: one row per configuration (bold: on the speed-quality Pareto front)."""
+    rows = summary["configs"]
+    lines = ["", "## Results", ""]
     metric = next((r.get("quality_metric") for r in rows.values() if r.get("quality_metric")), None)
     qname = metric or "quality"
     lines.append(f"| configuration | tau | tokens/s (min–max) | speedup vs ar (min–max) | {qname} | "
@@ -93,18 +108,27 @@ def render_report(summary: dict) -> str:
               if r.get("draft_share") is not None else "–")
         name = f"**{cid}**" if cid in front else cid
         if r.get("kind") == "peer":
-            name += " (llama.cpp)" if r.get("policy") == "llama-cpp" else " (transformers)"
+            name += " (llama.cpp)" if str(r.get("policy")).startswith("llama-cpp") else " (transformers)"
         lines.append(
             f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {_pct(r.get('quality'))} | {rec} | "
             f"{_pct(ag.get('exact_match'))} | {_pct(ag.get('token_agreement'))} | {_pct(r.get('zero_accept_share'))} | "
             f"{dv} | {'yes' if r.get('lossy') else 'no'} |"
         )
     lines += ["", f"Bold: on the speed–quality Pareto front ({', '.join(summary.get('pareto_front') or []) or 'none'})."]
-    lines += _paired_table(rows)
-    if summary.get("best_k"):
-        lines += ["", "### Best K per rule and drafter", "", "| rule/drafter | best K | speedup | tau |", "|---|---:|---:|---:|"]
-        for name, b in summary["best_k"].items():
-            lines.append(f"| {name} | {b['k']} | {_f(b['speedup_vs_ar'], '.2f', 'x')} | {_f(b['tau'])} |")
+    return lines
+
+
+def _best_k(summary: dict) -> list[str]:
+    if not summary.get("best_k"):
+        return []
+    lines = ["", "### Best K per rule and drafter", "", "| rule/drafter | best K | speedup | tau |", "|---|---:|---:|---:|"]
+    for name, b in summary["best_k"].items():
+        lines.append(f"| {name} | {b['k']} | {_f(b['speedup_vs_ar'], '.2f', 'x')} | {_f(b['tau'])} |")
+    return lines
+
+
+def _vs_lossless(summary: dict) -> list[str]:
+    rows, lines = summary["configs"], []
     gains = summary.get("vs_lossless")
     if gains is None:  # summaries written before this table existed
         from .summary import vs_lossless
@@ -118,6 +142,11 @@ def render_report(summary: dict) -> str:
             speed_gain = "–" if g["speed_ratio"] is None else f"{100 * (g['speed_ratio'] - 1):+.1f}%"
             lines.append(f"| {cid} | {g['lossless']} | {tau_gain} | {speed_gain} | "
                          f"{_pct((rows[cid].get('agreement') or {}).get('exact_match'))} |")
+    return lines
+
+
+def _by_category(summary: dict) -> list[str]:
+    rows, lines = summary["configs"], []
     cats = next((list(r["by_category"]) for r in rows.values() if r.get("by_category")), None)
     if cats:
         lines += ["", "### Speedup vs ar (tau) by category", "",
@@ -126,12 +155,22 @@ def render_report(summary: dict) -> str:
             cells = [f"{_f(r['by_category'][c].get('speedup_vs_ar'), '.2f', 'x')} ({_f(r['by_category'][c].get('tau'))})"
                      for c in cats]
             lines.append(f"| {cid} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _trees(summary: dict) -> list[str]:
+    rows, lines = summary["configs"], []
     trees = {cid: r["tree"] for cid, r in rows.items() if r.get("tree")}
     if trees:
         lines += ["", "### Token trees", "", "| configuration | tree rounds | nodes per tree | depth | accepted depth |",
                   "|---|---:|---:|---:|---:|"]
         for cid, t in trees.items():
             lines.append(f"| {cid} | {t['rounds']} | {t['mean_nodes']:.1f} | {t['mean_depth']:.1f} | {t['mean_accepted_depth']:.2f} |")
+    return lines
+
+
+def _curves(summary: dict) -> list[str]:
+    rows, lines = summary["configs"], []
     curves = {cid: r["per_position_acceptance"] for cid, r in rows.items() if r.get("per_position_acceptance")}
     if curves:
         width = max(len(c) for c in curves.values())
@@ -139,21 +178,27 @@ def render_report(summary: dict) -> str:
                   "|---|" + "---:|" * width]
         for cid, c in curves.items():
             lines.append(f"| {cid} | " + " | ".join(_f(x) for x in c) + " |" + " |" * (width - len(c)))
+    return lines
+
+
+def _definitions(summary: dict) -> list[str]:
+    """What each column means, and how the peers and ar variants were run."""
+    rows, models = summary["configs"], summary["run"]["models"]
     peers = [r for r in rows.values() if r.get("kind") == "peer"]
-    lines += ["", "## Definitions", "",
-              "- tokens/s: new tokens / wall seconds of the generate call, summed over samples (median over repeats); "
-              "speedup vs ar: that ratio against `ar` (plain decoding, same engine) on the same samples, same run.",
-              "- tau: 1 + accepted drafts / target verify passes (ar = 1). zero-accept rounds: share of drafting "
-              "rounds that kept no draft. draft / verify time: share of engine time.",
-              "- recovery: quality / quality of ar on the same samples (pass@1 for HumanEval, final-answer accuracy "
-              "for math_reasoning). Agreement: with the ar output of the same sample (exact token ids; matching "
-              "positions / longer length).",
-              "- Quality against ar, sample by sample (first repeat of each sample): lost = solved by ar and not by "
-              "the configuration, gained = the reverse; McNemar p: exact two-sided test of lost vs gained (a small p: "
-              "the difference is unlikely to be chance); difference: pass rate minus ar's in percentage points, 95% "
-              "interval by Newcombe's paired square-and-add method; the recovery interval is Bonett-Price's for a "
-              "ratio of paired proportions. On few samples the intervals are wide: they are what the run can tell.",
-              "- The loop runs samples outer and configurations inner (interleaved), so machine drift hits all alike."]
+    lines = ["", "## Definitions", "",
+            "- tokens/s: new tokens / wall seconds of the generate call, summed over samples (median over repeats); "
+            "speedup vs ar: that ratio against `ar` (plain decoding, same engine) on the same samples, same run.",
+            "- tau: 1 + accepted drafts / target verify passes (ar = 1). zero-accept rounds: share of drafting "
+            "rounds that kept no draft. draft / verify time: share of engine time.",
+            "- recovery: quality / quality of ar on the same samples (pass@1 for HumanEval, final-answer accuracy "
+            "for math_reasoning). Agreement: with the ar output of the same sample (exact token ids; matching "
+            "positions / longer length).",
+            "- Quality against ar, sample by sample (first repeat of each sample): lost = solved by ar and not by "
+            "the configuration, gained = the reverse; McNemar p: exact two-sided test of lost vs gained (a small p: "
+            "the difference is unlikely to be chance); difference: pass rate minus ar's in percentage points, 95% "
+            "interval by Newcombe's paired square-and-add method; the recovery interval is Bonett-Price's for a "
+            "ratio of paired proportions. On few samples the intervals are wide: they are what the run can tell.",
+            "- The loop runs samples outer and configurations inner (interleaved), so machine drift hits all alike."]
     ars = [cid for cid, r in rows.items() if r.get("kind") == "specdec" and r.get("policy") == "ar"]
     if len(ars) > 1 and summary.get("best_ar"):
         best = summary["best_ar"]
@@ -167,9 +212,7 @@ def render_report(summary: dict) -> str:
                      "target forward pass (transformers reports no acceptance counts); hf-assisted uses "
                      "transformers' draft-length defaults unless parameters are given. llama-cpp is plain decoding "
                      "by llama.cpp on the target's GGUF file (its own quantized weights and kernels), tau 1.")
-    if summary.get("plots"):
-        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in summary["plots"]]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def write_report(summary: dict, out_dir: Path) -> Path:

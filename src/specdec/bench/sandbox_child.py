@@ -364,23 +364,35 @@ def _status(status: int) -> str:
 
 
 def main() -> None:
+    """Read the job from stdin, start the program (and the tester), print the result as one JSON line."""
     (n,) = struct.unpack(">Q", _read_exact(0, 8))
     cfg = json.loads(_read_exact(0, n))
     # our own wall clock, should the caller die before its timeout kills us (pid 1 ignores an
     # unhandled SIGALRM, hence the handler); a fork does not inherit the alarm
     signal.signal(signal.SIGALRM, lambda *_: os._exit(124))
     signal.alarm(cfg["wall_seconds"])
-    program = _read_exact(0, cfg["program_bytes"])
-    isolated = cfg["isolated"]
-    result: dict = {}
+    program = [_read_exact(0, cfg["program_bytes"])]  # a box, so _start can drop the one reference
     try:
-        if isolated:
+        if cfg["isolated"]:
             setup_mounts(cfg)
     except OSError as e:
         print(json.dumps({"error": str(e)}), flush=True)
         os._exit(3)
-    cwd = WORK if isolated else os.getcwd()
     verdict_r, verdict_w = os.pipe()
+    main_pid, other = _start(cfg, program, verdict_w)
+    os.close(verdict_w)
+    print(json.dumps(_collect(main_pid, other, verdict_r)), flush=True)
+    os._exit(0)
+
+
+def _start(cfg: dict, box: list[bytes], verdict_w: int) -> tuple[int, int | None]:
+    """Fork the processes: the program alone (no tests: it writes its own verdict), or the
+    program serving calls and the tester, under another uid, judging it. Returns the pid whose
+    exit ends the run and the other pid (or None). ``box`` holds the program's source, dropped
+    before the tests are read so the tester never holds it."""
+    program = box.pop()
+    isolated = cfg["isolated"]
+    cwd = WORK if isolated else os.getcwd()
     program_uid = cfg["uid"] if isolated else None
     if cfg["tests_bytes"] is None:
         def plain():
@@ -388,30 +400,35 @@ def main() -> None:
             _guard()
             run_plain(program, verdict_w)
 
-        main_pid, other = _fork(plain), None
-    else:
-        req_r, req_w = os.pipe()
-        rep_r, rep_w = os.pipe()
+        return _fork(plain), None
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
 
-        def program_process():
-            _enter(cfg, program_uid, (req_r, rep_w), cwd)
-            _guard()
-            serve(program, req_r, rep_w)
+    def program_process():
+        _enter(cfg, program_uid, (req_r, rep_w), cwd)
+        _guard()
+        serve(program, req_r, rep_w)
 
-        other = _fork(program_process)
-        os.close(req_r)
-        os.close(rep_w)
-        del program
-        tests = _read_exact(0, cfg["tests_bytes"])
+    other = _fork(program_process)
+    os.close(req_r)
+    os.close(rep_w)
+    del program
+    tests = _read_exact(0, cfg["tests_bytes"])
 
-        def tester():
-            _enter(cfg, cfg["uid"] + 1 if isolated else None, (req_w, rep_r, verdict_w), "/" if isolated else cwd)
-            run_tests(tests, cfg["entry_point"], req_w, rep_r, verdict_w)
+    def tester():
+        _enter(cfg, cfg["uid"] + 1 if isolated else None, (req_w, rep_r, verdict_w), "/" if isolated else cwd)
+        run_tests(tests, cfg["entry_point"], req_w, rep_r, verdict_w)
 
-        main_pid = _fork(tester)
-        for fd in (req_w, rep_r):
-            os.close(fd)
-    os.close(verdict_w)
+    main_pid = _fork(tester)
+    for fd in (req_w, rep_r):
+        os.close(fd)
+    return main_pid, other
+
+
+def _collect(main_pid: int, other: int | None, verdict_r: int) -> dict:
+    """Wait for the deciding process; read the verdict (only the tester, or the lone program, holds
+    the pipe's write end) and the other process's state."""
+    result: dict = {}
     _, status = os.waitpid(main_pid, 0)
     result["status"] = _status(status)
     os.set_blocking(verdict_r, False)
@@ -424,8 +441,7 @@ def main() -> None:
     if other is not None:
         pid, status = os.waitpid(other, os.WNOHANG)
         result["program_status"] = _status(status) if pid else "running"
-    print(json.dumps(result), flush=True)
-    os._exit(0)
+    return result
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""Drafters behind one small interface (see :mod:`specdec.drafters.base`), in one registry.
+"""Drafters behind one small interface (:class:`specdec.drafters.base.Drafter`, which lists all
+that the engine, bench and the server read of a drafter), in one registry.
 
 Each drafter class declares its options once (``Options``: a dataclass whose fields carry default,
-range and help); validation, the CLI flags and the server's option names all come from there.
+range and help); validation, the CLI flags and the server's option names all come from there. A
+new drafter is one file with a :class:`Drafter` subclass and one entry in :data:`DRAFTERS`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .tree import TreeDrafter
 #: ``model``: the draft model; ``pld``: prompt lookup; ``model+pld``: the draft model accelerated by
 #: prompt lookup (FLy's multi-level acceleration; same tokens as ``model``, cheaper when text repeats);
 #: ``tree``: a token tree from the draft model (EAGLE-2 style), verified in one target pass.
-DRAFTERS: dict[str, type] = {"model": ModelDrafter, "pld": LookupDrafter, "model+pld": LookupModelDrafter,
+DRAFTERS: dict[str, type[Drafter]] = {"model": ModelDrafter, "pld": LookupDrafter, "model+pld": LookupModelDrafter,
                              "tree": TreeDrafter}
 
 #: drafter -> the option names it takes (passed through ``generate(..., ngram_max=4)`` etc.)
@@ -27,7 +29,8 @@ DRAFTER_OPTIONS: dict[str, tuple[str, ...]] = {name: tuple(options_of(cls.Option
 ALL_DRAFTER_OPTIONS: tuple[str, ...] = tuple(sorted({o for opts in DRAFTER_OPTIONS.values() for o in opts}))
 
 
-def drafter_class(name: str) -> type:
+def drafter_class(name: str) -> type[Drafter]:
+    """The registered class called ``name`` (its declared capabilities: :class:`Drafter`)."""
     if name not in DRAFTERS:
         raise SpecdecError(f"unknown drafter {name!r}; choose one of: {', '.join(DRAFTERS)}")
     return DRAFTERS[name]

@@ -8,7 +8,8 @@ drafter the committed context after every round.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from abc import ABC, abstractmethod
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -34,17 +35,63 @@ first, not a chain."""
         return len(self.tokens)
 
 
-class Drafter(Protocol):
-    name: str
+class Drafter(ABC):
+    """The drafter contract: everything the registry, the engine, bench and the server use of a
+    drafter. A new drafter is one file with a subclass of this, and one entry in
+    :data:`specdec.drafters.DRAFTERS`.
 
+    Declared on the class (read as declared, never probed):
+
+    - ``name``: the registry name (``model``, ``pld``, ...);
+    - ``needs_model``: it proposes from the draft model, so bench, the server and ``load`` must
+      load one and the engine refuses the request without one; drafters without a model cost ~0
+      per draft token to ``k="auto"``;
+    - ``grows_trees``: its drafts are token trees (``Draft.parents``), verified in one tree pass by
+      policies that verify trees; ``k`` is then the tree's depth limit, and ``k="auto"`` leaves
+      the depth to the tree's own pruning up to :meth:`depth_limit`;
+    - ``Options``: a frozen dataclass whose fields, declared with :func:`specdec.checks.option`,
+      are the drafter's options (default, range, help): validation, CLI flags and the server's
+      option names all come from there.
+
+    Class methods: :meth:`check` (constraints across options), :meth:`build` (an instance over the
+    draft model), :meth:`depth_limit` (tree drafters). Instance methods: :meth:`start`,
+    :meth:`propose`, :meth:`commit`.
+    """
+
+    name: ClassVar[str]
+    needs_model: ClassVar[bool]
+    grows_trees: ClassVar[bool] = False
+    Options: ClassVar[type]
+
+    @classmethod
+    def check(cls, **options) -> None:
+        """Constraints across options (each option's own range is declared on ``Options``); raise
+        :class:`~specdec.errors.SpecdecError` for a bad combination. None by default."""
+
+    @classmethod
+    def build(cls, lm, stop_ids: frozenset[int], **options) -> "Drafter":
+        """The drafter over the draft model ``lm`` (None when ``needs_model`` is False) that stops
+        at ``stop_ids``, with ``options`` already checked."""
+        return cls(lm, stop_ids, **options)
+
+    @classmethod
+    def depth_limit(cls, **options) -> int:
+        """Tree drafters: the deepest tree ``k="auto"`` grows with these options. Chain drafters
+        have no such limit (``k="auto"`` asks the cost model), so asking one is a programming error."""
+        raise NotImplementedError(f"drafter {cls.name!r} drafts chains; only tree drafters have a depth limit")
+
+    @abstractmethod
     def start(self, prompt: Sequence[int]) -> None:
-        """A new generation begins with ``prompt`` (prefill caches here)."""
+        """A new generation begins with ``prompt`` (prefill caches here, or lazily at the first
+        proposal)."""
 
+    @abstractmethod
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
-        """Up to ``k`` tokens that might follow ``context``."""
+        """Up to ``k`` tokens that might follow ``context`` (a tree drafter: nodes up to depth ``k``)."""
 
+    @abstractmethod
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         """The round kept ``accepted`` of ``drafted`` tokens; ``context`` is what is now committed.
         Drop any state beyond it (roll back) and learn from the outcome."""

@@ -12,7 +12,7 @@ import torch
 from ..checks import option, options_of
 from ..errors import SpecdecError
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import Draft, Drafter
 
 
 def lookup(tokens: np.ndarray, k: int, ngram_max: int, ngram_min: int = 1) -> list[int]:
@@ -39,7 +39,7 @@ class LookupOptions:
     ngram_min: int = option(1, lo=1, help="prompt lookup: shortest n-gram to match")
 
 
-class LookupDrafter:
+class LookupDrafter(Drafter):
     """Prompt lookup (Saxena 2023; transformers' ``PromptLookupCandidateGenerator``; vLLM's n-gram
     proposer). Deviation: we take the *most recent* match, not transformers' leftmost one, since
     recent text predicts the continuation better in code and chat."""

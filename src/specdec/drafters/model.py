@@ -10,7 +10,7 @@ import torch
 from ..checks import check_options, option
 from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, draw, probabilities
-from .base import Draft
+from .base import Draft, Drafter
 
 
 def min_confidence_option():
@@ -24,7 +24,7 @@ class ModelOptions:
     min_confidence: float = min_confidence_option()
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """Runs the draft model autoregressively for up to ``k`` tokens (greedy at T=0, else sampled
     with the same temperature/top-k/top-p, keeping each step's distribution as ``q``).
 
@@ -43,14 +43,6 @@ class ModelDrafter:
         self.lm = lm
         self.stop_ids = stop_ids
         self.min_confidence = float(min_confidence)
-
-    @classmethod
-    def check(cls, **options) -> None:
-        """Constraints across options (each option's own range is declared on ``Options``): none."""
-
-    @classmethod
-    def build(cls, lm: Model, stop_ids: frozenset[int], **options) -> "ModelDrafter":
-        return cls(lm, stop_ids, **options)
 
     def unsure(self, logits: torch.Tensor, token: int) -> bool:
         """True when the draft gave ``token`` less than ``min_confidence`` (off at 0)."""

@@ -33,7 +33,7 @@ from ..checks import option
 from ..errors import SpecdecError
 from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, probabilities
-from .base import Draft
+from .base import Draft, Drafter
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class _Node:
     fed: int = -1  # its node index in the draft model's open tree, once fed
 
 
-class TreeDrafter:
+class TreeDrafter(Drafter):
     """Grows a token tree with the draft model (module docstring). ``Draft.parents`` gives the
     shape: node ``i`` hangs under node ``parents[i]`` (-1: under the context's last token), parents
     first; ``Draft.probs`` is None (point-mass proposals) and ``Draft.logits[i]`` is the draft's raw
@@ -76,18 +76,6 @@ class TreeDrafter:
     def depth_limit(cls, tree_nodes: int = TreeOptions.tree_nodes, **options) -> int:
         """k=auto: trees grow up to this depth (their own pruning stops them earlier)."""
         return tree_nodes
-
-    @property
-    def max_depth(self) -> int:
-        return self.depth_limit(self.tree_nodes)
-
-    @classmethod
-    def check(cls, **options) -> None:
-        """Constraints across options (each option's own range is declared on ``Options``): none."""
-
-    @classmethod
-    def build(cls, lm: Model, stop_ids: frozenset[int], **options) -> "TreeDrafter":
-        return cls(lm, stop_ids, **options)
 
     def start(self, prompt: Sequence[int]) -> None:
         self.lm.reset()

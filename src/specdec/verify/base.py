@@ -1,7 +1,10 @@
-"""What a verification round sees and what it decides.
+"""What a verification round sees and what it decides, and the contracts of policies and rules.
 
 A *policy* turns a :class:`Round` into a :class:`Verdict`. The engine builds the round from one
-target forward pass over ``[last, d_1..d_K]`` and knows nothing about how the decision is made.
+target forward pass over ``[last, d_1..d_K]`` and knows nothing about how the decision is made: it
+reads only what :class:`Policy` declares (``lossy``, ``needs_hidden``, ``lookahead``,
+``verifies_trees``). Loose policies are built from *rules* of two kinds (:class:`TokenRule`,
+:class:`WindowRule`), registered by name in :data:`specdec.verify.policy.RULES`.
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ class Verdict:
 
     ``relaxed`` counts, per loose rule, the kept drafts that the lossless rule alone would have
     rejected (empty for lossless policies). After a token tree, ``path`` names the kept nodes.
-    ``inner``: for a policy with FLy's window, the leading drafts the round would have kept without
-    the window (what ``k="auto"`` expects of blocks too short for the window to act); else None.
+    ``inner``: for a policy with a lookahead (a window rule), the leading drafts the round would
+    have kept by its token-wise decisions alone (what ``k="auto"`` expects of blocks too short for
+    the window to act); else None.
     """
 
     accepted: int
@@ -53,18 +57,60 @@ class Verdict:
 
 
 class Policy(Protocol):
-    """A verification policy. ``lossy`` marks policies whose output can differ from the target's;
-    ``needs_hidden`` asks the engine for the target's final hidden states; ``params`` are the
-    policy's parameters, defaults included, for the record."""
+    """A verification policy: everything the engine, ``k="auto"`` and the vLLM adapter read of one.
+
+    - ``name``; ``params``: the policy's parameters, defaults included, for the record;
+    - ``lossy``: the output can differ from the target's;
+    - ``needs_hidden``: the engine must pass the target's final hidden states (``Round.target_hidden``);
+    - ``lookahead``: 0 for token-wise policies; ``W > 0`` when a rule judges a draft by the ``W``
+      drafts after it (:class:`WindowRule`), so it acts only on blocks of more than ``W`` drafts:
+      a fixed ``k <= W`` is refused up front, and ``k="auto"`` weighs short blocks by
+      ``Verdict.inner`` and long ones by ``Verdict.accepted``;
+    - ``lookahead_label`` / ``lookahead_remedy``: how errors name that lookahead and how to shrink it;
+    - ``verifies_trees``: :meth:`verify_tree` judges token trees (else only chains are drafted).
+    """
 
     name: str
     lossy: bool
     needs_hidden: bool
+    lookahead: int
+    lookahead_label: str
+    lookahead_remedy: str
+    verifies_trees: bool
     params: dict
 
     def verify(self, rnd: Round) -> Verdict: ...
 
-    # policies that can verify token trees also have: def verify_tree(self, rnd: TreeRound) -> Verdict
+    def verify_tree(self, rnd: TreeRound) -> Verdict: ...
+
+
+class TokenRule(Protocol):
+    """A loose rule that judges each draft on its own row (MARS, DropMatch, typical): ``kind =
+    "token"``; ``accepts(rnd, where) -> [K] bool`` may accept drafts the lossless rule rejected,
+    computed at least where ``where`` is True. Parameters are dataclass fields declared with
+    :func:`specdec.checks.option`; ``tune_grid`` names what ``specdec tune`` sweeps."""
+
+    kind: str
+    name: str
+    needs_hidden: bool
+
+    def accepts(self, rnd: Round, where: torch.Tensor) -> torch.Tensor: ...
+
+
+class WindowRule(Protocol):
+    """A loose rule that judges a mismatch by the drafts after it (FLy's deferred window): ``kind =
+    "window"``; ``flips(rnd, accept) -> [K] bool`` turns mismatches into acceptances reading the
+    token-wise decisions ``accept``; ``lookahead``: it acts only on blocks longer than this;
+    ``lookahead_label`` / ``lookahead_remedy`` for errors. A policy holds at most one."""
+
+    kind: str
+    name: str
+    needs_hidden: bool
+    lookahead: int
+    lookahead_label: str
+    lookahead_remedy: str
+
+    def flips(self, rnd: Round, accept: torch.Tensor) -> torch.Tensor: ...
 
 
 def lossless_mask(rnd: Round) -> torch.Tensor:
@@ -102,6 +148,10 @@ class Lossless:
     name: str = "lossless"
     lossy: bool = False
     needs_hidden: bool = False
+    lookahead = 0
+    lookahead_label = ""
+    lookahead_remedy = ""
+    verifies_trees = True
 
     @property
     def params(self) -> dict:

@@ -78,7 +78,10 @@ class Block(Lossless):
     T=0: greedy exact match, :class:`~specdec.verify.base.Lossless`'s own path."""
 
     name: str = "block"
-    verify_tree = None  # chains only: the joint rule is defined on one drafted path
+    verifies_trees = False  # chains only: the joint rule is defined on one drafted path
+
+    def verify_tree(self, rnd):
+        raise NotImplementedError("block verification verifies chains only")
 
     def verify(self, rnd: Round) -> Verdict:
         if rnd.params.greedy:

@@ -93,6 +93,7 @@ class DropMatch:
     #: what ``specdec tune`` sweeps by default (higher p = looser)
     tune_grid = {"p": (0.05, 0.1, 0.2)}
     name = "dropmatch"
+    kind = "token"  # a :class:`~specdec.verify.base.TokenRule`
     needs_hidden = True
 
     def accepts(self, rnd: Round, where: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,21 @@ class Fly:
     #: what ``specdec tune`` sweeps by default (higher = stricter gate)
     tune_grid = {"theta": (0.2, 0.3, 0.5)}
     name = "fly"
+    kind = "window"  # a :class:`~specdec.verify.base.WindowRule`
     needs_hidden = False
+
+    @property
+    def lookahead(self) -> int:
+        """A mismatch flips only with ``window`` drafts after it in the block (:func:`fly_flips`)."""
+        return self.window
+
+    @property
+    def lookahead_label(self) -> str:
+        return f"FLy's window ({self.window})"
+
+    @property
+    def lookahead_remedy(self) -> str:
+        return "or a smaller fly window (FLy's reference uses k=15)"
 
     def flips(self, rnd: Round, accept: torch.Tensor) -> torch.Tensor:
         return fly_flips(accept, topk_entropy(rnd.target_logits[:-1]), self.theta, self.window)

@@ -44,6 +44,7 @@ class Mars:
     #: what ``specdec tune`` sweeps by default (lower = looser)
     tune_grid = {"theta": (0.7, 0.8, 0.9)}
     name = "mars"
+    kind = "token"  # a :class:`~specdec.verify.base.TokenRule`
     needs_hidden = False
 
     def accepts(self, rnd: Round, where: torch.Tensor) -> torch.Tensor:

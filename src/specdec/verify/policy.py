@@ -5,8 +5,9 @@ How rules compose (one definition for every combination):
 1. The lossless rule decides first (exact match at T=0, ``min(1, p/q)`` at T>0).
 2. Each *token rule* (``mars``, ``dropmatch``, ``typical``) may accept a draft the lossless rule
    rejected; a position passes if any of them accepts it. Rules only add acceptances.
-3. ``fly`` is a *window*: it may flip remaining mismatches using the decisions of steps 1-2 (so
-   ``fly+mars`` lets MARS acceptances count as agreement inside FLy's window).
+3. A *window rule* (``fly``; :class:`~specdec.verify.base.WindowRule`) may flip remaining
+   mismatches using the decisions of steps 1-2 (so ``fly+mars`` lets MARS acceptances count as
+   agreement inside FLy's window). A policy holds at most one window rule.
 4. The round keeps the leading accepted drafts; the next token is the target's (argmax at T=0,
    residual ``max(p - q, 0)`` draw at T>0) at the first rejection, or the bonus.
 
@@ -28,18 +29,20 @@ import torch
 from ..checks import options_of
 from ..errors import SpecdecError
 from ..sampling import draw
-from .base import Lossless, Round, Verdict, finish, lossless_mask
+from .base import Lossless, Round, Verdict, WindowRule, finish, lossless_mask
 from .block import Block
 from .dropmatch import DropMatch
-from .fly import Fly, fly_flips, topk_entropy
+from .fly import Fly
 from .lossless import leading_true, residual
 from .mars import Mars
 from .tree import TreeRound, Walk, first_child_chain, walk_tree
 from .typical import Typical
 
 
-#: The loose rules by name: token rules (``accepts``) and FLy's window (``flips``). Each class
-#: sits next to its pure function and declares its parameters, ranges and help once.
+#: The loose rules by name: token rules (``kind = "token"``, ``accepts``) and window rules
+#: (``kind = "window"``, ``flips``, ``lookahead``); see :mod:`specdec.verify.base`. Each class sits
+#: next to its pure function and declares its parameters, ranges and help once. A new rule is one
+#: file in verify/ and one entry here.
 RULES: dict[str, type] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typical, "fly": Fly}
 
 
@@ -49,16 +52,29 @@ def rule_params(rule: str) -> list[str]:
 
 @dataclass(frozen=True)
 class LoosePolicy:
-    """The lossless rule plus token rules, optionally wrapped by FLy's window (module docstring)."""
+    """The lossless rule plus token rules, optionally wrapped by one window rule (module docstring)."""
 
     name: str
     rules: tuple = ()
-    window: Fly | None = None
+    window: WindowRule | None = None
     lossy = True
+    verifies_trees = True
 
     @property
     def needs_hidden(self) -> bool:
-        return any(r.needs_hidden for r in self.rules)
+        return any(r.needs_hidden for r in (*self.rules, *([self.window] if self.window else [])))
+
+    @property
+    def lookahead(self) -> int:
+        return self.window.lookahead if self.window is not None else 0
+
+    @property
+    def lookahead_label(self) -> str:
+        return self.window.lookahead_label if self.window is not None else ""
+
+    @property
+    def lookahead_remedy(self) -> str:
+        return self.window.lookahead_remedy if self.window is not None else ""
 
     @property
     def params(self) -> dict[str, Any]:
@@ -87,7 +103,7 @@ class LoosePolicy:
     def verify_tree(self, rnd: TreeRound) -> Verdict:
         """The same composition on a token tree: token rules judge each node against its parent's
         row and may keep a node the lossless walk rejects; FLy's window runs along the path and its
-        first-child continuation (:func:`fly_extend`)."""
+        first-child continuation (:func:`window_extend`)."""
         flat = node_round(rnd)
         alone = lossless_mask(flat)  # [N] each node judged alone (exact match / u < p at a point mass)
         # T>0: the walk's rejections are sequential over siblings, so every node may be relaxed
@@ -99,7 +115,7 @@ class LoosePolicy:
         walk = walk_tree(rnd, extra)
         flipped: set[int] = set()
         if self.window is not None:
-            walk, flipped = fly_extend(rnd, flat, walk, alone | extra, allowed, self.window)
+            walk, flipped = window_extend(rnd, flat, walk, alone | extra, allowed, self.window)
         relaxed = {name: sum(1 for node, loose in zip(walk.path, walk.loose) if loose and node not in flipped
                              and bool(mask[node])) for name, mask in added.items()}
         if self.window is not None:
@@ -129,11 +145,24 @@ def node_round(rnd: TreeRound) -> Round:
     )
 
 
-def fly_extend(rnd: TreeRound, flat: Round, walk: Walk, accepts: torch.Tensor, allowed: torch.Tensor,
-               fly: Fly) -> tuple[Walk, set[int]]:
-    """FLy's window on a tree: the chain is the walk's path, then the first child of the node where
-    it stopped and first children below it. The mismatch at that first child may flip when FLy's
-    gate and window say so (:func:`specdec.verify.fly.fly_flips`, on the chain's per-node decisions
+def chain_round(flat: Round, index: torch.Tensor) -> Round:
+    """The nodes ``index`` of a tree's per-node view (:func:`node_round`) as a chain: draft ``j`` is
+    node ``index[j]`` with its parent's row (plus one last row that no rule reads)."""
+    rows = torch.cat([index, index.new_zeros(1)])
+    pick = (lambda t: None if t is None else t[rows])
+    return Round(
+        target_logits=flat.target_logits[rows], draft_tokens=flat.draft_tokens[index], draft_probs=None,
+        params=flat.params, generator=flat.generator, target_probs=pick(flat.target_probs),
+        target_hidden=pick(flat.target_hidden), lm_head=flat.lm_head,
+        draft_logits=None if flat.draft_logits is None or len(flat.draft_logits) != flat.k else flat.draft_logits[index],
+    )
+
+
+def window_extend(rnd: TreeRound, flat: Round, walk: Walk, accepts: torch.Tensor, allowed: torch.Tensor,
+                  window: WindowRule) -> tuple[Walk, set[int]]:
+    """A window rule on a tree: the chain is the walk's path, then the first child of the node
+    where it stopped and first children below it. The mismatch at that first child may flip when
+    the window rule says so (its ``flips`` over the chain, reading the chain's per-node decisions
     ``accepts``); returns the walk, extended if it did, and the flipped nodes."""
     if not walk.rejected:  # the path ended at a leaf: no mismatch to flip
         return walk, set()
@@ -143,7 +172,7 @@ def fly_extend(rnd: TreeRound, flat: Round, walk: Walk, accepts: torch.Tensor, a
     accept = accepts[index].clone()
     accept[:kept] = True
     accept[kept] = False
-    flips = fly_flips(accept, topk_entropy(flat.target_logits[index]), fly.theta, fly.window) & allowed[index]
+    flips = window.flips(chain_round(flat, index), accept) & allowed[index]
     n = leading_true(accept | flips)
     if n <= kept:
         return walk, set()
@@ -206,6 +235,9 @@ def parse_policy(name: str, params: dict[str, Any]):
             raise SpecdecError(f"parameter {target}_{plain} given twice")
         spec, _ = options_of(RULES[target])[plain]
         chosen[target][plain] = spec.check(f"{target} {plain}", value)
-    token_rules = tuple(RULES[p](**chosen[p]) for p in parts if p != "fly")
-    window = Fly(**chosen["fly"]) if "fly" in chosen else None
+    windows = [p for p in parts if RULES[p].kind == "window"]
+    if len(windows) > 1:
+        raise SpecdecError(f"policy {name!r} combines window rules ({', '.join(windows)}); at most one per policy")
+    token_rules = tuple(RULES[p](**chosen[p]) for p in parts if RULES[p].kind == "token")
+    window = RULES[windows[0]](**chosen[windows[0]]) if windows else None
     return LoosePolicy(name=name, rules=token_rules, window=window)

@@ -19,8 +19,9 @@ row 0 is the target's distribution after the context, row ``i + 1`` the one afte
   probability ``p``'s mass on its children, the most any exact rule can accept for that set.
 - Loose rules (MARS, typical, DropMatch) judge every node against its parent's row, as they judge a
   chain's draft against its position's row; a node the lossless test rejects passes if a rule
-  accepts it (exact match is tried first among siblings at T=0). FLy's window runs along the path
-  and its first-child continuation below the node where the walk stopped (:func:`fly_extend`).
+  accepts it (exact match is tried first among siblings at T=0). A window rule (FLy's) runs along
+  the path and its first-child continuation below the node where the walk stopped
+  (:func:`specdec.verify.policy.window_extend`).
 """
 
 from __future__ import annotations

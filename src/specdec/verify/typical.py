@@ -40,6 +40,7 @@ class Typical:
     #: what ``specdec tune`` sweeps by default (higher = stricter)
     tune_grid = {"epsilon": (0.05, 0.09, 0.2)}
     name = "typical"
+    kind = "token"  # a :class:`~specdec.verify.base.TokenRule`
     needs_hidden = False
 
     def accepts(self, rnd: Round, where: torch.Tensor) -> torch.Tensor:

@@ -103,7 +103,6 @@ def sampler_class():
     global _SAMPLER_CLASS
     if _SAMPLER_CLASS is not None:
         return _SAMPLER_CLASS
-    from vllm.v1.outputs import SamplerOutput
     from vllm.v1.sample import rejection_sampler as rs
 
     class SpecdecRejectionSampler(rs.RejectionSampler):
@@ -112,97 +111,122 @@ def sampler_class():
         Requests that select none (and every request when neither the engine nor the request
         does) go through vLLM's own code, unchanged. The others: vLLM's bonus sampling and logits
         processors as usual, then :func:`specdec.vllm.ragged.verify_ragged`, i.e. each request's
-        ``policy.verify(round)``."""
+        ``policy.verify(round)`` (:func:`specdec_forward`)."""
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            from vllm.config import get_current_vllm_config_or_none
-
-            cfg = get_current_vllm_config_or_none()
-            #: the engine's default (additional_config["specdec"]); parsed here so a bad one fails at startup
-            self.default = engine_selection(getattr(cfg, "additional_config", None)) if cfg is not None else None
-            self.step: Step | None = None
-            self.stats = RuleStats()
-            self.invalid: dict[str, None] = {}  # requests whose specdec settings were refused (recent ones)
-            if self.default is not None:
-                logger.info("specdec: verification rule %s %s", self.default.policy, dict(self.default.params))
+            init_sampler_state(self)
 
         def forward(self, metadata, draft_probs, logits, sampling_metadata):
             step, self.step = self.step, None
-            if step is None or len(step.selections) != len(metadata.num_draft_tokens):
-                # a warm-up or profiling run on dummy data (no requests): vLLM's own code
+            policies = step_policies(step, metadata)
+            if policies is None:  # a warm-up run on dummy data, or no request selects a rule: vLLM's own code
                 return super().forward(metadata, draft_probs, logits, sampling_metadata)
-            selections = step.selections
-            policies = [s.parsed() if s is not None else None for s in selections]
-            if all(p is None for p in policies):
-                return super().forward(metadata, draft_probs, logits, sampling_metadata)
-            return self._specdec_forward(metadata, draft_probs, logits, sampling_metadata, step, selections,
-                                         policies)
-
-        def _specdec_forward(self, metadata, draft_probs, logits, sampling_metadata, step, selections, policies):
-            # As vLLM's forward (vllm/v1/sample/rejection_sampler.py), with specdec's rules for the
-            # rows that have a policy. Bonus tokens: vLLM's sampler.
-            bonus_logits = logits[metadata.bonus_logits_indices]
-            bonus_output = self.sampler(
-                logits=bonus_logits,
-                sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
-                predict_bonus_token=True,
-                logprobs_mode_override="processed_logits" if self.is_processed_logprobs_mode else "raw_logits",
-            )
-            bonus_token_ids = bonus_output.sampled_token_ids
-            raw_target_logits = logits[metadata.target_logits_indices].to(torch.float32)
-            target_logits = raw_target_logits if self.is_processed_logprobs_mode else raw_target_logits.clone()
-            target_logits = self.apply_logits_processors(target_logits, sampling_metadata, metadata)
-            rule_logits = target_logits.clone()  # after logits processors, before temperature/top-k/top-p
-            target_logits = sampling_constraints(target_logits, list(metadata.num_draft_tokens), sampling_metadata,
-                                                 rs.apply_top_k_top_p)
-            if any(p is None for p in policies):  # some rows are vLLM's: its rule decides them
-                output_token_ids = rs.rejection_sample(
-                    metadata.draft_token_ids, metadata.num_draft_tokens, metadata.max_spec_len,
-                    metadata.cu_num_draft_tokens, draft_probs, target_logits, bonus_token_ids, sampling_metadata,
-                    synthetic_mode=self.synthetic_mode,
-                    synthetic_conditional_rates=self.synthetic_conditional_rates,
-                    use_fp64_gumbel=self.use_fp64_gumbel,
-                )
-            else:
-                output_token_ids = torch.full((batch_size(metadata), metadata.max_spec_len + 1), PLACEHOLDER,
-                                              dtype=torch.int32, device=logits.device)
-            target_probs = None
-            if not sampling_metadata.all_greedy:
-                target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
-            hidden = lm_head = None
-            if any(p is not None and p.needs_hidden for p in policies):
-                if step.hidden is None:
-                    raise SpecdecError("dropmatch needs the target's final hidden states, which this vLLM step did not "
-                                       "provide (pipeline parallelism or an unsupported model runner)")
-                hidden, lm_head = step.hidden[metadata.target_logits_indices], step.lm_head
-            ragged = RaggedBatch(
-                draft_token_ids=metadata.draft_token_ids,
-                num_draft_tokens=list(metadata.num_draft_tokens),
-                target_logits=rule_logits,
-                bonus_token_ids=bonus_token_ids,
-                params=request_params(sampling_metadata, batch_size(metadata), rule_logits.shape[-1]),
-                target_probs=target_probs,
-                draft_probs=draft_probs,
-                generators=sampling_metadata.generators,
-                hidden=hidden,
-                lm_head=lm_head,
-            )
-            output_token_ids, verdicts = verify_ragged(ragged, policies, output_token_ids)
-            for sel, k, verdict in zip(selections, metadata.num_draft_tokens, verdicts):
-                if verdict is not None and k:
-                    self.stats.observe(sel.policy, int(k), verdict.accepted, dict(verdict.relaxed))
-            logprobs_tensors = None
-            if sampling_metadata.max_num_logprobs is not None:
-                logprobs_tensors = self._get_logprobs_tensors(
-                    sampling_metadata.max_num_logprobs, metadata, logits,
-                    target_logits if self.is_processed_logprobs_mode else raw_target_logits,
-                    bonus_output.logprobs_tensors.logprobs, output_token_ids,
-                )
-            return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
+            return specdec_forward(self, rs, metadata, draft_probs, logits, sampling_metadata, step, policies)
 
     _SAMPLER_CLASS = SpecdecRejectionSampler
     return SpecdecRejectionSampler
+
+
+def init_sampler_state(sampler) -> None:
+    """The sampler's own state: the engine's default selection (``additional_config["specdec"]``,
+    parsed here so a bad one fails at startup), the step's inputs, the rules' statistics."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    cfg = get_current_vllm_config_or_none()
+    sampler.default = engine_selection(getattr(cfg, "additional_config", None)) if cfg is not None else None
+    sampler.step = None  # a Step, handed over by the model runner before each sampling
+    sampler.stats = RuleStats()
+    sampler.invalid = {}  # requests whose specdec settings were refused (recent ones)
+    if sampler.default is not None:
+        logger.info("specdec: verification rule %s %s", sampler.default.policy, dict(sampler.default.params))
+
+
+def step_policies(step: Step | None, metadata) -> list | None:
+    """Each row's specdec policy (None: vLLM's rule), or None when vLLM's own forward decides the
+    whole step (no step inputs, as in warm-up and profiling runs, or no row selects a rule)."""
+    if step is None or len(step.selections) != len(metadata.num_draft_tokens):
+        return None
+    policies = [s.parsed() if s is not None else None for s in step.selections]
+    return None if all(p is None for p in policies) else policies
+
+
+def specdec_forward(sampler, rs, metadata, draft_probs, logits, sampling_metadata, step: Step, policies):
+    """As vLLM's ``RejectionSampler.forward`` (vllm/v1/sample/rejection_sampler.py), with specdec's
+    rules for the rows that have a policy. Bonus tokens: vLLM's sampler."""
+    from vllm.v1.outputs import SamplerOutput
+
+    bonus_output = sampler.sampler(
+        logits=logits[metadata.bonus_logits_indices],
+        sampling_metadata=replace(sampling_metadata, max_num_logprobs=-1),
+        predict_bonus_token=True,
+        logprobs_mode_override="processed_logits" if sampler.is_processed_logprobs_mode else "raw_logits",
+    )
+    raw_target_logits = logits[metadata.target_logits_indices].to(torch.float32)
+    target_logits = raw_target_logits if sampler.is_processed_logprobs_mode else raw_target_logits.clone()
+    target_logits = sampler.apply_logits_processors(target_logits, sampling_metadata, metadata)
+    rule_logits = target_logits.clone()  # after logits processors, before temperature/top-k/top-p
+    target_logits = sampling_constraints(target_logits, list(metadata.num_draft_tokens), sampling_metadata,
+                                         rs.apply_top_k_top_p)
+    output_token_ids = vllm_rows(sampler, rs, metadata, draft_probs, target_logits,
+                                 bonus_output.sampled_token_ids, sampling_metadata, policies)
+    ragged = rule_batch(metadata, step, policies, rule_logits, target_logits, draft_probs,
+                        bonus_output.sampled_token_ids, sampling_metadata)
+    output_token_ids, verdicts = verify_ragged(ragged, policies, output_token_ids)
+    for sel, k, verdict in zip(step.selections, metadata.num_draft_tokens, verdicts):
+        if verdict is not None and k:
+            sampler.stats.observe(sel.policy, int(k), verdict.accepted, dict(verdict.relaxed))
+    logprobs_tensors = None
+    if sampling_metadata.max_num_logprobs is not None:
+        logprobs_tensors = sampler._get_logprobs_tensors(
+            sampling_metadata.max_num_logprobs, metadata, logits,
+            target_logits if sampler.is_processed_logprobs_mode else raw_target_logits,
+            bonus_output.logprobs_tensors.logprobs, output_token_ids,
+        )
+    return SamplerOutput(sampled_token_ids=output_token_ids, logprobs_tensors=logprobs_tensors)
+
+
+def vllm_rows(sampler, rs, metadata, draft_probs, target_logits, bonus_token_ids, sampling_metadata, policies):
+    """The output tokens of the rows vLLM's own rule decides (when any row has no policy), else
+    placeholders for :func:`verify_ragged` to fill."""
+    if any(p is None for p in policies):
+        return rs.rejection_sample(
+            metadata.draft_token_ids, metadata.num_draft_tokens, metadata.max_spec_len,
+            metadata.cu_num_draft_tokens, draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+            synthetic_mode=sampler.synthetic_mode,
+            synthetic_conditional_rates=sampler.synthetic_conditional_rates,
+            use_fp64_gumbel=sampler.use_fp64_gumbel,
+        )
+    return torch.full((batch_size(metadata), metadata.max_spec_len + 1), PLACEHOLDER,
+                      dtype=torch.int32, device=target_logits.device)
+
+
+def rule_batch(metadata, step: Step, policies, rule_logits, target_logits, draft_probs, bonus_token_ids,
+               sampling_metadata) -> RaggedBatch:
+    """What specdec's rules read of the step: the rows' logits and processed distributions, the
+    drafts, and the target's final hidden states when a policy needs them."""
+    target_probs = None
+    if not sampling_metadata.all_greedy:
+        target_probs = target_logits.softmax(dim=-1, dtype=torch.float32)
+    hidden = lm_head = None
+    needing = [p.name for p in policies if p is not None and p.needs_hidden]
+    if needing:
+        if step.hidden is None:
+            raise SpecdecError(f"policy {needing[0]!r} needs the target's final hidden states, which this vLLM "
+                               "step did not provide (pipeline parallelism or an unsupported model runner)")
+        hidden, lm_head = step.hidden[metadata.target_logits_indices], step.lm_head
+    return RaggedBatch(
+        draft_token_ids=metadata.draft_token_ids,
+        num_draft_tokens=list(metadata.num_draft_tokens),
+        target_logits=rule_logits,
+        bonus_token_ids=bonus_token_ids,
+        params=request_params(sampling_metadata, batch_size(metadata), rule_logits.shape[-1]),
+        target_probs=target_probs,
+        draft_probs=draft_probs,
+        generators=sampling_metadata.generators,
+        hidden=hidden,
+        lm_head=lm_head,
+    )
 
 
 def sampling_constraints(logits, num_draft_tokens: list[int], sampling_metadata, apply_top_k_top_p):
@@ -336,10 +360,11 @@ def check_engine_args(additional_config: Any, speculative_config: Any) -> Select
                            f"rejection_sample_method at 'standard', not {method!r}")
     k = spec.get("num_speculative_tokens")
     policy = sel.parsed()
-    window = int(getattr(getattr(policy, "window", None), "window", 0) or 0)
+    window = 0 if policy is None else policy.lookahead
     if window and isinstance(k, int) and k <= window:
-        raise SpecdecError(f"policy {sel.policy!r}: FLy's window ({window}) acts only on draft blocks longer than it; "
-                           f"num_speculative_tokens={k} would leave it inert; use >= {window + 1} or a smaller fly_window")
+        raise SpecdecError(f"policy {sel.policy!r}: {policy.lookahead_label} acts only on draft blocks longer than "
+                           f"it; num_speculative_tokens={k} would leave it inert; use >= {window + 1}, "
+                           f"{policy.lookahead_remedy}")
     if os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip().lower() in ("1", "true"):
         raise SpecdecError("specdec's rules run in vLLM's V1 model runner; unset VLLM_USE_V2_MODEL_RUNNER "
                            "(or set it to 0)")

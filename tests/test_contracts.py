@@ -1,0 +1,191 @@
+"""The written contracts hold: a new window-style rule is one class registered in ``RULES``, a new
+drafter one :class:`Drafter` subclass registered in ``DRAFTERS``; the engine, k=auto, bench and the
+vLLM adapter read only what those declare."""
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+import specdec
+from specdec.bench import configs as cfgs
+from specdec.checks import option
+from specdec.costmodel import CostTable
+from specdec.drafters import DRAFTERS, Draft, Drafter, drafter_class
+from specdec.engine import DecodeConfig, Engine
+from specdec.errors import SpecdecError
+from specdec.models import CausalLM
+from specdec.testing import perturbed_copy, tiny_model
+from specdec.verify import RULES, make_policy
+from specdec.verify.tree import TreeRound
+
+SRC = Path(specdec.__file__).parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Echo:
+    """A toy window rule, as a newcomer would write it in verify/echo.py: a mismatch flips when the
+    next ``span`` drafts were all accepted."""
+
+    span: int = option(2, lo=1, hi=64, help="drafts after a mismatch that must have been accepted")
+    tune_grid = {"span": (2, 3)}
+    name = "echo"
+    kind = "window"
+    needs_hidden = False
+    lookahead_remedy = "or a smaller echo span"
+
+    @property
+    def lookahead(self) -> int:
+        return self.span
+
+    @property
+    def lookahead_label(self) -> str:
+        return f"echo's span ({self.span})"
+
+    def flips(self, rnd, accept: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(accept)
+        for i in range(accept.shape[0] - self.span):
+            if not accept[i] and bool(accept[i + 1 : i + 1 + self.span].all()):
+                out[i] = True
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class RepeatOptions:
+    times: int = option(1, lo=1, help="repeat: how often each proposal repeats the last token")
+
+
+class Repeat(Drafter):
+    """A toy drafter without a model: proposes the last committed token again."""
+
+    name = "repeat"
+    needs_model = False
+    Options = RepeatOptions
+
+    def __init__(self, lm=None, stop_ids=frozenset(), times: int = 1):
+        self.times = times
+
+    def start(self, prompt):
+        pass
+
+    def propose(self, context, k, params, generator):
+        return Draft([int(context[-1])] * k)
+
+    def commit(self, context, drafted, accepted):
+        pass
+
+
+@pytest.fixture
+def echo(monkeypatch):
+    monkeypatch.setitem(RULES, "echo", Echo)
+
+
+@pytest.fixture
+def repeat(monkeypatch):
+    monkeypatch.setitem(DRAFTERS, "repeat", Repeat)
+
+
+def test_a_window_rule_is_one_registered_class(echo):
+    policy = make_policy("echo+mars", {"span": 3})
+    assert policy.lookahead == 3 and policy.lossy and policy.verifies_trees
+    with pytest.raises(SpecdecError, match=r"echo's span \(2\) acts only on draft blocks longer than it, so k=2 "
+                                           r".*use k >= 3, k='auto', or a smaller echo span"):
+        DecodeConfig(policy="echo", k=2)
+    with pytest.raises(SpecdecError, match="at most one"):
+        make_policy("echo+fly")
+    # a chain: the mismatch at 0 flips since drafts 1-2 were accepted (the target agrees there)
+    logits = torch.full((5, 6), -5.0)
+    for row, best in enumerate([1, 2, 3, 4, 5]):
+        logits[row, best] = 5.0
+    drafts = torch.tensor([0, 2, 3, 4])  # 0 is a mismatch, then 2, 3, 4 match
+    from specdec.sampling import SamplingParams
+    from specdec.verify import Round
+
+    verdict = make_policy("echo").verify(Round(logits, drafts, None, SamplingParams(), None))
+    assert verdict.accepted == 4 and verdict.inner == 0 and verdict.relaxed == {"echo": 1}
+    # a tree whose first-child chain is the same block: the rule runs along it, unchanged
+    rnd = TreeRound(target_logits=logits, tokens=drafts, parents=[-1, 0, 1, 2], params=SamplingParams(),
+                    generator=None)
+    assert make_policy("echo").verify_tree(rnd).path == (0, 1, 2, 3)
+
+
+def test_the_engine_and_k_auto_read_the_declared_lookahead(echo):
+    t = tiny_model(31)
+    engine = Engine(CausalLM(t), CausalLM(perturbed_copy(t, 0.2, 32)), eos_ids=[258])
+    widths = [1, 2, 4, 8, 16, 32]
+    engine.target_costs = CostTable("t|x", "float32", widths, [0.01] * 6, 32)
+    engine.draft_costs = CostTable("d|x", "float32", widths, [0.001] * 6, 32)
+    out = engine.generate(list(range(40, 60)), DecodeConfig(policy="echo", policy_params={"span": 3}, max_new_tokens=40))
+    (control,) = engine.controllers.values()
+    assert control.window == 3 and control.k_max >= 4 and out.finish_reason in ("length", "stop")
+    plain = engine.generate(list(range(40, 60)), DecodeConfig(policy="ar", max_new_tokens=40))
+    fixed = engine.generate(list(range(40, 60)), DecodeConfig(policy="lossless", k=4, max_new_tokens=40))
+    assert fixed.token_ids == plain.token_ids  # the other policies are untouched by the new rule
+
+
+def test_a_drafter_is_one_registered_class(repeat):
+    assert issubclass(drafter_class("repeat"), Drafter)
+    t = tiny_model(33)
+    engine = Engine(CausalLM(t), None, eos_ids=[258])  # no draft model: the class says it needs none
+    prompt = [65, 66, 66, 66, 66, 67]
+    plain = engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=20))
+    out = engine.generate(prompt, DecodeConfig(policy="lossless", drafter="repeat", k=3, max_new_tokens=20,
+                                               drafter_params={"times": 2}))
+    assert out.token_ids == plain.token_ids and out.stats.drafted > 0
+    with pytest.raises(SpecdecError, match="drafter 'repeat' times must be"):
+        DecodeConfig(drafter="repeat", drafter_params={"times": 0})
+    # bench asks the class whether a draft model must load, never the name
+    assert not cfgs.needs_draft_model(cfgs.Config("lossless", "repeat", 3, {}))
+    assert cfgs.needs_draft_model(cfgs.Config("lossless", "tree", 3, {}))
+
+
+def test_every_registered_drafter_declares_the_contract():
+    for name, cls in DRAFTERS.items():
+        assert issubclass(cls, Drafter) and cls.name == name
+        assert isinstance(cls.needs_model, bool) and isinstance(cls.grows_trees, bool)
+        assert dataclasses.is_dataclass(cls.Options)
+        if cls.grows_trees:
+            assert cls.depth_limit() >= 1
+        else:
+            with pytest.raises(NotImplementedError):
+                cls.depth_limit()
+
+
+def _identifiers(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.arg)):
+            out.add(getattr(node, "name", None) or node.arg)
+        elif isinstance(node, ast.alias):
+            out.add(node.asname or node.name)
+    return out
+
+
+def test_no_code_outside_verify_names_a_rule_or_probes_a_capability():
+    """Outside verify/ no identifier names FLy (or any rule): window-style acceptance is the
+    policy's declared ``lookahead``; the engine reads declared attributes, never ``getattr``."""
+    rules = {"fly", "mars", "dropmatch", "typical"}
+    bad = []
+    for path in SRC.rglob("*.py"):
+        if "verify" in path.relative_to(SRC).parts:
+            continue
+        for ident in _identifiers(path):
+            if any(rule in ident.lower().split("_") or ident.lower() == rule for rule in rules):
+                bad.append(f"{path.relative_to(SRC)}: {ident}")
+    assert not bad, bad
+    engine = (SRC / "engine.py").read_text()
+    assert "getattr(" not in engine and '"pld"' not in engine
+
+
+def test_engine_steps_are_short():
+    """``Engine.run`` reads as its numbered steps: no function in the engine over 40 lines."""
+    tree = ast.parse((SRC / "engine.py").read_text())
+    long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
+            if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 40]
+    assert not long, long
