@@ -4,8 +4,8 @@ quality against ar sample by sample), and how the report and the plot show it.""
 import pytest
 
 from specdec.bench.report import render_report
-from specdec.bench.summary import (best_k, bonett_price_ratio, mcnemar_exact, newcombe_paired_difference, pareto_front,
-                                   summarize, vs_lossless)
+from specdec.bench.summary import (best_k_per_policy, bonett_price_ratio, mcnemar_exact, newcombe_paired_difference,
+                                   pareto_front, summarize, vs_lossless)
 
 
 def rec(sample, config, repeat, tokens, seconds, passed=None, stats=None, exact=None, token=None, category="code"):
@@ -107,7 +107,7 @@ def test_peer_tau_is_tokens_per_target_forward():
     assert no_count["configs"]["hf-assisted"]["tau"] is None
 
 
-def test_best_k_and_pareto_front():
+def test_best_k_per_policy_and_pareto_front():
     rows = {
         "ar": {"id": "ar", "kind": "specdec", "policy": "ar", "k": None, "speedup_vs_ar": 1.0, "quality": 0.5, "tau": 1},
         "lossless/model/k2": {"id": "lossless/model/k2", "kind": "specdec", "policy": "lossless", "k": 2,
@@ -119,7 +119,10 @@ def test_best_k_and_pareto_front():
         "bad/model/k4": {"id": "bad/model/k4", "kind": "specdec", "policy": "bad", "k": 4,
                          "speedup_vs_ar": 1.2, "quality": 0.3, "tau": 4},
     }
-    assert best_k(rows) == {"lossless/model": {"k": 4, "id": "lossless/model/k4", "speedup_vs_ar": 1.8, "tau": 3}}
+    assert best_k_per_policy(rows) == {"lossless/model": {"k": 4, "id": "lossless/model/k4", "speedup_vs_ar": 1.8, "tau": 3}}
+    from specdec.bench import summary
+
+    assert not hasattr(summary, "best_k")  # one best_k in the project: costmodel's, K from measured costs
     assert pareto_front(rows) == ["lossless/model/k4", "mars/model/k4"]
 
 

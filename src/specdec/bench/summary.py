@@ -273,8 +273,8 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
             }
         out[cid] = row
     best_ar = vs_best_ar(out, recs_by_cfg)
-    return {"configs": out, "best_k": best_k(out), "pareto_front": pareto_front(out), "vs_lossless": vs_lossless(out),
-            "best_ar": best_ar}
+    return {"configs": out, "best_k": best_k_per_policy(out), "pareto_front": pareto_front(out),
+            "vs_lossless": vs_lossless(out), "best_ar": best_ar}
 
 
 def vs_best_ar(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> str | None:
@@ -313,9 +313,10 @@ def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def best_k(rows: dict[str, dict]) -> dict[str, dict]:
+def best_k_per_policy(rows: dict[str, dict]) -> dict[str, dict]:
     """For each policy (with its parameters) and drafter run at two or more Ks: the K with the
-    highest speedup over ar."""
+    highest speedup over ar, among the configurations of this run's table (the summary's
+    ``best_k``; not :func:`specdec.costmodel.best_k`, which picks K from measured costs)."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for cid, row in rows.items():
         if row.get("kind") == "specdec" and row.get("policy") != AR_ID and row.get("speedup_vs_ar") is not None:
