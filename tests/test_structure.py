@@ -197,3 +197,14 @@ def test_costmodel_package_reexports_every_name_in_use():
         holders = [m for m in modules if name in vars(m)]
         assert holders and all(vars(m)[name] is getattr(costmodel, name) for m in holders), name
 
+
+def test_tau_is_computed_in_one_place():
+    """``1 + accepted / rounds`` is written once, in :func:`specdec.stats.tau_of`; everything else calls it."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.left, ast.Constant)
+                    and node.left.value == 1 and isinstance(node.right, ast.BinOp)
+                    and isinstance(node.right.op, ast.Div) and "accept" in ast.unparse(node.right.left)):
+                found.append(f"{path.relative_to(SRC).as_posix()}: {ast.unparse(node)}")
+    assert found == ["stats.py: 1.0 + accepted / rounds"], found

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..stats import tau_of
 from .configs import Config
 from .datasets import Dataset, Sample
 from .peers import run_peer
@@ -72,7 +73,7 @@ class Running:
 
         parts = [cid]
         if self.rounds.get(cid):
-            parts.append(f"tau {1 + self.accepted[cid] / self.rounds[cid]:.2f}")
+            parts.append(f"tau {tau_of(self.accepted[cid], self.rounds[cid]):.2f}")
         mine, base = tps(cid), tps("ar")
         if mine is not None:
             parts.append(f"{mine:.1f} tok/s")

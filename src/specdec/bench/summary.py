@@ -35,6 +35,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
+from ..stats import tau_of
+
 AR_ID = "ar"
 #: the per-record verdict behind each quality metric
 OUTCOME_KEY = {"pass@1": "passed", "math_accuracy": "correct"}
@@ -194,7 +196,7 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
     elif any("rounds" in s for s in stats):
         rounds = sum(s.get("rounds", 0) for s in stats)
         accepted = sum(s.get("accepted", 0) for s in stats)
-        out["tau"] = 1.0 + accepted / rounds if rounds else None
+        out["tau"] = tau_of(accepted, rounds)
     else:  # a peer: generated tokens per target forward pass, where counted
         fw = [s.get("target_forwards") for s in stats]
         produced = [s.get("produced_tokens", r.get("new_tokens", 0)) for s, r in zip(stats, recs)]
