@@ -198,6 +198,17 @@ def test_costmodel_package_reexports_every_name_in_use():
         assert holders and all(vars(m)[name] is getattr(costmodel, name) for m in holders), name
 
 
+def test_nothing_is_hung_on_objects_through_their_dict():
+    """State belongs to whoever owns it (the bench keeps its extra models in a BenchModels), never
+    set on another object through ``obj.__dict__``."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+                found.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not found, found
+
+
 def test_tau_is_computed_in_one_place():
     """``1 + accepted / rounds`` is written once, in :func:`specdec.stats.tau_of`; everything else calls it."""
     found = []
