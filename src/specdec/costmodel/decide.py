@@ -24,7 +24,7 @@ FALLBACK_K = 5
 DTYPE_K_MAX = 31
 #: a longer K must beat a shorter one by more than this share (float noise) to be chosen: ties go to the smaller K
 TIE_TOLERANCE = 1e-9
-#: seconds a round is taken to cost at least, so a table of zero costs divides by no zero
+#: seconds a round is taken to cost at least: a round of (near) zero cost divides by no zero
 MIN_ROUND_SECONDS = 1e-12
 
 

@@ -25,7 +25,7 @@ WIDTHS = (1, 2, 4, 8, 16, 32)
 #: alike); the median of five is not moved by two slow samples
 REPEATS = 5
 #: seconds: a width whose median pass takes longer is timed only MIN_REPEATS times (its noise is
-#: small against it, and more rounds of slow passes would make a calibration take minutes)
+#: small against it, and each further round of such passes adds whole seconds to a calibration)
 SLOW_PASS = 0.5
 #: the fewest timings of a width (and of a width timed afresh): one slow sample of three does not move the median
 MIN_REPEATS = 3
