@@ -24,8 +24,7 @@ from .decide import FALLBACK_K
 from .fingerprints import model_fingerprint
 from .table import CostTable
 
-#: hex digits of the sha256 of (fingerprint, model, dtype) that name a table's file (96 bits:
-#: no two keys share a file; changing it orphans every cached table)
+#: sha256 hex digits of (fingerprint, model, dtype) naming a table's file (96 bits); changing it orphans every table
 CACHE_NAME_CHARS = 24
 
 

@@ -17,8 +17,7 @@ from .table import CostTable
 REFERENCE_PROMPT, REFERENCE_NEW = 256, 256
 #: Acceptance assumed per draft position before anything is observed (code drafts ~0.9, text ~0.6).
 PRIOR_ACCEPTANCE = 0.75
-#: k=auto without a cost table (a failed measurement): a middling K, neither 1 (no speculation to
-#: speak of) nor the long drafts that only pay at high acceptance
+#: k=auto without a cost table (a failed measurement): a middling K, as long drafts pay only at high acceptance
 FALLBACK_K = 5
 #: the longest draft a dtype choice considers: the widest measured verify pass (32 tokens) is K + 1
 DTYPE_K_MAX = 31

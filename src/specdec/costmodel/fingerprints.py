@@ -16,8 +16,7 @@ import torch
 #: CPU flags that change which kernels are fast; recorded readably (all flags go into the hash).
 KEY_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16",
              "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16")
-#: hex digits of a sha256 kept for the CPU flags' hash and a model's config hash: 64 bits, enough
-#: to tell configurations apart (changing it changes every cache key: every table is measured again)
+#: sha256 hex digits kept for the CPU flags and a model's config (64 bits); changing it re-measures every table
 HASH_CHARS = 16
 
 

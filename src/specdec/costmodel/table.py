@@ -10,8 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
 
-#: the cache's table format; a table of another format is measured again.
-#: 2: verify widths timed with logits at every position, a separate prefill pass; 3: kernels
+#: bumped when tables change meaning, so older ones are measured again (2: logits everywhere + prefill; 3: kernels)
 FORMAT = 3
 
 

@@ -18,26 +18,23 @@ from typing import Sequence
 
 import torch
 
-#: the widths timed: verify passes of K + 1 tokens for K up to 31, doubling so the bend where a
-#: pass stops costing about the same as one token is caught; widths between are interpolated
+#: verify passes of K + 1 tokens for K up to 31, doubling to catch where a pass stops costing ~one token
 WIDTHS = (1, 2, 4, 8, 16, 32)
-#: each width is timed this many times, in interleaved rounds (a slow spell hits every width
-#: alike); the median of five is not moved by two slow samples
+#: timings per width, in interleaved rounds (a slow spell hits every width alike): two slow ones leave the median
 REPEATS = 5
-#: seconds: a width whose median pass takes longer is timed only MIN_REPEATS times (its noise is
-#: small against it, and each further round of such passes adds whole seconds to a calibration)
+#: seconds: a width slower than this is timed MIN_REPEATS times only (noise is small against it; rounds cost seconds)
 SLOW_PASS = 0.5
 #: the fewest timings of a width (and of a width timed afresh): one slow sample of three does not move the median
 MIN_REPEATS = 3
-#: a width whose timings spread more than this (median absolute deviation / median) is timed afresh
+#: a width whose timings spread more than this (median absolute deviation / median) is timed afresh: jitter stays under
 SPREAD_LIMIT = 0.2
-#: a wider pass may be cheaper than a narrower one by this share (noise), no more
+#: a wider pass may be cheaper than a narrower one by this share (noise), no more: it does no less work
 MONOTONE_TOLERANCE = 0.15
-#: a wider pass may cost at most (its width / the narrower width) x this much more: more is an outlier
+#: a wider pass may cost at most (its width / the narrower width) x this: work grows with width, plus half for noise
 PROPORTIONAL_TOLERANCE = 1.5
-#: timings and differences under this many seconds are call overhead and jitter, not evidence of load
+#: seconds: timings and differences under this are call overhead and jitter (milliseconds), not evidence of load
 NOISE_FLOOR = 0.002
-#: re-measuring rounds before the table is repaired and recorded as noisy
+#: re-measuring rounds before the table is repaired and recorded noisy: a busy machine is not timed on and on
 MAX_REMEASURE = 2
 #: the least seconds a pass is recorded as: a table needs positive seconds, and a coarse clock can read 0
 MIN_SECONDS = 1e-7
@@ -47,8 +44,7 @@ WARMUP_TOKENS = 2
 STEP_CONTEXT = 32
 #: :func:`time_step` keeps the best of this many steps: the step's cost without the machine's hiccups
 STEP_REPEATS = 5
-#: the machine counts as busy only when the load of others exceeds the cores left over, and at
-#: least this many (a measurement on every core tolerates half a core of background work)
+#: others' load allowed when the measurement uses every core: a little background work is no reason to distrust it
 MIN_SPARE_CORES = 0.5
 
 
