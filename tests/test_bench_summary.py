@@ -3,6 +3,7 @@ quality against ar sample by sample), and how the report and the plot show it.""
 
 import pytest
 
+from specdec.bench import summary as summary_module
 from specdec.bench.report import render_report
 from specdec.bench.summary import (best_k_per_policy, bonett_price_ratio, mcnemar_exact, newcombe_paired_difference,
                                    pareto_front, summarize, vs_lossless)
@@ -139,10 +140,9 @@ def test_best_k_per_policy_and_pareto_front():
         "bad/model/k4": {"id": "bad/model/k4", "kind": "specdec", "policy": "bad", "k": 4,
                          "speedup_vs_ar": 1.2, "quality": 0.3, "tau": 4},
     }
-    assert best_k_per_policy(rows) == {"lossless/model": {"k": 4, "id": "lossless/model/k4", "speedup_vs_ar": 1.8, "tau": 3}}
-    from specdec.bench import summary
-
-    assert not hasattr(summary, "best_k")  # one best_k in the project: costmodel's, K from measured costs
+    assert best_k_per_policy(rows) == {"lossless/model": {"k": 4, "id": "lossless/model/k4", "speedup_vs_ar": 1.8,
+                                                          "tau": 3}}
+    assert not hasattr(summary_module, "best_k")  # one best_k in the project: costmodel's, K from measured costs
     assert pareto_front(rows) == ["lossless/model/k4", "mars/model/k4"]
 
 
