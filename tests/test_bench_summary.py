@@ -3,9 +3,10 @@ quality against ar sample by sample), and how the report and the plot show it.""
 
 import pytest
 
+from specdec.bench import summary as summary_module
 from specdec.bench.report import render_report
-from specdec.bench.summary import (best_k, bonett_price_ratio, mcnemar_exact, newcombe_paired_difference, pareto_front,
-                                   summarize, vs_lossless)
+from specdec.bench.summary import (best_k_per_policy, bonett_price_ratio, mcnemar_exact, newcombe_paired_difference,
+                                   pareto_front, summarize, vs_lossless)
 
 
 def rec(sample, config, repeat, tokens, seconds, passed=None, stats=None, exact=None, token=None, category="code"):
@@ -97,6 +98,26 @@ def test_no_recovery_when_ar_scores_zero_and_math_accuracy_for_spec_bench():
     assert ll["speedup_vs_ar"] == pytest.approx((10 / 1.5) / (10 / 2.0))
 
 
+def test_tau_is_one_function_for_stats_summary_and_progress_line():
+    """tau (1 + accepted / rounds) comes from stats.tau_of everywhere: a generation's Stats, the
+    bench summary over its records and the bench's progress line agree on the same counts."""
+    from specdec.bench.runner import Running
+    from specdec.stats import Stats, tau_of
+
+    stats = Stats(policy="lossless", drafter="model", k=5)
+    for drafted, accepted in ((5, 3), (5, 0), (5, 5), (2, 1), (5, 2), (5, 4), (3, 3)):
+        stats.record(drafted, accepted)
+    records = [rec("A", "ar", 0, 10, 1.0, stats={"rounds": 10}),
+               rec("A", LL["id"], 0, 25, 0.5, stats=stats.to_dict())]
+    tau = summarize(records, [AR, LL])["configs"][LL["id"]]["tau"]
+    assert tau == stats.mean_acceptance_length == stats.tau == tau_of(stats.accepted, stats.rounds) == 1 + 18 / 7
+    running = Running()
+    for r in records:
+        running.add(r)
+    assert f"tau {tau:.2f}" in running.line(LL["id"])
+    assert tau_of(3, 0) is None and Stats().mean_acceptance_length == 0.0 and Stats().drafting_tau == 0.0
+
+
 def test_peer_tau_is_tokens_per_target_forward():
     peer = {"id": "hf-assisted", "kind": "peer", "policy": "hf-assisted", "drafter": None, "k": None, "params": {}}
     records = [rec("A", "ar", 0, 10, 1.0),
@@ -107,7 +128,7 @@ def test_peer_tau_is_tokens_per_target_forward():
     assert no_count["configs"]["hf-assisted"]["tau"] is None
 
 
-def test_best_k_and_pareto_front():
+def test_best_k_per_policy_and_pareto_front():
     rows = {
         "ar": {"id": "ar", "kind": "specdec", "policy": "ar", "k": None, "speedup_vs_ar": 1.0, "quality": 0.5, "tau": 1},
         "lossless/model/k2": {"id": "lossless/model/k2", "kind": "specdec", "policy": "lossless", "k": 2,
@@ -119,7 +140,9 @@ def test_best_k_and_pareto_front():
         "bad/model/k4": {"id": "bad/model/k4", "kind": "specdec", "policy": "bad", "k": 4,
                          "speedup_vs_ar": 1.2, "quality": 0.3, "tau": 4},
     }
-    assert best_k(rows) == {"lossless/model": {"k": 4, "id": "lossless/model/k4", "speedup_vs_ar": 1.8, "tau": 3}}
+    assert best_k_per_policy(rows) == {"lossless/model": {"k": 4, "id": "lossless/model/k4", "speedup_vs_ar": 1.8,
+                                                          "tau": 3}}
+    assert not hasattr(summary_module, "best_k")  # one best_k in the project: costmodel's, K from measured costs
     assert pareto_front(rows) == ["lossless/model/k4", "mars/model/k4"]
 
 

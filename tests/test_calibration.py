@@ -56,7 +56,7 @@ class FakeLM:
 def clock(monkeypatch):
     c = types.SimpleNamespace(now=0.0)
     fake = types.SimpleNamespace(perf_counter=lambda: c.now, strftime=time.strftime)
-    monkeypatch.setattr(costmodel, "time", fake)
+    monkeypatch.setattr(costmodel.timing, "time", fake)
     return c
 
 
@@ -112,8 +112,8 @@ def test_a_loaded_machine_gets_a_warning_and_a_quiet_one_measures_again(tiny_dir
     target, _ = tiny_dirs
     calls = []
     real = costmodel.measure
-    monkeypatch.setattr(costmodel, "measure", lambda lm, *a, **kw: calls.append(1) or real(lm, widths=(1, 2, 4),
-                                                                                             repeats=1))
+    monkeypatch.setattr(costmodel.timing, "measure", lambda lm, *a, **kw: calls.append(1) or real(lm, widths=(1, 2, 4),
+                                                                                                    repeats=1))
     cores = os.cpu_count() or 1
     monkeypatch.setattr(os, "getloadavg", lambda: (cores + 8.0, 1.0, 1.0))
     lines = []
@@ -179,9 +179,9 @@ def test_a_table_measured_slow_is_caught_by_the_engine_and_measured_again(tiny_d
     target, _ = tiny_dirs
     calls = []
     real = costmodel.measure
-    monkeypatch.setattr(costmodel, "measure", lambda lm, *a, **kw: calls.append(1) or real(lm, widths=(1, 2, 4),
-                                                                                             repeats=1))
-    monkeypatch.setattr(costmodel, "machine_load", lambda threads: None)
+    monkeypatch.setattr(costmodel.timing, "measure", lambda lm, *a, **kw: calls.append(1) or real(lm, widths=(1, 2, 4),
+                                                                                                    repeats=1))
+    monkeypatch.setattr(costmodel.timing, "machine_load", lambda threads: None)
     monkeypatch.setattr(autok, "DRIFT_ROUNDS", 8)
     specdec.load(str(target), draft=None, dtype="float32", progress=False)
     path = next(costmodel.costs_dir().glob("*.json"))

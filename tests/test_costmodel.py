@@ -156,8 +156,8 @@ def counting(monkeypatch):
         calls.append(lm.name)
         return real(lm, widths=(1, 2, 4), repeats=1)
 
-    monkeypatch.setattr(costmodel, "measure", measure)
-    monkeypatch.setattr(costmodel, "machine_load", lambda threads: None)  # the counts must not follow the load
+    monkeypatch.setattr(costmodel.timing, "measure", measure)  # (patched where the cache reads it)
+    monkeypatch.setattr(costmodel.timing, "machine_load", lambda threads: None)  # the counts must not follow the load
     return calls
 
 
@@ -174,7 +174,9 @@ def test_cache_reused_remeasured_on_new_fingerprint_or_corruption(tiny_dirs, cou
     assert len(counting) == 2  # corrupt: measured again, and the file is whole again
     assert costmodel.CostTable.from_dict(json.loads(files[0].read_text())).dtype == "float32"
     real_fp = costmodel.fingerprint
-    monkeypatch.setattr(costmodel, "fingerprint", lambda d="cpu": {**real_fp(d), "cpu": "another CPU"})
+    elsewhere = lambda d="cpu": {**real_fp(d), "cpu": "another CPU"}  # noqa: E731
+    monkeypatch.setattr(costmodel, "fingerprint", elsewhere)  # what calibrate looks the cache up with
+    monkeypatch.setattr(costmodel.fingerprints, "fingerprint", elsewhere)  # what a measured table is saved under
     specdec.load(str(target), draft=None, dtype="float32", progress=False)
     assert len(counting) == 3  # another machine: measured again
 
@@ -183,7 +185,7 @@ def test_failed_measurement_warns_and_falls_back(tiny_dirs, monkeypatch):
     def broken(lm, *a, **kw):
         raise RuntimeError("timer exploded")
 
-    monkeypatch.setattr(costmodel, "measure", broken)
+    monkeypatch.setattr(costmodel.timing, "measure", broken)
     lines = []
     target, draft = tiny_dirs
     p = specdec.load(str(target), draft=str(draft), progress=False, log=lines.append)

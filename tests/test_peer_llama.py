@@ -8,6 +8,7 @@ import pytest
 
 from specdec.bench import peers
 from specdec.bench.configs import Config, build_peers, check_peer_available
+from specdec.bench.loaded import BenchModels
 from specdec.errors import SpecdecError
 
 
@@ -49,23 +50,27 @@ def run(pair, stops=(), max_new_tokens=8, **kw):
 
 def test_budget_eos_and_stop_strings(tiny_pair, fake_llama):
     eos = min(tiny_pair.eos_ids)
+    models = BenchModels()  # the run's: the llama.cpp model is kept there between generations
     fake_llama.script = tiny_pair.encode("abcdefghijklmnop", chat=False)
-    res = run(tiny_pair, max_new_tokens=5)
+    res = run(tiny_pair, max_new_tokens=5, models=models)
     assert res["new_tokens"] == 5 and res["finish_reason"] == "length" and res["tau"] == 1.0
     assert res["target_forwards"] == res["produced_tokens"] == 5 and res["seconds"] >= 0
     llm = fake_llama.made[0]
     assert llm.last[0] == [5, 6, 7] and llm.last[1]["temp"] == 0.0 and llm.last[1]["top_k"] == 1  # greedy
     assert llm.kw["n_threads"] == 1 and llm.model_path.endswith("model.gguf")
     fake_llama.script = tiny_pair.encode("ab", chat=False) + [eos] + tiny_pair.encode("zz", chat=False)
-    res = run(tiny_pair)
+    res = run(tiny_pair, models=models)
     assert res["finish_reason"] == "stop" and res["token_ids"][-1] == eos and res["text"] == "ab"
     fake_llama.script = tiny_pair.encode("xy```zzzz", chat=False)
-    res = run(tiny_pair, stops=("```",))
+    res = run(tiny_pair, stops=("```",), models=models)
     assert res["finish_reason"] == "stop" and res["text"] == "xy"
-    run(tiny_pair, temperature=0.8, top_p=0.9, top_k=20, seed=3)
+    run(tiny_pair, temperature=0.8, top_p=0.9, top_k=20, seed=3, models=models)
     assert fake_llama.made[0].seeds == [3] and fake_llama.made[0].last[1]["temp"] == 0.8
-    assert len(fake_llama.made) == 1  # the model loads once per pair and settings
+    assert len(fake_llama.made) == 1  # the model loads once per run and settings
     assert fake_llama.made[0].resets == 4  # each request starts from an empty KV cache (no prefix reuse)
+    assert len(models.llama) == 1 and not hasattr(tiny_pair, "_llama")  # kept by the run, not on the pair
+    run(tiny_pair)  # without the run's models: loaded for that generation only
+    assert len(fake_llama.made) == 2
 
 
 def test_missing_library_and_non_gguf_target(monkeypatch, tiny_pair):

@@ -161,9 +161,61 @@ def test_only_the_backends_import_transformers():
 
 
 def test_the_engine_and_drafters_see_models_only_through_the_interface():
-    for rel in ("engine.py", "autok.py", "costmodel.py", "drafters/model.py", "drafters/mla.py", "drafters/tree.py",
+    costmodel_files = sorted(p.relative_to(SRC).as_posix() for p in (SRC / "costmodel").glob("*.py"))
+    for rel in ("engine.py", "autok.py", *costmodel_files, "drafters/model.py", "drafters/mla.py", "drafters/tree.py",
                 "drafters/lookup.py", "api.py"):
         imported = imports_of(SRC / rel)
         assert not any(m.startswith("backends.hf") or m.startswith("backends.llamacpp") for m in imported
                        if rel != "api.py"), rel
         assert "models" not in imported or rel == "api.py", rel
+
+
+def _costmodel_names_used() -> set[str]:
+    """Every name src/ and tests/ import from specdec.costmodel, or read off it as an attribute."""
+    names = set()
+    for path in [*SRC.rglob("*.py"), *Path(__file__).parent.glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] == "costmodel":
+                names.update(a.name for a in node.names)
+            elif (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                  and node.value.id == "costmodel"):
+                names.add(node.attr)
+    return names
+
+
+def test_costmodel_package_reexports_every_name_in_use():
+    """costmodel is a package of modules by concern; every name used from it is importable from the
+    package itself, and is the object its defining module holds (one definition, no copies)."""
+    from specdec import costmodel
+
+    used = _costmodel_names_used()
+    assert {"CostTable", "best_k", "measure", "load_cached", "fingerprint", "choose_dtypes"} <= used
+    missing = sorted(n for n in used if not hasattr(costmodel, n))
+    assert not missing, missing
+    modules = (costmodel.fingerprints, costmodel.table, costmodel.timing, costmodel.cache, costmodel.decide)
+    for name in costmodel.__all__:
+        holders = [m for m in modules if name in vars(m)]
+        assert holders and all(vars(m)[name] is getattr(costmodel, name) for m in holders), name
+
+
+def test_nothing_is_hung_on_objects_through_their_dict():
+    """State belongs to whoever owns it (the bench keeps its extra models in a BenchModels), never
+    set on another object through ``obj.__dict__``."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "__dict__":
+                found.append(f"{path.relative_to(SRC)}:{node.lineno}")
+    assert not found, found
+
+
+def test_tau_is_computed_in_one_place():
+    """``1 + accepted / rounds`` is written once, in :func:`specdec.stats.tau_of`; everything else calls it."""
+    found = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and isinstance(node.left, ast.Constant)
+                    and node.left.value == 1 and isinstance(node.right, ast.BinOp)
+                    and isinstance(node.right.op, ast.Div) and "accept" in ast.unparse(node.right.left)):
+                found.append(f"{path.relative_to(SRC).as_posix()}: {ast.unparse(node)}")
+    assert found == ["stats.py: 1.0 + accepted / rounds"], found

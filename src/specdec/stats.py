@@ -3,7 +3,7 @@
 Names follow vLLM's speculative-decoding metrics where one exists: verify passes (``rounds``),
 draft tokens, accepted tokens, accepted per position. ``tau`` (mean acceptance length) is
 ``1 + accepted / rounds``: tokens emitted per target verify pass, bonus included; plain decoding
-has tau = 1.
+has tau = 1. :func:`tau_of` is that formula, for :class:`Stats` and for the bench's totals alike.
 """
 
 from __future__ import annotations
@@ -11,6 +11,13 @@ from __future__ import annotations
 import resource
 import sys
 from dataclasses import asdict, dataclass, field
+
+
+def tau_of(accepted: int, rounds: int) -> float | None:
+    """tau, the mean acceptance length: ``1 + accepted / rounds`` (tokens per target verify pass,
+    the target's own token included), or None without a round. The one place it is computed:
+    :class:`Stats`, the bench's summary and its progress line all call it."""
+    return 1.0 + accepted / rounds if rounds else None
 
 
 def peak_rss_mb() -> float:
@@ -75,8 +82,9 @@ class Stats:
 
     @property
     def mean_acceptance_length(self) -> float:
-        """tau = 1 + accepted / verify passes (AR = 1)."""
-        return 1.0 + self.accepted / self.rounds if self.rounds else 0.0
+        """tau = 1 + accepted / verify passes (AR = 1; 0 before any round), :func:`tau_of`."""
+        tau = tau_of(self.accepted, self.rounds)
+        return 0.0 if tau is None else tau
 
     tau = mean_acceptance_length
 
@@ -89,7 +97,8 @@ class Stats:
     def drafting_tau(self) -> float:
         """tau over the rounds that drafted: 1 + drafts kept per drafting round (0 without one);
         low only when drafts were rejected, whatever k=auto's plain steps did."""
-        return 1.0 + self.accepted / self.drafting_rounds if self.drafting_rounds else 0.0
+        tau = tau_of(self.accepted, self.drafting_rounds)
+        return 0.0 if tau is None else tau
 
     @property
     def acceptance_rate(self) -> float:

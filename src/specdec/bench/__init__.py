@@ -12,6 +12,7 @@ transformers' own assisted generation. Modules:
 - :mod:`.peers`     transformers' assisted generation and prompt lookup, timed like ours
 - :mod:`.results`   the append-only, resumable ``results.jsonl`` and the run settings file
 - :mod:`.runner`    the interleaved loop (samples outer, configurations inner)
+- :mod:`.loaded`    the models a run loads besides its pair (variants, peers' models), once, held by the run
 - :mod:`.summary`   per-configuration aggregates (tokens/s, speedup, tau, recovery, ...)
 - :mod:`.report`    ``summary.json`` and ``report.md``;  :mod:`.plots`  the PNG figures
 - :mod:`.environment`  versions, hardware, git commit;  :mod:`.cli`  ``register(subparsers)``

@@ -20,14 +20,15 @@ import torch
 from ..errors import SpecdecError
 from ..text import StopStrings
 from .configs import PEERS, Config
+from .loaded import BenchModels
 
 
-def peer_draft(pair, quant: str):
-    """The draft model a peer runs: the pair's own object, or (once per pair) a separately loaded
-    copy with another quantization, e.g. transformers' standard unquantized draft."""
+def peer_draft(pair, quant: str, models: BenchModels):
+    """The draft model a peer runs: the pair's own object, or (once per run: kept in ``models``) a
+    separately loaded copy with another quantization, e.g. transformers' standard unquantized draft."""
     if quant == pair.draft_quant:
         return pair.draft.model
-    copies = pair.__dict__.setdefault("_peer_drafts", {})
+    copies = models.peer_drafts
     if quant not in copies:
         from ..models import load
         from ..quant import quantize_int8
@@ -50,10 +51,10 @@ def gguf_of(source: str) -> str:
     raise SpecdecError(f"peer llama-cpp needs a GGUF target (a bundled model or a .gguf file), not {source!r}")
 
 
-def llama_model(pair, params: dict):
-    """The llama.cpp model for the pair's target, loaded once per pair."""
+def llama_model(pair, params: dict, models: BenchModels):
+    """The llama.cpp model for the pair's target, loaded once per run (kept in ``models``)."""
     key = tuple(sorted(params.items()))
-    cache = pair.__dict__.setdefault("_llama", {})
+    cache = models.llama
     if key not in cache:
         from llama_cpp import Llama
 
@@ -64,11 +65,12 @@ def llama_model(pair, params: dict):
 
 
 def run_llama(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
-              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> dict[str, Any]:
+              temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+              models: BenchModels) -> dict[str, Any]:
     """Plain decoding by llama.cpp on the same prompt token ids (same tokenizer: the GGUF's),
     greedy at T=0; wall time of prompt evaluation + generation, as ours."""
     params = {**PEERS[peer.policy]["defaults"], **peer.params}
-    llm = llama_model(pair, params)
+    llm = llama_model(pair, params, models)
     if seed is not None:
         llm.set_seed(seed)
     eos = set(pair.eos_ids)
@@ -154,15 +156,19 @@ def _threads() -> int:
 def run_peer(
     pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
     temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+    models: BenchModels | None = None,
 ) -> dict[str, Any]:
     """One generation by a peer: text, token_ids, finish_reason, new_tokens, seconds (wall time
-    of ``generate``), target_forwards, tau, and the settings it used."""
+    of ``generate``), target_forwards, tau, and the settings it used. ``models``: the run's
+    (:class:`specdec.bench.loaded.BenchModels`), where a peer's own models are kept between
+    generations; without it they are loaded for this generation only."""
+    models = BenchModels() if models is None else models
     if peer.policy == "llama-cpp-spec":
         return run_llama_spec(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed)
     if peer.policy == "llama-cpp":
         return run_llama(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
-                         top_p=top_p, top_k=top_k, seed=seed)
+                         top_p=top_p, top_k=top_k, seed=seed, models=models)
     from transformers.utils import logging as hf_logging
 
     model = pair.target.model
@@ -190,7 +196,7 @@ def run_peer(
         if pair.draft is None:
             raise SpecdecError("peer hf-assisted needs a draft model; load one or drop it from --peers")
         draft_quant = params.pop("draft_quant", pair.draft_quant)
-        assistant = peer_draft(pair, draft_quant)
+        assistant = peer_draft(pair, draft_quant, models)
         kwargs["assistant_model"] = assistant
         gen_cfg = assistant.generation_config
         for key, value in params.items():  # transformers reads these from the assistant's config

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..stats import tau_of
 from .configs import Config
 from .datasets import Dataset, Sample
+from .loaded import BenchModels
 from .peers import run_peer
 from .prompts import Prompt, build_prompt
 from .quality import Scorer, agreement
@@ -72,7 +74,7 @@ class Running:
 
         parts = [cid]
         if self.rounds.get(cid):
-            parts.append(f"tau {1 + self.accepted[cid] / self.rounds[cid]:.2f}")
+            parts.append(f"tau {tau_of(self.accepted[cid], self.rounds[cid]):.2f}")
         mine, base = tps(cid), tps("ar")
         if mine is not None:
             parts.append(f"{mine:.1f} tok/s")
@@ -97,12 +99,14 @@ def _progress(enabled: bool, total: int, done: int):
 
 def run(
     pair, dataset: Dataset, configs: list[Config], peers: list[Config], settings: Settings, out_dir: Path, *,
-    progress: bool = True, on_record: Callable[[dict], None] | None = None,
+    progress: bool = True, on_record: Callable[[dict], None] | None = None, models: BenchModels | None = None,
 ) -> list[dict]:
     """Run whatever is not finished yet; returns all records (loaded and new) of this run's
     samples. ``on_record`` is called after each line is durable (tests use it to inject crashes).
     Unusable lines already in the folder are reported in one line on stderr and run again. The
-    caller holds the folder's lock (:func:`specdec.bench.results.lock_out`)."""
+    caller holds the folder's lock (:func:`specdec.bench.results.lock_out`). The models the run
+    loads besides ``pair`` are kept in ``models`` (a new :class:`BenchModels` when not given)."""
+    models = BenchModels() if models is None else models
     results = ResultsFile(out_dir)
     existing = {r["key"]: r for r in results.load()}
     if results.report() is not None:
@@ -118,7 +122,7 @@ def run(
             if record_key(s.id, c.id, rep) not in existing]
     total = len(dataset.samples) * settings.repeats * len(everything)
     if todo and settings.warmup:
-        warm_up(pair, prompts[todo[0][0].id], everything, settings)
+        warm_up(pair, prompts[todo[0][0].id], everything, settings, models)
 
     bar, task = _progress(progress, total, total - len(todo))
     prompt_ids: dict[str, list[int]] = {}
@@ -129,9 +133,9 @@ def run(
                 if cfg.kind == "peer":
                     if sample.id not in prompt_ids:
                         prompt_ids[sample.id] = pair.encode(prompt.text, chat=False)
-                    rec = _peer_record(pair, cfg, sample, rep, prompt, prompt_ids[sample.id], settings)
+                    rec = _peer_record(pair, cfg, sample, rep, prompt, prompt_ids[sample.id], settings, models)
                 else:
-                    rec = _our_record(pair, cfg, sample, rep, prompt, settings)
+                    rec = _our_record(pair, cfg, sample, rep, prompt, settings, models)
                 rec["quality"] = scorer.score(sample, rec["text"])
                 ar = existing.get(record_key(sample.id, "ar", rep))
                 if ar is not None and cfg.id != "ar":
@@ -151,16 +155,16 @@ def run(
     return [r for r in existing.values() if r["sample_id"] in wanted]
 
 
-def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings) -> None:
+def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings, models: BenchModels) -> None:
     """Each configuration once on a short generation, not recorded (caches, kernels, allocator)."""
     n = max(1, min(settings.warmup_tokens, settings.max_new_tokens))
     for cfg in configs:
         if cfg.kind == "peer":
             run_peer(pair, cfg, pair.encode(prompt.text, chat=False), prompt.stop, max_new_tokens=n,
-                     **settings.sampling())
+                     models=models, **settings.sampling())
         else:
-            pair_for(pair, cfg).generate(prompt.text, chat=False, stop=list(prompt.stop) or None, max_new_tokens=n,
-                                         **cfg.generate_kwargs(), **settings.sampling())
+            pair_for(pair, cfg, models).generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
+                                                 max_new_tokens=n, **cfg.generate_kwargs(), **settings.sampling())
 
 
 def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:
@@ -169,15 +173,15 @@ def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:
             "k": None if cfg.is_ar or cfg.kind == "peer" else cfg.k, "params": dict(cfg.params), "repeat": rep}
 
 
-def pair_for(pair, cfg: Config):
+def pair_for(pair, cfg: Config, models: BenchModels):
     """The pair a configuration runs on: the run's own; for ``ar:dtype=X`` a target-only copy loaded
     in X; for ``...:backend=B`` (B other than the run's) the same models on backend B. Each is loaded
-    once per run, so every configuration is timed in the same process."""
+    once per run (kept in ``models``), so every configuration is timed in the same process."""
     dtype = cfg.ar_dtype
     backend = cfg.backend if cfg.backend and cfg.backend != pair.backend else None
     if dtype is None and backend is None:
         return pair
-    variants = pair.__dict__.setdefault("_ar_variants", {})
+    variants = models.variants
     key = (dtype, backend, cfg.is_ar)
     if key not in variants:
         from ..api import load
@@ -198,8 +202,9 @@ def dtypes_of(pair) -> dict:
             "kernels": kernels, "backend": pair.backend}
 
 
-def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, settings: Settings) -> dict:
-    pair = pair_for(pair, cfg)
+def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, settings: Settings,
+                models: BenchModels) -> dict:
+    pair = pair_for(pair, cfg, models)
     start = time.perf_counter()
     out = pair.generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
                         max_new_tokens=settings.max_new_tokens, **cfg.generate_kwargs(), **settings.sampling(rep))
@@ -211,8 +216,9 @@ def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, set
 
 
 def _peer_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, ids: list[int],
-                 settings: Settings) -> dict:
-    res = run_peer(pair, cfg, ids, prompt.stop, max_new_tokens=settings.max_new_tokens, **settings.sampling(rep))
+                 settings: Settings, models: BenchModels) -> dict:
+    res = run_peer(pair, cfg, ids, prompt.stop, max_new_tokens=settings.max_new_tokens, models=models,
+                   **settings.sampling(rep))
     stats = {"total_seconds": res["seconds"], "target_forwards": res["target_forwards"],
              "produced_tokens": res["produced_tokens"], "tau": res["tau"], "peer_settings": res["peer_settings"]}
     return {**_base(sample, cfg, rep), "text": res["text"], "token_ids": res["token_ids"],

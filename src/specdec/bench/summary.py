@@ -35,6 +35,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
+from ..stats import tau_of
+
 AR_ID = "ar"
 #: the per-record verdict behind each quality metric
 OUTCOME_KEY = {"pass@1": "passed", "math_accuracy": "correct"}
@@ -194,7 +196,7 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
     elif any("rounds" in s for s in stats):
         rounds = sum(s.get("rounds", 0) for s in stats)
         accepted = sum(s.get("accepted", 0) for s in stats)
-        out["tau"] = 1.0 + accepted / rounds if rounds else None
+        out["tau"] = tau_of(accepted, rounds)
     else:  # a peer: generated tokens per target forward pass, where counted
         fw = [s.get("target_forwards") for s in stats]
         produced = [s.get("produced_tokens", r.get("new_tokens", 0)) for s, r in zip(stats, recs)]
@@ -273,8 +275,8 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
             }
         out[cid] = row
     best_ar = vs_best_ar(out, recs_by_cfg)
-    return {"configs": out, "best_k": best_k(out), "pareto_front": pareto_front(out), "vs_lossless": vs_lossless(out),
-            "best_ar": best_ar}
+    return {"configs": out, "best_k": best_k_per_policy(out), "pareto_front": pareto_front(out),
+            "vs_lossless": vs_lossless(out), "best_ar": best_ar}
 
 
 def vs_best_ar(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> str | None:
@@ -313,9 +315,10 @@ def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def best_k(rows: dict[str, dict]) -> dict[str, dict]:
+def best_k_per_policy(rows: dict[str, dict]) -> dict[str, dict]:
     """For each policy (with its parameters) and drafter run at two or more Ks: the K with the
-    highest speedup over ar."""
+    highest speedup over ar, among the configurations of this run's table (the summary's
+    ``best_k``; not :func:`specdec.costmodel.best_k`, which picks K from measured costs)."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for cid, row in rows.items():
         if row.get("kind") == "specdec" and row.get("policy") != AR_ID and row.get("speedup_vs_ar") is not None:

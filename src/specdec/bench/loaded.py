@@ -1,0 +1,26 @@
+"""The models a bench run loads besides its pair, each once, held by the run (never set on the pair).
+
+A run (:func:`specdec.bench.runner.run`) makes one :class:`BenchModels` and hands it to whatever
+loads a model: :func:`specdec.bench.runner.pair_for` (a configuration's pair in another dtype or
+on another backend), :func:`specdec.bench.peers.peer_draft` (a peer's copy of the draft in
+another quantization) and :func:`specdec.bench.peers.llama_model` (llama.cpp's model of the
+target's GGUF file). A caller that runs several times on one pair may pass the same one to each
+run, so those models load once in all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class BenchModels:
+    """Models loaded for one pair during a bench run, by what asked for them."""
+
+    #: (dtype, backend, is_ar) -> the pair a configuration runs on (:func:`specdec.bench.runner.pair_for`)
+    variants: dict[tuple, Any] = field(default_factory=dict)
+    #: draft quantization -> the draft model a peer runs (:func:`specdec.bench.peers.peer_draft`)
+    peer_drafts: dict[str, Any] = field(default_factory=dict)
+    #: llama.cpp settings -> the target's ``llama_cpp.Llama`` (:func:`specdec.bench.peers.llama_model`)
+    llama: dict[tuple, Any] = field(default_factory=dict)
