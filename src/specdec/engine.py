@@ -12,87 +12,28 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .checks import check_int
-from .drafters import Draft, Drafter, check_drafter_options, drafter_class, make_drafter
+from .drafters import Draft, Drafter, drafter_class, make_drafter
 from .autok import KController, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model
-from .sampling import SamplingParams, make_generator, next_token, probabilities
+from .request import AUTO_K, DecodeConfig, check_k, window_of  # noqa: F401 (re-exported: the request type lives in request.py)
+from .sampling import make_generator, next_token, probabilities
 from .stats import Stats, peak_rss_mb
-from .verify import Policy, Round, make_policy
+from .verify import Round
 from .verify.tree import TreeRound, tree_depth
 
 #: ``stop_check(generated_ids, n_new) -> keep``: how many generated tokens to keep when a stop
 #: sequence ends inside the last ``n_new`` tokens, else None.
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
-AUTO_K = "auto"
 #: k=auto controllers kept per engine, one per distinct (policy, parameters, drafter, sampling mode);
 #: the least recently used goes first (a server sees any number of distinct request parameters)
 MAX_CONTROLLERS = 64
-
-
-def check_k(k) -> int | str:
-    """``"auto"`` or an integer >= 1 (an integer given as text is accepted, e.g. from a flag)."""
-    if isinstance(k, str):
-        text = k.strip().lower()
-        if text == AUTO_K:
-            return AUTO_K
-        if text.isdigit():
-            k = int(text)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise SpecdecError(f"k (draft length) must be 'auto' or an integer >= 1, got {k!r}")
-    return k
-
-
-def window_of(policy) -> int:
-    """FLy's window size in a policy (0 when it has none)."""
-    fly = getattr(policy, "window", None)
-    return int(getattr(fly, "window", 0) or 0)
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Everything that shapes one generation besides the prompt. Validated on creation."""
-
-    policy: str = "lossless"
-    drafter: str = "model"
-    k: int | str = "auto"  # draft tokens per round, or "auto": chosen each round from the cost model
-    max_new_tokens: int = 128
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    policy_params: Mapping[str, Any] = field(default_factory=dict)
-    drafter_params: Mapping[str, Any] = field(default_factory=dict)
-
-    #: the parsed policy (None for ``ar``): parsed once, here, and used by the engine as is
-    parsed: Policy | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # unknown names and bad parameters raise here, before any work; the result is kept
-        object.__setattr__(self, "parsed", make_policy(self.policy, dict(self.policy_params)))
-        if self.policy != "ar":
-            object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
-        object.__setattr__(self, "k", check_k(self.k))
-        check_int("max_new_tokens", self.max_new_tokens, lo=1)
-        cls = drafter_class(self.drafter) if self.policy != "ar" else None
-        tree = getattr(cls, "grows_trees", False)
-        if tree and getattr(self.parsed, "verify_tree", None) is None:
-            raise SpecdecError(f"policy {self.policy!r} verifies chains only; use drafter 'model' (or 'pld'), "
-                               "or a policy that verifies trees (lossless, loose rules)")
-        w = window_of(self.parsed)
-        if w and tree and self.k == AUTO_K and cls.depth_limit(**self.drafter_params) <= w:
-            raise SpecdecError(
-                f"policy {self.policy!r}: FLy's window ({w}) needs paths longer than it, but a tree of "
-                f"depth <= {cls.depth_limit(**self.drafter_params)} cannot grow that deep; raise tree_nodes")
-        if w and isinstance(self.k, int) and self.k <= w:
-            raise SpecdecError(
-                f"policy {self.policy!r}: FLy's window ({w}) acts only on draft blocks longer than it, so k={self.k} "
-                f"would leave it inert; use k >= {w + 1} (FLy's reference uses 15), k='auto', or a smaller "
-                "fly window")
 
 
 @dataclass
