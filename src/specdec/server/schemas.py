@@ -19,8 +19,8 @@ from ..text import surrogate_at
 
 def _default(field: str, what: str) -> str:
     """A field's description: what it is, and the default a request that leaves it out gets."""
-    value = DEFAULTS[field]
-    return f"{what}; left out: the server's default ('specdec serve' flags; built in: {'random' if value is None else value})"
+    value = "random" if DEFAULTS[field] is None else DEFAULTS[field]
+    return f"{what}; left out: the server's default ('specdec serve' flags; built in: {value})"
 
 
 def find_surrogate(value: Any, path: tuple = ()) -> tuple[tuple, str, int] | None:
@@ -87,7 +87,7 @@ class _Common(_Body):
         None, description=f"absent: the server's defaults (built in: policy {DEFAULTS['policy']}, drafter "
                           f"{DEFAULTS['drafter']} or {NO_DRAFT_MODEL_DRAFTER} without a draft model, k "
                           f"{DEFAULTS['k']}); null: plain decoding; an object: {{policy, drafter, k, <rule or "
-                          "drafter parameters>}} over the defaults")
+                          "drafter parameters>} over the defaults")
     # vLLM's extra sampling fields: each changes the output, so a non-default value is refused
     # (400) rather than silently ignored (see params.VLLM_FIELDS)
     ignore_eos: bool | None = None
