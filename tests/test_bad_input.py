@@ -174,6 +174,9 @@ def test_bad_draft_dtype_and_config_with_keywords(tiny_dirs, tiny_pair):
     config = specdec.api.make_config(k=3)
     with pytest.raises(SpecdecError, match=r"pass either config= or decoding keywords, not both \(got \['k'\]\)"):
         tiny_pair.generate("hi", config=config, k=4)
+    with pytest.raises(SpecdecError, match=r"config must be a DecodeConfig \(specdec.make_config\(...\)\) or a config "
+                                           r"file's path, got dict"):
+        tiny_pair.generate("hi", config={"k": 3})
 
 
 def test_cli_bad_draft_dtype_is_a_usage_error():

@@ -88,6 +88,23 @@ def test_validation_names_the_configuration():
     cfgs.validate(cfgs.build_configs("ar,lossless", "model,pld", 5, [1, 2]), max_new_tokens=8)
 
 
+def test_validation_builds_each_request_once_and_keeps_it():
+    """validate() builds each configuration's DecodeConfig before any model loads; every generation
+    gets it with its own budget and seed (request_for), without parsing the policy again."""
+    configs = cfgs.validate(cfgs.build_configs("ar,mars:theta=0.8", "pld", 5), max_new_tokens=8, seed=0)
+    assert [c.id for c in configs] == ["ar", "mars[theta=0.8]/pld/k5"]
+    ar, mars = configs
+    assert ar.request.policy == "ar" and mars.request.parsed.params["mars_theta"] == 0.8
+    assert (mars.request.max_new_tokens, mars.request.sampling.seed, mars.request.k) == (8, 0, 5)
+    again = mars.request_for(16, temperature=0.5, seed=3)
+    assert again.parsed is mars.request.parsed and (again.max_new_tokens, again.sampling.seed) == (16, 3)
+    assert again.sampling.temperature == 0.5 and mars.request.max_new_tokens == 8  # the kept one is unchanged
+    assert cfgs.build_configs("lossless", "pld", 4)[1].request_for(4).k == 4  # not validated: built on the spot
+    with pytest.raises(SpecdecError, match="max_new_tokens must be an integer >= 1"):
+        mars.request_for(0)
+    assert cfgs.validate(cfgs.build_peers("hf-pld"))[0].request is None  # a peer has no request
+
+
 # ---------------------------------------------------------------------------------- datasets
 def test_dataset_names_and_categories():
     assert parse_dataset("spec-bench:math_reasoning,qa") == ("spec-bench", ["math_reasoning", "qa"])

@@ -55,3 +55,25 @@ def test_calibrate_explains_only_the_kernels_it_shows(tiny_dirs, tmp_path):
     assert "(* = the variant in use" in res.stdout and "cached under $SPECDEC_HOME/costs" in res.stdout
     assert ("pad1 =" in res.stdout) == ("kernels: pad1" in res.stdout)  # float32 tables use no pad1: no legend
     assert "pad1" not in res.stdout
+
+
+def test_flags_make_one_request_with_the_drafter_the_pair_will_default_to(tmp_path):
+    """The CLI builds its DecodeConfig once, before the models load, with the drafter the loaded
+    pair defaults to: the draft model when one is loaded, prompt lookup without one."""
+    from specdec.bundled import DEFAULT_TARGET
+    from specdec.cli import build_parser
+    from specdec.cliargs import decode_config
+    from specdec.request import DEFAULTS
+
+    parser = build_parser()
+
+    def request(*argv):
+        return decode_config(parser.parse_args(["generate", "x", *argv]))
+
+    assert request().drafter == DEFAULTS["drafter"]  # the bundled target: its bundled draft
+    assert request("--target", DEFAULT_TARGET, "--draft", "none").drafter == "pld"
+    assert request("--target", str(tmp_path)).drafter == "pld"  # draft auto: none for another target
+    assert request("--target", str(tmp_path), "--draft", str(tmp_path)).drafter == "model"
+    none = request("--draft", "none", "--ngram-max", "3")  # pld's option, fine without a draft model
+    assert (none.drafter, dict(none.drafter_params)) == ("pld", {"ngram_max": 3})
+    assert request("-k", "7", "--max-new-tokens", "9").k == 7

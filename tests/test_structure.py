@@ -36,21 +36,99 @@ def layer_of(module: str) -> int:
     return len(LAYERS)  # the core: engine, models, verify, drafters, ...
 
 
-def imports_of(path: Path) -> set[str]:
+def is_module(dotted: str) -> bool:
+    """Whether ``dotted`` (relative to the package) names a module or a subpackage of specdec."""
+    path = SRC.joinpath(*dotted.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def top_level(body: list) -> list:
+    """The statements that run when a module is imported: its body, and the bodies of the ``if``,
+    ``try``, ``with`` and ``class`` statements in it, but not of its functions."""
+    out = []
+    for node in body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        out.append(node)
+        for name in ("body", "orelse", "finalbody"):
+            out += top_level(getattr(node, name, []))
+        for handler in getattr(node, "handlers", []):
+            out += top_level(handler.body)
+    return out
+
+
+def imports_of(path: Path, module_level: bool = False) -> set[str]:
+    """The specdec modules ``path`` imports (dotted, relative to the package: ``bench.configs``);
+    ``module_level``: only the imports that run when it is imported (not those inside functions).
+    ``from . import x`` names the submodule ``x`` when there is one, else the package."""
     rel = path.relative_to(SRC).with_suffix("")
-    package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    package = list(rel.parts[:-1])
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in (top_level(tree.body) if module_level else ast.walk(tree)):
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
             name = ".".join([*base, *(node.module.split(".") if node.module else [])])
-            if name:
-                out.add(name)
-            else:  # "from . import x"
-                out.update(a.name for a in node.names)
+            for alias in node.names:
+                sub = f"{name}.{alias.name}" if name else alias.name
+                out.add(sub if is_module(sub) else name or alias.name)  # "from .. import __version__": as written
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec."):
             out.add(node.module[len("specdec."):])
     return out
+
+
+def import_graph(module_level: bool) -> dict[str, set[str]]:
+    """``{module: the specdec modules importing it runs}``, packages named without ``__init__``.
+    Importing ``a.b`` runs package ``a`` first, so that counts as importing ``a`` too (unless the
+    importer is inside ``a``: a package runs before its modules anyway)."""
+    def name_of(path: Path) -> str:
+        parts = path.relative_to(SRC).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts) or "__init__"
+
+    graph = {}
+    for path in sorted(SRC.rglob("*.py")):
+        mine = name_of(path)
+        deps = set()
+        for imported in imports_of(path, module_level):
+            parts = imported.split(".")
+            for i in range(1, len(parts) + 1):
+                dep = ".".join(parts[:i])
+                if dep != mine and not mine.startswith(dep + "."):
+                    deps.add(dep)
+        graph[mine] = deps
+    return {m: deps & set(graph) for m, deps in graph.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The import circles of ``graph``: its strongly connected components of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[set[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
 
 
 def test_no_module_imports_a_module_above_it():
@@ -61,6 +139,124 @@ def test_no_module_imports_a_module_above_it():
             if layer_of(imported) < layer_of(mine):
                 bad.append(f"{mine} imports {imported}")
     assert not bad, bad
+
+
+#: circles closed only by imports inside functions (run on first call, not on import), left as
+#: they are: the transformers backend asks calibrate and models for names, and they import it
+EXEMPT_FUNCTION_LEVEL_CIRCLES = [{"backends.hf", "backends.llamacpp", "calibrate", "models"}]
+
+
+def test_no_import_circles():
+    """No import circle among specdec's modules: none at all through the imports that run when a
+    module is imported (module level, incl. ``if``/``try`` blocks and class bodies). Imports inside
+    functions run later, on first call, so a circle through one cannot break an import; those are
+    exempt, but only the circles listed in EXEMPT_FUNCTION_LEVEL_CIRCLES may exist (api and
+    configfile, say, may not import each other even inside a function)."""
+    assert not circles(import_graph(module_level=True))
+    graph = import_graph(module_level=False)
+    found = circles(graph)
+    assert all(any(c <= exempt for exempt in EXEMPT_FUNCTION_LEVEL_CIRCLES) for c in found), found
+    assert "api" not in graph["configfile"]
+
+
+def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
+    """The graph and circle helpers above find a circle, including one through ``from . import``."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "a.py").write_text("from .b import x\n")
+    (tmp_path / "b.py").write_text("def f():\n    from .a import y\n")
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "c.py").write_text("from . import d\n")
+    (tmp_path / "pkg" / "d.py").write_text("try:\n    from .c import z\nexcept ImportError:\n    pass\n")
+    monkeypatch.setitem(globals(), "SRC", tmp_path)
+    assert circles(import_graph(module_level=True)) == [{"pkg.c", "pkg.d"}]
+    assert sorted(map(sorted, circles(import_graph(module_level=False)))) == [["a", "b"], ["pkg.c", "pkg.d"]]
+
+
+def test_bench_and_tune_share_options_without_importing_each_other():
+    """``specdec tune`` takes the flags it shares with ``specdec bench`` from bench.options, not
+    from bench's command module (and bench's command does not import tune's)."""
+    assert "bench.cli" not in imports_of(SRC / "bench" / "tune.py")
+    assert "bench.tune" not in imports_of(SRC / "bench" / "cli.py")
+    assert "bench.options" in imports_of(SRC / "bench" / "tune.py") & imports_of(SRC / "bench" / "cli.py")
+
+
+def _command(parser, name: str):
+    return parser._subparsers._group_actions[0].choices[name]
+
+
+def test_every_entry_point_takes_its_defaults_from_request_defaults():
+    """The request fields' defaults are declared once (specdec.request.DEFAULTS): the request type,
+    make_config, the CLI's flags and help, bench's and tune's flags and settings all show them."""
+    import inspect
+    from dataclasses import asdict
+
+    from specdec.bench.options import parse_settings
+    from specdec.bench.runner import Settings
+    from specdec.cliargs import decode_kwargs
+    from specdec.request import BENCH_SEED, DEFAULTS, DecodeConfig
+
+    cfg = DecodeConfig()
+    assert {**{f: getattr(cfg, f) for f in ("policy", "drafter", "k", "max_new_tokens")}, **asdict(cfg.sampling)} \
+        == dict(DEFAULTS)
+    assert specdec.make_config == DecodeConfig.from_options == specdec.api.make_config
+    signature = inspect.signature(DecodeConfig.from_options).parameters
+    assert {n: p.default for n, p in signature.items() if p.kind is p.KEYWORD_ONLY} == dict(DEFAULTS)
+    parser = build_parser()
+    for argv in (["generate", "x"], ["serve"]):
+        assert decode_kwargs(parser.parse_args(argv)) == {k: v for k, v in DEFAULTS.items() if k != "drafter"}
+        helps = {a.dest: a.help for a in _command(parser, argv[0])._actions}
+        for name in ("policy", "drafter", "k", "max_new_tokens"):
+            assert f"(default: {DEFAULTS[name]}" in helps[name], (argv[0], name)
+    bench_argv = {"bench": ["bench", "--out", "o"], "tune": ["tune", "--policy", "mars", "--out", "o"]}
+    for command, argv in bench_argv.items():
+        flags = {a.dest: a for a in _command(parser, command)._actions}
+        assert flags["max_new_tokens"].default == str(DEFAULTS["max_new_tokens"]), command
+        assert f"(default: {DEFAULTS['max_new_tokens']})" in flags["max_new_tokens"].help, command
+        assert flags["drafter"].default == DEFAULTS["drafter"] and flags["seed"].default == str(BENCH_SEED)
+        settings = parse_settings(parser.parse_args(argv))
+        assert (settings.max_new_tokens, settings.sampling()) == (Settings().max_new_tokens, Settings().sampling())
+    assert _command(parser, "bench")._option_string_actions["--k"].default == DEFAULTS["k"]
+    assert Settings().max_new_tokens == DEFAULTS["max_new_tokens"]
+    assert Settings().sampling() == {**{k: DEFAULTS[k] for k in ("temperature", "top_p", "top_k")}, "seed": BENCH_SEED}
+
+
+def test_server_defaults_come_from_request_defaults():
+    pytest.importorskip("fastapi")
+    from types import SimpleNamespace
+
+    from specdec.request import DEFAULTS
+    from specdec.server.app import default_settings
+    from specdec.server.schemas import CompletionRequest
+
+    assert default_settings(SimpleNamespace(default_drafter="pld")) == {**DEFAULTS, "drafter": "pld"}
+    described = CompletionRequest.model_fields["max_tokens"].description
+    assert f"built in: {DEFAULTS['max_new_tokens']}" in described
+
+
+def test_one_rule_layers_settings_everywhere():
+    """Naming another policy drops the lower layer's policy parameters, another drafter its drafter
+    options: one function (specdec.request.overlay), called by the CLI (--config FILE under the
+    flags), the server (its defaults under a request's ``speculative``) and vLLM's request keys."""
+    import inspect
+
+    pytest.importorskip("pydantic")
+    from specdec import cliargs, request
+    from specdec.server import params
+    from specdec.vllm import config as vllm_config
+
+    assert cliargs.overlay is params.overlay is vllm_config.overlay is request.overlay
+    for caller in (cliargs.decode_kwargs, params.speculative, vllm_config.request_selection):
+        assert "overlay(" in inspect.getsource(caller), caller.__qualname__
+    base = {"policy": "mars", "mars_theta": 0.8, "drafter": "pld", "ngram_max": 4, "k": 5, "max_new_tokens": 9}
+    other_policy = {"policy": "lossless", "drafter": "pld", "ngram_max": 4, "k": 5, "max_new_tokens": 9}
+    assert request.overlay(base, {"policy": "lossless"}) == other_policy
+    assert request.overlay(base, {"policy": "mars", "k": 3}) == {**base, "k": 3}
+    without_options = {k: v for k, v in base.items() if k != "ngram_max"}
+    assert request.overlay(base, {"drafter": "model"}) == {**without_options, "drafter": "model"}
+    default = vllm_config.selection("mars", {"mars_theta": 0.7})
+    assert vllm_config.request_selection({"specdec_policy": "typical"}, default).params == ()
+    assert vllm_config.request_selection({"specdec_mars_theta": 0.9}, default).params == (("mars_theta", 0.9),)
 
 
 def test_rule_flags_defaults_and_ranges_come_from_one_declaration():

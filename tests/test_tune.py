@@ -176,6 +176,16 @@ def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):
     assert plain["policy"] == "lossless" and plain["k"] == "auto" and plain["max_new_tokens"] == 128
 
 
+def test_api_keywords_over_a_config_file_layer_as_the_flags_do(tmp_path, tiny_pair):
+    """Keywords next to config= override the file's values; naming another policy drops the
+    file's policy parameters (as --policy does next to --config)."""
+    path = write_config(tmp_path / "c.json", {"policy": "mars", "k": 3, "mars_theta": 0.7})
+    out = tiny_pair.generate("abc", chat=False, max_new_tokens=4, config=path, policy="lossless")
+    assert out.stats.policy == "lossless" and out.stats.k == 3 and "mars_theta" not in out.stats.params
+    out = tiny_pair.generate("abc", chat=False, max_new_tokens=4, config=path, mars_theta=0.9)
+    assert out.stats.policy == "mars" and out.stats.params["mars_theta"] == 0.9
+
+
 def test_samples_select_positions_per_dataset_and_per_category():
     ds = load_dataset("fixture", None, ROBUST, (2, 4))
     assert [s.id for s in ds.samples] == ["Robust/2", "Robust/3", "Robust/4"]

@@ -10,7 +10,8 @@ Heavy imports (transformers) happen only when models are loaded.
 
 from .api import Output, Pair, Stream, load, make_config
 from .configfile import read_config, write_config
-from .engine import DecodeConfig, Engine, Generation
+from .engine import Engine, Generation
+from .request import DecodeConfig
 from .errors import SpecdecError
 from .sampling import SamplingParams
 from .stats import Stats

@@ -10,15 +10,15 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from .configfile import read_config
 from .costmodel import CostTable
-from .drafters import ALL_DRAFTER_OPTIONS
-from .engine import DecodeConfig, Engine, Generation
+from .engine import Engine, Generation
 from .errors import SpecdecError
 from .backends import AUTO as AUTO_BACKEND, Model, check_backend
 from .models import check_same_vocabulary, resolve_device, resolve_dtype
 from .costmodel import FALLBACK_K, choose_dtypes
 from .quant import resolve_quant
-from .sampling import SamplingParams
+from .request import DecodeConfig, default_drafter, make_config, overlay
 from .stats import Stats
 from .text import StopStrings, TextStream, encode_prompt, eos_ids
 
@@ -76,19 +76,12 @@ class Stream:
             close()
 
 
-def make_config(
-    *, policy: str = "lossless", drafter: str = "model", k: int | str = "auto", max_new_tokens: int = 128,
-    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None, **options: Any,
-) -> DecodeConfig:
-    """Validate request parameters into a :class:`DecodeConfig` (no model needed). Options named
-    like a drafter option (``ngram_max``, ``ngram_min``) go to the drafter, the rest to the policy."""
-    drafter_params = {k_: v for k_, v in options.items() if k_ in ALL_DRAFTER_OPTIONS}
-    policy_params = {k_: v for k_, v in options.items() if k_ not in ALL_DRAFTER_OPTIONS}
-    sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    return DecodeConfig(
-        policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,
-        policy_params=policy_params, drafter_params=drafter_params,
-    )
+def resolve_draft(target: str, draft: str | None) -> str | None:
+    """The draft model :func:`load` loads: ``"auto"`` is the bundled draft for the bundled target
+    and none otherwise; anything else as given (None: no draft model)."""
+    if draft == _AUTO:
+        return DEFAULT_DRAFT if target == DEFAULT_TARGET else None
+    return draft
 
 
 class Pair:
@@ -105,7 +98,7 @@ class Pair:
         self.backend = target.backend
         self.backend_why = backend_why
         #: the drafter a request gets when it names none: the draft model, or prompt lookup without one
-        self.default_drafter = "model" if draft is not None else "pld"
+        self.default_drafter = default_drafter(draft is not None)
         self.eos_ids = eos_ids(tokenizer, target.eos_ids())
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
                              draft_costs=self.costs.draft)
@@ -122,19 +115,23 @@ class Pair:
         """Like :meth:`generate`, but returns a :class:`Stream` of text deltas. All validation
         happens here, before the first delta. ``should_stop()`` is asked before every round; when
         it returns True the generation ends (finish reason ``cancelled``). ``config``: a
-        :class:`DecodeConfig` already made by :func:`make_config` (instead of the keywords), or the
-        path of a config file (:mod:`specdec.configfile`, as ``specdec tune`` writes; keywords
-        given next to it override its values)."""
+        :class:`DecodeConfig` already made by :func:`make_config` (instead of the keywords: it is
+        used as is, not validated again), or the path of a config file (:mod:`specdec.configfile`,
+        as ``specdec tune`` writes; keywords given next to it override its values, as
+        :func:`specdec.request.overlay` layers them)."""
         if isinstance(config, (str, os.PathLike)):
-            from .configfile import read_config
-
-            kwargs = {**read_config(config), **kwargs}
+            kwargs = overlay(read_config(config), kwargs)
             config = None
-        if config is None and "drafter" not in kwargs:
-            kwargs["drafter"] = self.default_drafter
-        cfg = config if config is not None else make_config(**kwargs)
-        if config is not None and kwargs:
+        if config is None:
+            kwargs.setdefault("drafter", self.default_drafter)
+            cfg = make_config(**kwargs)
+        elif kwargs:
             raise SpecdecError(f"pass either config= or decoding keywords, not both (got {sorted(kwargs)})")
+        elif not isinstance(config, DecodeConfig):
+            raise SpecdecError(f"config must be a DecodeConfig (specdec.make_config(...)) or a config file's path, "
+                               f"got {type(config).__name__}")
+        else:
+            cfg = config
         self.engine.check_config(cfg)
         prompt_ids = self.encode(prompt, chat=chat, system=system)
         self.engine.check_prompt(prompt_ids)
@@ -179,6 +176,7 @@ class Pair:
         "lossless"), ``drafter`` ("model" | "pld"), ``k``, ``max_new_tokens``, ``temperature``,
         ``top_p``, ``top_k``, ``seed``, ``stop``, ``system``, ``on_text`` (called with each text
         delta), drafter options ``ngram_max``/``ngram_min``, and the policy's own parameters.
+        Defaults: :data:`specdec.request.DEFAULTS` (the drafter: :attr:`default_drafter`).
         """
         stream = self.stream(prompt, stop=stop, chat=chat, system=system, config=config, **kwargs)
         for delta in stream:
@@ -232,8 +230,7 @@ def load(
     if log is None:
         log = _stderr if progress else (lambda line: None)
     dev = resolve_device(device)
-    if draft == _AUTO:
-        draft = DEFAULT_DRAFT if target == DEFAULT_TARGET else None
+    draft = resolve_draft(target, draft)
     explicit = {k: v for k, v in (("dtype", dtype), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant))
                 if v != "auto"}
     chosen, why = choose_backend(check_backend(backend), target, draft, dev, explicit)

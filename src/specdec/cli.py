@@ -14,7 +14,7 @@ from typing import Sequence
 from .bench.cli import register as register_bench
 from .bench.tune import register as register_tune
 from .bundled import BUNDLED
-from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_kwargs, load_pair, make_config, startup_summary
+from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_config, load_pair, startup_summary
 from .errors import SpecdecError
 from .server.cli import register as register_serve
 from .text import surrogate_at
@@ -24,11 +24,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     prompt = read_stdin() if a.prompt == "-" else a.prompt
     if not prompt.strip():
         raise SpecdecError("the prompt is empty")
-    kwargs = decode_kwargs(a)
-    make_config(**kwargs)  # bad flags fail here, before the models load
+    config = decode_config(a)  # the request, validated once: bad flags fail here, before the models load
     pair = load_pair(a, progress=not a.json)
-    kwargs.setdefault("drafter", pair.default_drafter)
-    config = make_config(**kwargs)
     chat = None if a.chat is None else a.chat
     if not a.quiet and not a.json:
         print(startup_summary(pair), file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ import sys
 from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
 from .checks import options_of
 from .drafters import ALL_DRAFTER_OPTIONS, DRAFTERS
+from .request import DEFAULTS, NO_DRAFT_MODEL_DRAFTER, DecodeConfig, default_drafter, overlay
 from .verify import POLICIES, RULES
 
 LOW_TAU = 1.3  # below this, speculation rarely pays for the draft's cost
@@ -54,15 +55,22 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "measurements are cached per machine, so this only saves the first load")
 
 
-#: built-in values of the decoding flags; a --config file's values come before these, flags after
-DECODE_DEFAULTS = dict(policy="lossless", k="auto", max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0,
-                       seed=None)
+#: the decoding flags' built-in values (:data:`specdec.request.DEFAULTS`); a --config file's values
+#: come before these, flags after. No drafter: a request that names none gets the loaded pair's
+#: default (the draft model, or prompt lookup without one).
+DECODE_DEFAULTS = {k: v for k, v in DEFAULTS.items() if k != "drafter"}
+
+
+def shown(value) -> str:
+    """A default as help text shows it."""
+    return "random" if value is None else str(value)
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
     """The decoding flags. Their argparse default is None (= not given), so that :func:`decode_kwargs`
-    can layer them: built-in default, then ``--config FILE``, then the flags given."""
-    d = DECODE_DEFAULTS
+    can layer them: built-in default, then ``--config FILE``, then the flags given. The help shows
+    the built-in defaults from :data:`specdec.request.DEFAULTS`."""
+    d = DEFAULTS
     g = p.add_argument_group("decoding")
     g.add_argument("--config", default=None, metavar="FILE",
                    help="decoding settings from a JSON file (as 'specdec tune' writes); flags given next to it "
@@ -71,8 +79,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help=f"verification policy: {', '.join(POLICIES)}, or loose rules joined with '+' "
                         f"(default: {d['policy']}); 'ar' is plain decoding, 'lossless' and 'block' are exact")
     g.add_argument("--drafter", default=None,
-                   help=f"{' | '.join(DRAFTERS)} (default: model, or pld when no draft model is loaded); model+pld "
-                        "is the draft model sped up by prompt lookup, with the same tokens")
+                   help=f"{' | '.join(DRAFTERS)} (default: {d['drafter']}, or {NO_DRAFT_MODEL_DRAFTER} when no draft "
+                        "model is loaded); model+pld is the draft model sped up by prompt lookup, with the same tokens")
     g.add_argument("-k", "--k", default=None, metavar="K",
                    help="draft tokens per round, or 'auto': each round picks the K (0 = a plain decoding step) "
                         "with the most expected tokens per second from the measured cost model and the "
@@ -81,11 +89,13 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"generation budget (default: {d['max_new_tokens']})")
     g.add_argument("--temperature", type=float, default=None,
-                   help="0 = greedy; below 1e-5 is greedy too (default: 0)")
+                   help=f"0 = greedy; below 1e-5 is greedy too (default: {d['temperature']:g})")
     g.add_argument("--top-p", type=float, default=None,
-                   help="nucleus sampling mass in (0, 1]; the most likely token is always kept (default: 1.0 = off)")
-    g.add_argument("--top-k", type=int, default=None, help="keep the k most likely tokens (default: 0 = off)")
-    g.add_argument("--seed", type=int, default=None, help="seed for sampling (default: random)")
+                   help=f"nucleus sampling mass in (0, 1]; the most likely token is always kept (default: {d['top_p']}"
+                        f"{' = off' if d['top_p'] == 1.0 else ''})")
+    g.add_argument("--top-k", type=int, default=None,
+                   help=f"keep the k most likely tokens (default: {d['top_k']}{' = off' if d['top_k'] == 0 else ''})")
+    g.add_argument("--seed", type=int, default=None, help=f"seed for sampling (default: {shown(d['seed'])})")
     for name, (spec, owners) in drafter_flags().items():
         defaults = ", ".join(f"{d} for {o}" for o, d in owners)
         g.add_argument(f"--{name.replace('_', '-')}", type=spec.kind, default=None,
@@ -110,15 +120,15 @@ def drafter_flags() -> dict:
 
 def decode_kwargs(a: argparse.Namespace) -> dict:
     """Request keywords from the flags: built-in defaults, then ``--config FILE``, then every flag
-    given (a flag given wins over the file; a file's key wins over a built-in default)."""
+    given, layered by :func:`specdec.request.overlay` (a flag given wins over the file; a file's key
+    wins over a built-in default; a flag naming another policy than the file's drops the file's
+    policy parameters, another drafter its drafter options)."""
     kw = dict(DECODE_DEFAULTS)
     if getattr(a, "config", None):
         from .configfile import read_config
 
         kw.update(read_config(a.config))
-    given = {name: getattr(a, name) for name in DECODE_DEFAULTS if getattr(a, name) is not None}
-    if a.drafter is not None:
-        given["drafter"] = a.drafter
+    given = {name: getattr(a, name) for name in DEFAULTS if getattr(a, name) is not None}
     for name in ALL_DRAFTER_OPTIONS:
         if getattr(a, name) is not None:
             given[name] = getattr(a, name)
@@ -127,17 +137,23 @@ def decode_kwargs(a: argparse.Namespace) -> dict:
             value = getattr(a, f"{rule}_{param}")
             if value is not None:
                 given[f"{rule}_{param}"] = value
-    if "policy" in given and given["policy"] != kw["policy"]:
-        # another policy than the file's: the file's policy parameters do not apply to it
-        kw = {k: v for k, v in kw.items() if k in DECODE_DEFAULTS or k in ALL_DRAFTER_OPTIONS or k == "drafter"}
-    kw.update(given)
-    return kw
+    return overlay(kw, given)
 
 
-def make_config(**kwargs):
-    from .api import make_config as build
+def draft_of(a: argparse.Namespace) -> str | None:
+    """The draft model the model flags load (None: none), known before anything loads."""
+    from .api import resolve_draft
 
-    return build(**kwargs)
+    return resolve_draft(a.target, None if a.draft == "none" else a.draft)
+
+
+def decode_config(a: argparse.Namespace, kwargs: dict | None = None) -> DecodeConfig:
+    """The request the flags describe (``kwargs``: :func:`decode_kwargs`' result, when the caller
+    has it), validated once, before any model loads; a request that names no drafter gets the one
+    the loaded pair will default to (the draft model, or prompt lookup without one)."""
+    kw = dict(decode_kwargs(a) if kwargs is None else kwargs)
+    kw.setdefault("drafter", default_drafter(draft_of(a) is not None))
+    return DecodeConfig.from_options(**kw)
 
 
 def load_pair(a: argparse.Namespace, progress: bool = True):

@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecdecError
+from .request import DecodeConfig
 
 FORMAT = "specdec-config/1"
 TOP_KEYS = ("format", "decode", "tuned")
 
 
 def read_config(path: str | os.PathLike) -> dict[str, Any]:
-    """The ``decode`` keywords of a config file, validated (:func:`specdec.make_config`)."""
+    """The ``decode`` keywords of a config file, validated (:meth:`specdec.request.DecodeConfig.from_options`)."""
     p = Path(path)
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
@@ -43,7 +44,9 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def check_config(data: Any, where: str = "config") -> dict[str, Any]:
-    """Validate a parsed config object; returns a copy of its ``decode`` keywords."""
+    """Validate a parsed config object; returns a copy of its ``decode`` keywords (loose options:
+    a caller layers flags or keywords over them, :func:`specdec.request.overlay`, and builds its
+    :class:`~specdec.request.DecodeConfig` from the result)."""
     if not isinstance(data, dict):
         raise SpecdecError(f"{where}: expected a JSON object with {', '.join(TOP_KEYS)}")
     unknown = sorted(set(data) - set(TOP_KEYS))
@@ -54,11 +57,9 @@ def check_config(data: Any, where: str = "config") -> dict[str, Any]:
     decode = data.get("decode")
     if not isinstance(decode, dict) or not decode:
         raise SpecdecError(f"{where}: 'decode' must be a non-empty object of decoding settings")
-    from .api import make_config
-
     try:
-        make_config(**decode)
-    except TypeError as exc:  # a key make_config has no parameter for
+        DecodeConfig.from_options(**decode)
+    except TypeError as exc:  # a key from_options cannot take
         raise SpecdecError(f"{where}: {exc}") from None
     except SpecdecError as exc:
         raise SpecdecError(f"{where}: {exc}") from None

@@ -12,26 +12,25 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .checks import check_int
-from .drafters import Draft, Drafter, check_drafter_options, drafter_class, make_drafter
+from .drafters import Draft, Drafter, drafter_class, make_drafter
 from .autok import KController, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores
-from .sampling import SamplingParams, make_generator, next_token, probabilities
+from .request import AUTO_K, DecodeConfig, check_k, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
+from .sampling import make_generator, next_token, probabilities
 from .stats import Stats, peak_rss_mb
-from .verify import Policy, Round, Verdict, make_policy
+from .verify import Policy, Round, Verdict
 from .verify.tree import TreeRound, tree_depth
 
 #: ``stop_check(generated_ids, n_new) -> keep``: how many generated tokens to keep when a stop
 #: sequence ends inside the last ``n_new`` tokens, else None.
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
-AUTO_K = "auto"
 #: a round whose drafter fed its model at most this many context tokens drafted steadily (the last
 #: round's bonus token, and the last draft when all were kept); more means a prefill or a catch-up
 #: after K=0 rounds, whose time says nothing about the cost per draft token, so k=auto skips it
@@ -39,70 +38,6 @@ STEADY_FEED = 2
 #: k=auto controllers kept per engine, one per distinct (policy, parameters, drafter, sampling mode);
 #: the least recently used goes first (a server sees any number of distinct request parameters)
 MAX_CONTROLLERS = 64
-
-
-def check_k(k) -> int | str:
-    """``"auto"`` or an integer >= 1 (an integer given as text is accepted, e.g. from a flag)."""
-    if isinstance(k, str):
-        text = k.strip().lower()
-        if text == AUTO_K:
-            return AUTO_K
-        if text.isdigit():
-            k = int(text)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise SpecdecError(f"k (draft length) must be 'auto' or an integer >= 1, got {k!r}")
-    return k
-
-
-def lookahead_of(policy: Policy | None) -> int:
-    """How many drafts after a position the policy reads to judge it (0: token-wise, or ``ar``)."""
-    return 0 if policy is None else policy.lookahead
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    """Everything that shapes one generation besides the prompt. Validated on creation."""
-
-    policy: str = "lossless"
-    drafter: str = "model"
-    k: int | str = "auto"  # draft tokens per round, or "auto": chosen each round from the cost model
-    max_new_tokens: int = 128
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    policy_params: Mapping[str, Any] = field(default_factory=dict)
-    drafter_params: Mapping[str, Any] = field(default_factory=dict)
-
-    #: the parsed policy (None for ``ar``): parsed once, here, and used by the engine as is
-    parsed: Policy | None = field(default=None, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # unknown names and bad parameters raise here, before any work; the result is kept
-        object.__setattr__(self, "parsed", make_policy(self.policy, dict(self.policy_params)))
-        if self.policy != "ar":
-            object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
-        object.__setattr__(self, "k", check_k(self.k))
-        check_int("max_new_tokens", self.max_new_tokens, lo=1)
-        if self.parsed is not None:
-            check_drafter_fits_policy(self.parsed, drafter_class(self.drafter), self.k, self.drafter_params)
-
-
-def check_drafter_fits_policy(policy: Policy, cls: type[Drafter], k: int | str, drafter_params: Mapping) -> None:
-    """Refuse, up front, a drafter the policy cannot verify (trees for a chain-only policy) and a
-    draft length that would leave the policy's lookahead inert (a block no longer than it)."""
-    name = policy.name
-    if cls.grows_trees and not policy.verifies_trees:
-        raise SpecdecError(f"policy {name!r} verifies chains only; use drafter 'model' (or 'pld'), "
-                           "or a policy that verifies trees (lossless, loose rules)")
-    w = policy.lookahead
-    if not w:
-        return
-    if cls.grows_trees and k == AUTO_K and cls.depth_limit(**drafter_params) <= w:
-        raise SpecdecError(
-            f"policy {name!r}: {policy.lookahead_label} needs paths longer than it, but a tree of "
-            f"depth <= {cls.depth_limit(**drafter_params)} cannot grow that deep; raise tree_nodes")
-    if isinstance(k, int) and k <= w:
-        raise SpecdecError(
-            f"policy {name!r}: {policy.lookahead_label} acts only on draft blocks longer than it, so k={k} "
-            f"would leave it inert; use k >= {w + 1}, k='auto', {policy.lookahead_remedy}")
 
 
 @dataclass

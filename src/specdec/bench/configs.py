@@ -6,16 +6,23 @@ Item syntax: ``name`` or ``name:key=value:key=value``. Inside a policy item, ``k
 policy parameter passed straight to ``Pair.generate`` (``mars:theta=0.8``). Ids:
 ``ar``, ``lossless/model/k5``, ``mars[theta=0.8]/model/k5``, ``hf-assisted``,
 ``hf-pld[prompt_lookup_num_tokens=5]``.
+
+:func:`validate` builds each configuration's :class:`~specdec.request.DecodeConfig` once, before any
+model loads, and keeps it on the configuration (``Config.request``); every generation of the run
+uses it (:meth:`Config.request_for`: the run's budget and a seed per repeat), with no validation
+in between.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from ..errors import SpecdecError
+from ..request import DEFAULTS, GENERATION_FIELDS, DecodeConfig, check_k
+from ..sampling import SamplingParams
 
 AR = "ar"
 #: ``ar:dtype=...``: plain decoding with the target loaded in another dtype (the best plain
@@ -56,6 +63,8 @@ class Config:
     kind: str = "specdec"
     #: ``backend=...`` in an item: run on this backend's pair (loaded once per run) instead of the run's own
     backend: str | None = None
+    #: the request, built once by :func:`validate` (None for a peer, or before validation)
+    request: DecodeConfig | None = field(default=None, compare=False, repr=False)
 
     @property
     def id(self) -> str:
@@ -77,10 +86,17 @@ class Config:
         return self.params.get("dtype") if self.is_ar else None
 
     def generate_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for ``Pair.generate`` / ``make_config`` (besides sampling settings)."""
+        """Keyword arguments for ``Pair.generate`` / ``DecodeConfig.from_options`` (besides sampling settings)."""
         if self.is_ar:
             return {"policy": AR}
         return {"policy": self.policy, "drafter": self.drafter, "k": self.k, **self.params}
+
+    def request_for(self, max_new_tokens: int, **sampling: Any) -> DecodeConfig:
+        """This configuration's request for one generation: the one :func:`validate` built, with
+        this generation's budget and sampling settings (e.g. a repeat's seed), not validated again
+        (built here when the configuration was not validated)."""
+        request = self.request if self.request is not None else DecodeConfig.from_options(**self.generate_kwargs())
+        return request.with_settings(max_new_tokens=max_new_tokens, sampling=SamplingParams(**sampling))
 
     def to_dict(self) -> dict:
         return {"id": self.id, "kind": self.kind, "policy": self.policy, "drafter": self.drafter,
@@ -150,9 +166,7 @@ def parse_int(text: Any, what: str, minimum: int = 1) -> int:
 
 
 def parse_k(text: Any, what: str = "--k") -> int | str:
-    """``auto`` or an integer >= 1 (:func:`specdec.engine.check_k`), the error naming ``what``."""
-    from ..engine import check_k
-
+    """``auto`` or an integer >= 1 (:func:`specdec.request.check_k`), the error naming ``what``."""
     try:
         return check_k(str(text))
     except SpecdecError as exc:
@@ -190,15 +204,15 @@ def config_from_file(path: str) -> Config:
     from ..configfile import read_config
 
     decode = read_config(path)
-    ignored = sorted({"max_new_tokens", "temperature", "top_p", "top_k", "seed"} & set(decode))
+    ignored = sorted(set(GENERATION_FIELDS) & set(decode))
     if ignored:
         import sys
 
         print(f"specdec: note: {path}: bench uses its own {', '.join(ignored)} for every configuration",
               file=sys.stderr)
-    policy = decode.pop("policy", "lossless")
-    drafter = str(decode.pop("drafter", "model"))
-    k = parse_k(decode.pop("k", "auto"), f"k in {path}")
+    policy = decode.pop("policy", DEFAULTS["policy"])
+    drafter = str(decode.pop("drafter", DEFAULTS["drafter"]))
+    k = parse_k(decode.pop("k", DEFAULTS["k"]), f"k in {path}")
     for key in ignored:
         decode.pop(key)
     if policy == AR:
@@ -270,18 +284,20 @@ def dedupe(configs: list[Config]) -> list[Config]:
     return out
 
 
-def validate(configs: list[Config], **sampling: Any) -> None:
-    """Every configuration through ``make_config`` (no model needed): bad names/parameters fail
-    here, before any model loads, with the configuration named."""
-    from ..api import make_config
-
+def validate(configs: list[Config], **sampling: Any) -> list[Config]:
+    """Build every configuration's request (:meth:`DecodeConfig.from_options`, no model needed;
+    ``sampling``: the run's ``max_new_tokens`` and sampling settings): bad names/parameters fail
+    here, before any model loads, with the configuration named. Returns the configurations with
+    their request kept (``Config.request``), for every generation of the run."""
+    out = []
     for c in configs:
-        if c.kind != "specdec":
-            continue
-        try:
-            make_config(**c.generate_kwargs(), **sampling)
-        except SpecdecError as exc:
-            raise SpecdecError(f"configuration {c.id}: {exc}") from None
+        if c.kind == "specdec":
+            try:
+                c = replace(c, request=DecodeConfig.from_options(**c.generate_kwargs(), **sampling))
+            except SpecdecError as exc:
+                raise SpecdecError(f"configuration {c.id}: {exc}") from None
+        out.append(c)
+    return out
 
 
 def check_peer_available(c: Config) -> None:

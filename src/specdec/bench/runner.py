@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..request import BENCH_SEED, DEFAULTS
 from ..stats import tau_of
 from .configs import Config
 from .datasets import Dataset, Sample
@@ -30,11 +31,11 @@ from .results import ResultsFile, record_key
 class Settings:
     """What shapes every generation of a run (besides the configuration)."""
 
-    max_new_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = 0
+    max_new_tokens: int = DEFAULTS["max_new_tokens"]
+    temperature: float = DEFAULTS["temperature"]
+    top_p: float = DEFAULTS["top_p"]
+    top_k: int = DEFAULTS["top_k"]
+    seed: int | None = BENCH_SEED  # seeded, unlike the library's default: repeat r uses seed + r
     repeats: int = 1
     warmup: bool = True
     warmup_tokens: int = 8
@@ -164,7 +165,7 @@ def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings, mod
                      models=models, **settings.sampling())
         else:
             pair_for(pair, cfg, models).generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
-                                                 max_new_tokens=n, **cfg.generate_kwargs(), **settings.sampling())
+                                                 config=cfg.request_for(n, **settings.sampling()))
 
 
 def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:
@@ -207,7 +208,7 @@ def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, set
     pair = pair_for(pair, cfg, models)
     start = time.perf_counter()
     out = pair.generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
-                        max_new_tokens=settings.max_new_tokens, **cfg.generate_kwargs(), **settings.sampling(rep))
+                        config=cfg.request_for(settings.max_new_tokens, **settings.sampling(rep)))
     wall = time.perf_counter() - start
     return {**_base(sample, cfg, rep), "text": out.text, "token_ids": list(out.token_ids),
             "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,

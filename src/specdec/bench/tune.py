@@ -32,9 +32,10 @@ from typing import Any
 
 from ..checks import check_number
 from ..errors import SpecdecError
+from ..request import DEFAULTS
 from . import configs as cfgs
-from .cli import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies, parse_float,
-                  parse_selection, parse_settings, run_settings, sandbox_setting)
+from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
+                      parse_float, parse_selection, parse_settings, run_settings, sandbox_setting)
 
 #: the tuning split when --samples is not given (HumanEval: the last 64 problems)
 DEFAULT_SPLIT = {"humaneval": (100, 163)}
@@ -59,7 +60,8 @@ def register(sub) -> None:
     )
     g = p.add_argument_group("what to tune")
     g.add_argument("--policy", required=True, help="the policy to tune, e.g. mars, fly+mars, dropmatch, lossless")
-    g.add_argument("--drafter", default="model", help="model | pld | model+pld (default: model)")
+    g.add_argument("--drafter", default=DEFAULTS["drafter"],
+                   help=f"model | pld | model+pld (default: {DEFAULTS['drafter']})")
     g.add_argument("-k", "--k", default="auto,4,8", metavar="LIST",
                    help="K values to sweep: auto and/or integers (default: auto,4,8; FLy skips K <= its window)")
     g.add_argument("--grid", action="append", default=None, metavar="PARAM=V1,V2,...",
@@ -68,7 +70,7 @@ def register(sub) -> None:
     g.add_argument("--max-quality-loss", default="0.01", metavar="L",
                    help="largest relative quality loss vs plain decoding on the tuning split (default: 0.01)")
     add_dataset_args(g)
-    add_sampling_args(g, max_new_tokens=256)
+    add_sampling_args(g)
     s = p.add_argument_group("search")
     s.add_argument("--proxy-samples", default="4", metavar="N", help="samples of the proxy stage (default: 4)")
     s.add_argument("--proxy-tokens", default="64", metavar="M", help="new tokens in the proxy stage (default: 64)")
@@ -124,8 +126,9 @@ def _prefixed(key: str, rules: list[str], policy: str) -> str:
 
 
 def grid_configs(policy: str, drafter: str, ks: list, axes: dict[str, list[Any]], settings) -> tuple[list, list[str]]:
-    """Every setting as a bench Config, checked by ``make_config``; settings the policy refuses
-    (FLy with K <= window) are skipped and returned as notes."""
+    """Every setting as a bench Config, validated (:func:`specdec.bench.configs.validate`: its
+    DecodeConfig is built once and kept); settings the policy refuses (FLy with K <= window) are
+    skipped and returned as notes."""
     out, skipped = [], []
     names = list(axes)
     for values in itertools.product(*(axes[n] for n in names)):
@@ -133,7 +136,7 @@ def grid_configs(policy: str, drafter: str, ks: list, axes: dict[str, list[Any]]
         for k in ks:
             c = cfgs.Config(policy, drafter, k, params)
             try:
-                cfgs.validate([c], max_new_tokens=settings.max_new_tokens, **settings.sampling())
+                [c] = cfgs.validate([c], max_new_tokens=settings.max_new_tokens, **settings.sampling())
             except SpecdecError as exc:
                 if "window" not in str(exc):
                     raise
@@ -235,7 +238,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
         print(startup_summary(pair), file=sys.stderr, flush=True)
     if pair.draft is None and any(cfgs.needs_draft_model(c) for c in settings_grid):
         raise SpecdecError(f"drafter {a.drafter!r} needs a draft model; pass --draft")
-    ar = cfgs.Config(cfgs.AR)
+    [ar] = cfgs.validate([cfgs.Config(cfgs.AR)], max_new_tokens=settings.max_new_tokens, **settings.sampling())
     by_id = {c.id: c for c in settings_grid}
     proxy_rows = stage(pair, a, proxy_set, [ar, *settings_grid], proxy_settings, out, env, "proxy")
     order, dropped = proxy_order(proxy_rows, min_agreement)

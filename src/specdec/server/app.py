@@ -23,8 +23,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from ..api import make_config
 from ..errors import SpecdecError
+from ..request import DEFAULTS, DecodeConfig
 from ..text import tokenizer_call
 from .errors import APIError, error_body
 from .gate import Gate, endpoint_label
@@ -40,9 +40,9 @@ log = logging.getLogger("specdec.server")
 
 
 def default_settings(pair) -> dict:
-    """The library's defaults: lossless over the draft model (prompt lookup without one), k=auto, greedy, 128 tokens."""
-    return {"policy": "lossless", "drafter": "model" if pair.draft is not None else "pld", "k": "auto",
-            "max_new_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None}
+    """The library's defaults (:data:`specdec.request.DEFAULTS`: lossless, k=auto, greedy, 128
+    tokens), with the pair's default drafter (the draft model, prompt lookup without one)."""
+    return {**DEFAULTS, "drafter": pair.default_drafter}
 
 
 class SafeJSONResponse(JSONResponse):
@@ -129,7 +129,7 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
                model_name: str | None = None, allowed_hosts: list[str] | None = None,
                allow_origins: list[str] = ()) -> FastAPI:
     """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
-    set them (``make_config``'s names; see :func:`default_settings`); ``api_key``: required as
+    set them (:meth:`~specdec.request.DecodeConfig.from_options`' names; see :func:`default_settings`); ``api_key``: required as
     ``Authorization: Bearer <key>`` on every path but ``/health`` and ``/metrics`` when set (an
     empty key is refused); ``model_name``: the served name; ``allowed_hosts``: the names a ``Host``
     header may carry (default: the loopback names; ``"*"``: any); ``allow_origins``: browser
@@ -137,7 +137,7 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     check_api_key(api_key)
     defaults = {**default_settings(pair), **(defaults or {})}
     limits = limits or Limits()
-    make_config(**defaults)  # bad server defaults fail here, not per request
+    DecodeConfig.from_options(**defaults)  # bad server defaults fail here, not per request
     if defaults["max_new_tokens"] > limits.max_tokens:
         raise SpecdecError(f"the default max_new_tokens ({defaults['max_new_tokens']}) is over the "
                            f"max_tokens limit ({limits.max_tokens})")

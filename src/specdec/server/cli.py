@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from ..cliargs import add_decode_args, add_model_args, decode_kwargs, load_pair, make_config, startup_summary
+from ..cliargs import add_decode_args, add_model_args, decode_config, decode_kwargs, load_pair, startup_summary
 from ..errors import SpecdecError
 
 
@@ -59,8 +59,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .params import Limits
     from .run import serve
 
-    kwargs = decode_kwargs(a)
-    make_config(**kwargs)  # bad flags fail here, before the models load
+    kwargs = decode_kwargs(a)  # the requests' defaults: each request's fields are layered over them
+    decode_config(a, kwargs)  # bad flags fail here, before the models load
     if not 0 < a.port < 65536:
         raise SpecdecError(f"--port must be in 1..65535, got {a.port}")
     for flag in ("max_tokens_limit", "max_body_bytes", "max_queue"):

@@ -1,24 +1,26 @@
 """From a request body to the arguments of ``Pair.stream``, validated before the request queues.
 
-Decoding parameters are the server's defaults (the ``specdec serve`` decoding flags) overlaid
-with the request's fields; ``make_config`` then validates them exactly as the library does.
+Decoding parameters are the server's defaults (the ``specdec serve`` decoding flags, whose own
+defaults are :data:`specdec.request.DEFAULTS`) overlaid with the request's fields
+(:func:`specdec.request.overlay`); :meth:`DecodeConfig.from_options` then validates them exactly as
+the library does, once, here: the worker hands the :class:`~specdec.request.DecodeConfig` to
+``Pair.stream`` as is.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from ..api import make_config
-from ..drafters import ALL_DRAFTER_OPTIONS as DRAFTER_OPTIONS
 from ..errors import SpecdecError
+from ..request import GENERATION_FIELDS, DecodeConfig, overlay
 from .errors import APIError
 from .schemas import ChatRequest, CompletionRequest
 
 #: Defaults that are sampling settings; every other default key is a speculative setting.
-SAMPLING = ("max_new_tokens", "temperature", "top_p", "top_k", "seed")
-#: Request fields mapped onto ``make_config`` keyword arguments.
+SAMPLING = GENERATION_FIELDS
+#: Request fields mapped onto ``DecodeConfig.from_options`` keyword arguments.
 _FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed"}
 #: stop strings per request, and characters per stop string (each round holds back up to that
 #: many characters per stop, so both bound a round's text work)
@@ -48,12 +50,12 @@ class Limits:
 @dataclass
 class GenRequest:
     """What the worker passes to ``Pair.stream``: ``prompt`` (text or chat messages), ``chat``,
-    ``stop`` and the decoding keyword arguments."""
+    ``stop`` and the request's :class:`~specdec.request.DecodeConfig` (validated once, here)."""
 
     prompt: Any
     chat: bool
     stop: list[str] | None
-    kwargs: dict = field(default_factory=dict)
+    config: DecodeConfig
 
 
 def _finite(value: Any) -> bool:
@@ -94,13 +96,7 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
             raise APIError(400, f"speculative.{key} must be a string", f"speculative.{key}")
     if "k" in given and given["k"] != "auto" and (not isinstance(given["k"], int) or isinstance(given["k"], bool)):
         raise APIError(400, "speculative.k must be an integer or \"auto\"", "speculative.k")
-    out = dict(base)
-    if given.get("policy", base.get("policy")) != base.get("policy"):
-        out = {k: v for k, v in out.items() if k in ("drafter", "k") or k in DRAFTER_OPTIONS}
-    if given.get("drafter", base.get("drafter")) != base.get("drafter"):
-        out = {k: v for k, v in out.items() if k not in DRAFTER_OPTIONS}
-    out.update(given)
-    return out
+    return overlay(base, given)
 
 
 #: vLLM sampling fields -> the value that leaves the output unchanged (anything else is refused)
@@ -173,7 +169,7 @@ def _messages(req: ChatRequest) -> list[dict]:
 
 
 def _config_param(message: str) -> str:
-    """The request field a ``make_config`` error is about (best effort, for ``error.param``)."""
+    """The request field a ``DecodeConfig.from_options`` error is about (best effort, for ``error.param``)."""
     for key in ("temperature", "top_p", "top_k", "seed"):
         if message.startswith(key):
             return key
@@ -220,9 +216,9 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
     present = "speculative" in req.model_fields_set or req.num_speculative_tokens is not None
     kwargs.update(speculative(defaults, spec, present))
     try:
-        make_config(**kwargs)
+        config = DecodeConfig.from_options(**kwargs)
     except SpecdecError as exc:
         raise APIError(400, str(exc), _config_param(str(exc))) from None
     except (TypeError, ValueError) as exc:  # a parameter of the wrong type reaching a policy
         raise APIError(400, f"invalid speculative parameters: {exc}", "speculative") from None
-    return GenRequest(prompt=prompt, chat=chat, stop=stop, kwargs=kwargs)
+    return GenRequest(prompt=prompt, chat=chat, stop=stop, config=config)

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from ..request import DEFAULTS, NO_DRAFT_MODEL_DRAFTER
 from ..text import surrogate_at
+
+
+def _default(field: str, what: str) -> str:
+    """A field's description: what it is, and the default a request that leaves it out gets."""
+    value = "random" if DEFAULTS[field] is None else DEFAULTS[field]
+    return f"{what}; left out: the server's default ('specdec serve' flags; built in: {value})"
 
 
 def find_surrogate(value: Any, path: tuple = ()) -> tuple[tuple, str, int] | None:
@@ -57,15 +64,17 @@ class StreamOptions(_Body):
 
 
 class _Common(_Body):
-    """Fields both endpoints share. ``speculative``: absent = server defaults, null = plain
-    decoding, an object = ``{policy, drafter, k, <rule or drafter parameters>}`` over the defaults."""
+    """Fields both endpoints share. A field left out gets the server's default: the ``specdec serve``
+    decoding flags, whose own defaults are :data:`specdec.request.DEFAULTS`. ``speculative``: absent
+    = server defaults, null = plain decoding, an object = ``{policy, drafter, k, <rule or drafter
+    parameters>}`` over the defaults."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None  # an extension, as in vLLM
-    seed: int | None = None
+    max_tokens: int | None = Field(None, description=_default("max_new_tokens", "generation budget in tokens"))
+    temperature: float | None = Field(None, description=_default("temperature", "0 = greedy"))
+    top_p: float | None = Field(None, description=_default("top_p", "nucleus sampling mass in (0, 1]"))
+    top_k: int | None = Field(None, description=_default("top_k", "keep the k most likely tokens; 0 = off"))  # as in vLLM
+    seed: int | None = Field(None, description=_default("seed", "sampling seed"))
     stop: Union[str, list[str], None] = None
     n: int | None = None
     stream: bool = False
@@ -74,7 +83,11 @@ class _Common(_Body):
     frequency_penalty: float | None = None
     logit_bias: dict[str, Any] | None = None
     user: str | None = None
-    speculative: dict[str, Any] | None = None
+    speculative: dict[str, Any] | None = Field(
+        None, description=f"absent: the server's defaults (built in: policy {DEFAULTS['policy']}, drafter "
+                          f"{DEFAULTS['drafter']} or {NO_DRAFT_MODEL_DRAFTER} without a draft model, k "
+                          f"{DEFAULTS['k']}); null: plain decoding; an object: {{policy, drafter, k, <rule or "
+                          "drafter parameters>} over the defaults")
     # vLLM's extra sampling fields: each changes the output, so a non-default value is refused
     # (400) rather than silently ignored (see params.VLLM_FIELDS)
     ignore_eos: bool | None = None

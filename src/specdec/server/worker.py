@@ -172,7 +172,7 @@ class Worker:
         out, status = None, None
         try:
             stream = self.pair.stream(r.prompt, stop=r.stop, chat=r.chat, should_stop=lambda: job.cancelled,
-                                      **r.kwargs)
+                                      config=r.config)
             for delta in stream:
                 if job.cancelled:
                     stream.close()  # the engine stops before its next round

@@ -15,7 +15,8 @@ must be scalars, hence flat keys)::
 sampler for this request). Parameters are the policy's own, named as in specdec
 (``theta`` when one rule of the policy has it, ``mars_theta`` always). A request that names the
 engine's policy (or none) keeps the engine's parameters and overrides the ones it gives; a request
-that names another policy gets that policy's defaults plus its own parameters.
+that names another policy gets that policy's defaults plus its own parameters (the one layering
+rule of every entry point: :func:`specdec.request.overlay`).
 
 Pure Python: no vLLM import.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import SpecdecError
+from ..request import overlay
 from ..verify import Policy, make_policy
 
 #: the key of specdec's settings in vLLM's ``additional_config``
@@ -104,9 +106,9 @@ def request_selection(extra_args: Any, default: Selection | None) -> Selection |
             raise SpecdecError(f"request sets {sorted(REQUEST_PREFIX + k for k in mine)} but names no "
                                f"{REQUEST_PREFIX}policy and the engine has no specdec default")
         name = default.policy
-    params = dict(default.params) if default is not None and name == default.policy else {}
-    params.update(mine)
-    return selection(name, params)
+    base = {"policy": default.policy, **dict(default.params)} if default is not None else {}
+    params = overlay(base, {"policy": name, **mine})
+    return selection(params.pop("policy"), params)
 
 
 def request_args(policy: str, **params: Any) -> dict[str, Any]:

@@ -1,0 +1,190 @@
+"""The one request type: :class:`DecodeConfig`, everything that shapes a generation besides the
+prompt, and the defaults of its fields (:data:`DEFAULTS`), declared once.
+
+Every entry point builds it the same way, once, where the request enters: the Python API
+(``Pair.generate``/``Pair.stream`` keywords, :func:`make_config`), the CLI flags
+(:mod:`specdec.cliargs`), a server request (:mod:`specdec.server.params`), a bench configuration
+(:mod:`specdec.bench.configs`) and a config file (:mod:`specdec.configfile`) all go through
+:meth:`DecodeConfig.from_options`, which takes loose user options and raises a one-line
+:class:`~specdec.errors.SpecdecError` for a bad one. The engine takes the result as is.
+
+Where settings are layered (a config file under the flags, the server's defaults under a
+request's ``speculative`` object, vLLM's engine default under a request's keys), :func:`overlay`
+is the one rule: naming another policy drops the lower layer's policy parameters, naming another
+drafter drops its drafter options.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from .checks import check_int
+from .drafters import ALL_DRAFTER_OPTIONS, check_drafter_options, drafter_class
+from .errors import SpecdecError
+from .sampling import SamplingParams
+from .verify import Policy, make_policy
+
+AUTO_K = "auto"
+
+#: the sampling fields' defaults, as :class:`~specdec.sampling.SamplingParams` declares them:
+#: temperature 0.0 (greedy), top_p 1.0 (off), top_k 0 (off), seed None (a random seed)
+_SAMPLING_DEFAULTS = {f.name: f.default for f in fields(SamplingParams)}
+
+#: Every request field's default, declared here once; :class:`DecodeConfig`, :func:`make_config`,
+#: ``Pair.generate``, the CLI's help and flags, the server's defaults and ``specdec bench``/``tune``
+#: read them from here. ``drafter`` is the default with a draft model loaded; without one a request
+#: that names no drafter gets prompt lookup (:func:`default_drafter`).
+DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "policy": "lossless",
+    "drafter": "model",
+    "k": AUTO_K,  # draft tokens per round, or "auto": chosen each round from the cost model
+    "max_new_tokens": 128,
+    **_SAMPLING_DEFAULTS,
+})
+
+#: The one default of ``specdec bench``/``tune`` that differs from the library's: every generation
+#: is seeded (repeat r uses BENCH_SEED + r), so that a sampled run can be repeated and resumed
+#: with the same draws; the library draws a random seed when none is given.
+BENCH_SEED = 0
+
+#: request fields that shape the output's length and sampling, not speculation: a bench run sets
+#: them once for every configuration, a server request at its top level
+GENERATION_FIELDS = ("max_new_tokens", *_SAMPLING_DEFAULTS)
+
+#: the drafter a request that names none gets when no draft model is loaded
+NO_DRAFT_MODEL_DRAFTER = "pld"
+
+
+def default_drafter(has_draft_model: bool) -> str:
+    """The drafter a request that names none gets: the draft model (``DEFAULTS["drafter"]``) when
+    one is loaded, prompt lookup without one."""
+    return DEFAULTS["drafter"] if has_draft_model else NO_DRAFT_MODEL_DRAFTER
+
+
+def check_k(k) -> int | str:
+    """``"auto"`` or an integer >= 1 (an integer given as text is accepted, e.g. from a flag)."""
+    if isinstance(k, str):
+        text = k.strip().lower()
+        if text == AUTO_K:
+            return AUTO_K
+        if text.isdigit():
+            k = int(text)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SpecdecError(f"k (draft length) must be 'auto' or an integer >= 1, got {k!r}")
+    return k
+
+
+def lookahead_of(policy: Policy | None) -> int:
+    """How many drafts after a position the policy reads to judge it (0: token-wise, or ``ar``)."""
+    return 0 if policy is None else policy.lookahead
+
+
+def check_drafter_fits_policy(policy: Policy, cls, k: int | str, drafter_params: Mapping[str, Any]) -> None:
+    """Refuse, up front, a drafter the policy cannot verify (trees for a chain-only policy) and a
+    draft length that would leave the policy's lookahead inert (a block no longer than it)."""
+    name = policy.name
+    if cls.grows_trees and not policy.verifies_trees:
+        raise SpecdecError(f"policy {name!r} verifies chains only; use drafter 'model' (or 'pld'), "
+                           "or a policy that verifies trees (lossless, loose rules)")
+    w = policy.lookahead
+    if not w:
+        return
+    if cls.grows_trees and k == AUTO_K and cls.depth_limit(**drafter_params) <= w:
+        raise SpecdecError(
+            f"policy {name!r}: {policy.lookahead_label} needs paths longer than it, but a tree of "
+            f"depth <= {cls.depth_limit(**drafter_params)} cannot grow that deep; raise tree_nodes")
+    if isinstance(k, int) and k <= w:
+        raise SpecdecError(
+            f"policy {name!r}: {policy.lookahead_label} acts only on draft blocks longer than it, so k={k} "
+            f"would leave it inert; use k >= {w + 1}, k='auto', {policy.lookahead_remedy}")
+
+
+def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(drafter options, policy parameters)``: options named like a drafter option
+    (``ngram_max``, ``tree_nodes``, ...: :data:`~specdec.drafters.ALL_DRAFTER_OPTIONS`) go to the
+    drafter, the rest to the policy."""
+    drafter = {k: v for k, v in options.items() if k in ALL_DRAFTER_OPTIONS}
+    policy = {k: v for k, v in options.items() if k not in ALL_DRAFTER_OPTIONS}
+    return drafter, policy
+
+
+def overlay(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
+    """Loose request options ``given`` over ``base`` (a config file's under the flags, the server's
+    defaults under a request's ``speculative`` object, vLLM's engine default under a request's
+    keys): ``given`` wins key by key, except that naming another policy than ``base`` names drops
+    ``base``'s policy parameters (they belong to its policy), and naming another drafter than
+    ``base`` names drops ``base``'s drafter options. The other request fields always carry over."""
+    out = dict(base)
+    if "policy" in given and "policy" in base and given["policy"] != base["policy"]:
+        out = {k: v for k, v in out.items() if k in DEFAULTS or k in ALL_DRAFTER_OPTIONS}
+    if "drafter" in given and "drafter" in base and given["drafter"] != base["drafter"]:
+        out = {k: v for k, v in out.items() if k not in ALL_DRAFTER_OPTIONS}
+    out.update(given)
+    return out
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Everything that shapes one generation besides the prompt. Validated on creation; build it
+    from loose user options with :meth:`from_options` (:func:`make_config`)."""
+
+    policy: str = DEFAULTS["policy"]
+    drafter: str = DEFAULTS["drafter"]
+    k: int | str = DEFAULTS["k"]  # draft tokens per round, or "auto": chosen each round from the cost model
+    max_new_tokens: int = DEFAULTS["max_new_tokens"]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    drafter_params: Mapping[str, Any] = field(default_factory=dict)
+
+    #: the parsed policy (None for ``ar``): parsed once, here, and used by the engine as is
+    parsed: Policy | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # unknown names and bad parameters raise here, before any work; the result is kept
+        object.__setattr__(self, "parsed", make_policy(self.policy, dict(self.policy_params)))
+        if self.policy != "ar":
+            object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
+        object.__setattr__(self, "k", check_k(self.k))
+        check_int("max_new_tokens", self.max_new_tokens, lo=1)
+        if self.parsed is not None:
+            check_drafter_fits_policy(self.parsed, drafter_class(self.drafter), self.k, self.drafter_params)
+
+    @classmethod
+    def from_options(
+        cls, /, *, policy: str = DEFAULTS["policy"], drafter: str = DEFAULTS["drafter"], k: int | str = DEFAULTS["k"],
+        max_new_tokens: int = DEFAULTS["max_new_tokens"], temperature: float = DEFAULTS["temperature"],
+        top_p: float = DEFAULTS["top_p"], top_k: int = DEFAULTS["top_k"], seed: int | None = DEFAULTS["seed"],
+        **options: Any,
+    ) -> DecodeConfig:
+        """Validate loose request options into a :class:`DecodeConfig` (no model needed). Options
+        named like a drafter option (``ngram_max``, ``ngram_min``, ``tree_nodes``, ...) go to the
+        drafter, the rest to the policy (``theta``, ``mars_theta``, ...). A bad value is one
+        :class:`~specdec.errors.SpecdecError`."""
+        drafter_params, policy_params = split_options(options)
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        return cls(policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,
+                   policy_params=policy_params, drafter_params=drafter_params)
+
+    def with_settings(self, *, max_new_tokens: int | None = None, sampling: SamplingParams | None = None) -> DecodeConfig:
+        """This request with another budget and/or sampling settings (e.g. a bench repeat's seed),
+        without validating the policy, drafter and k again: they are kept as parsed."""
+        out = copy.copy(self)
+        if max_new_tokens is not None:
+            object.__setattr__(out, "max_new_tokens", check_int("max_new_tokens", max_new_tokens, lo=1))
+        if sampling is not None:
+            if not isinstance(sampling, SamplingParams):
+                raise SpecdecError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+            object.__setattr__(out, "sampling", sampling)
+        return out
+
+
+#: ``make_config(policy=..., drafter=..., k=..., max_new_tokens=..., temperature=..., top_p=...,
+#: top_k=..., seed=..., **policy_and_drafter_options)``: :meth:`DecodeConfig.from_options`
+make_config = DecodeConfig.from_options
+
+__all__ = ["AUTO_K", "BENCH_SEED", "DEFAULTS", "DecodeConfig", "GENERATION_FIELDS", "NO_DRAFT_MODEL_DRAFTER",
+           "check_drafter_fits_policy", "check_k", "default_drafter", "lookahead_of", "make_config", "overlay",
+           "split_options"]
