@@ -168,6 +168,23 @@ def test_vs_lossless_pairs_each_lossy_rule_with_lossless_at_the_same_drafter_and
     rows["lossless/pld/k5"] = row("lossless/pld/k5", "lossless", "pld", 5, 1.2, 2.5, lossy=False)
     assert vs_lossless(rows)["typical/pld/k5"] == {"lossless": "lossless/pld/k5", "tau_ratio": None,
                                                    "speed_ratio": pytest.approx(1.2)}
+    # a lossless row on another backend is no reference for this backend's rules
+    other = {"ar": rows["ar"], "mars/model/kauto": row("mars/model/kauto", "mars", "model", "auto", 1.0, 3.2),
+             "lossless/model/kauto@transformers": {**row("lossless/model/kauto@transformers", "lossless", "model",
+                                                         "auto", 5.6, 1.7, lossy=False), "backend": "transformers"}}
+    assert vs_lossless(other) == {}
+    other["lossless/model/kauto"] = row("lossless/model/kauto", "lossless", "model", "auto", 1.0, 3.2, lossy=False)
+    assert vs_lossless(other)["mars/model/kauto"]["lossless"] == "lossless/model/kauto"
+
+
+def test_best_k_per_policy_keeps_backends_apart():
+    rows = {cid: {"id": cid, "kind": "specdec", "policy": "lossless", "k": k, "speedup_vs_ar": sp, "tau": 2.0,
+                  "backend": be}
+            for cid, k, sp, be in [("lossless/model/k3", 3, 0.8, None), ("lossless/model/kauto", "auto", 1.0, None),
+                                   ("lossless/model/k3@transformers", 3, 0.5, "transformers")]}
+    got = summary_module.best_k_per_policy(rows)
+    assert set(got) == {"lossless/model"}  # the transformers row alone is one K, not a sweep
+    assert got["lossless/model"]["k"] == "auto"
 
 
 LOSSY = {"id": "mars/model/k5", "kind": "specdec", "policy": "mars", "drafter": "model", "k": 5, "params": {}}
@@ -297,3 +314,11 @@ def test_plot_draws_the_recovery_interval_as_horizontal_bars():
     (segment,) = bars[0].lines[2][0].get_segments()
     assert [p[0] for p in segment] == pytest.approx([lo, hi])
     plt.close(fig)
+
+
+def test_report_names_each_peer_by_its_library():
+    s = summarize(scored_run([True] * 9 + [False], [True] * 7 + [False, False, True]), [AR, LOSSY])
+    for pid, lib in (("llama-cpp", "llama.cpp"), ("llama-cpp-spec", "llama.cpp"), ("hf-assisted", "transformers")):
+        s["configs"][pid] = {**s["configs"][LOSSY["id"]], "id": pid, "kind": "peer", "policy": pid}
+        assert f"| {pid} ({lib}) |" in render_report(minimal_summary(s))
+        del s["configs"][pid]

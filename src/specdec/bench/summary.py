@@ -301,13 +301,13 @@ def vs_best_ar(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> str
 
 
 def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
-    """For each lossy configuration, its gain over ``lossless`` run with the same drafter and K
-    (when that configuration is in the run): tau ratio and speedup ratio."""
-    ref = {(r.get("drafter"), r.get("k")): r for r in rows.values()
+    """For each lossy configuration, its gain over ``lossless`` run with the same drafter, K and
+    backend (when that configuration is in the run): tau ratio and speedup ratio."""
+    ref = {(r.get("drafter"), r.get("k"), r.get("backend")): r for r in rows.values()
            if r.get("kind") == "specdec" and r.get("policy") == "lossless" and not r.get("params")}
     out = {}
     for cid, r in rows.items():
-        base = ref.get((r.get("drafter"), r.get("k")))
+        base = ref.get((r.get("drafter"), r.get("k"), r.get("backend")))
         if r.get("kind") != "specdec" or not r.get("lossy") or base is None:
             continue
         tau, speed = (None if r.get(key) is None else _ratio(r[key], base.get(key)) for key in ("tau", "tokens_per_second"))
@@ -322,7 +322,8 @@ def best_k_per_policy(rows: dict[str, dict]) -> dict[str, dict]:
     groups: dict[str, list[dict]] = defaultdict(list)
     for cid, row in rows.items():
         if row.get("kind") == "specdec" and row.get("policy") != AR_ID and row.get("speedup_vs_ar") is not None:
-            groups[cid.rsplit("/k", 1)[0]].append(row)
+            base, at = cid.rsplit("/k", 1)[0], row.get("backend")
+            groups[base if at is None else f"{base}@{at}"].append(row)  # one backend per group
     out = {}
     for name, rs in groups.items():
         if len({r["k"] for r in rs}) < 2:
