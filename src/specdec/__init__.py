@@ -10,6 +10,7 @@ Heavy imports (transformers) happen only when models are loaded.
 
 from .api import Output, Pair, Stream, load, make_config
 from .configfile import read_config, write_config
+from .constrain import Constraint, constraint_from
 from .engine import DecodeConfig, Engine, Generation
 from .errors import SpecdecError
 from .sampling import SamplingParams
@@ -18,6 +19,6 @@ from .stats import Stats
 __version__ = "0.1.0"
 
 __all__ = [
-    "DecodeConfig", "Engine", "Generation", "Output", "Pair", "SamplingParams", "SpecdecError", "Stats",
-    "Stream", "load", "make_config", "read_config", "write_config", "__version__",
+    "Constraint", "DecodeConfig", "Engine", "Generation", "Output", "Pair", "SamplingParams", "SpecdecError", "Stats",
+    "Stream", "constraint_from", "load", "make_config", "read_config", "write_config", "__version__",
 ]

@@ -78,16 +78,27 @@ class Stream:
 
 def make_config(
     *, policy: str = "lossless", drafter: str = "model", k: int | str = "auto", max_new_tokens: int = 128,
-    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None, **options: Any,
+    temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+    response_format: dict | None = None, json_schema: dict | str | None = None, regex: str | None = None,
+    choice: Sequence[str] | None = None, grammar: str | None = None, **options: Any,
 ) -> DecodeConfig:
     """Validate request parameters into a :class:`DecodeConfig` (no model needed). Options named
-    like a drafter option (``ngram_max``, ``ngram_min``) go to the drafter, the rest to the policy."""
+    like a drafter option (``ngram_max``, ``ngram_min``) go to the drafter, the rest to the policy.
+
+    Structured output (at most one; :mod:`specdec.constrain`, needs ``pip install
+    'specdec[structured]'``): ``response_format`` as OpenAI's (``{"type": "json_object"}`` or
+    ``{"type": "json_schema", "json_schema": {"schema": {...}}}``), ``json_schema`` (a dict or its
+    JSON text), ``regex``, ``choice`` (a list of strings) or ``grammar`` (a Lark grammar)."""
+    from .constrain import constraint_from
+
+    constraint = constraint_from(response_format=response_format, json_schema=json_schema, regex=regex,
+                                 choice=choice, grammar=grammar)
     drafter_params = {k_: v for k_, v in options.items() if k_ in ALL_DRAFTER_OPTIONS}
     policy_params = {k_: v for k_, v in options.items() if k_ not in ALL_DRAFTER_OPTIONS}
     sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     return DecodeConfig(
         policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,
-        policy_params=policy_params, drafter_params=drafter_params,
+        policy_params=policy_params, drafter_params=drafter_params, constraint=constraint,
     )
 
 
@@ -108,7 +119,7 @@ class Pair:
         self.default_drafter = "model" if draft is not None else "pld"
         self.eos_ids = eos_ids(tokenizer, target.eos_ids())
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
-                             draft_costs=self.costs.draft)
+                             draft_costs=self.costs.draft, tokenizer=tokenizer)
 
     # ----------------------------------------------------------------- requests
     def encode(self, prompt, chat: bool | None = None, system: str | None = None) -> list[int]:
@@ -178,7 +189,9 @@ class Pair:
         ``chat=False``) or a list of chat messages. Keyword arguments: ``policy`` ("ar" |
         "lossless"), ``drafter`` ("model" | "pld"), ``k``, ``max_new_tokens``, ``temperature``,
         ``top_p``, ``top_k``, ``seed``, ``stop``, ``system``, ``on_text`` (called with each text
-        delta), drafter options ``ngram_max``/``ngram_min``, and the policy's own parameters.
+        delta), drafter options ``ngram_max``/``ngram_min``, the policy's own parameters, and
+        structured output: one of ``response_format``, ``json_schema``, ``regex``, ``choice``,
+        ``grammar`` (:func:`make_config`).
         """
         stream = self.stream(prompt, stop=stop, chat=chat, system=system, config=config, **kwargs)
         for delta in stream:
