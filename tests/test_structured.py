@@ -67,6 +67,29 @@ def pair():
     return Pair(CausalLM(target), TOK, CausalLM(draft))
 
 
+# --------------------------------------------------------------------------- the guide
+
+
+def test_guide_masks_follow_the_tokens_and_roll_back():
+    guide = make_guide(TOK, constraint_from(regex="ab+c"), 259, [EOS])
+    first = guide.mask()
+    assert first.nonzero().flatten().tolist() == [97]  # 'a' only: no EOS before the text can end
+    rows = guide.masks([97, 98, 98, 120, 99])  # 'x' is refused: the rows after it are unreachable
+    assert rows.shape == (6, 259) and rows[4:].all()
+    assert rows[1].nonzero().flatten().tolist() == [98] and rows[2].nonzero().flatten().tolist() == [98, 99]
+    assert guide.consumed == 0 and torch.equal(guide.mask(), first)  # left as it was
+    assert guide.valid_prefix([97, 98, 120]) == 2
+    assert guide.valid_prefix([97, 98, 99, EOS]) == 4 and guide.valid_prefix([97, EOS]) == 1
+    masked = guide.restrict(torch.zeros(3, 259), [97, 98])
+    assert masked[0, 97] == 0 and masked[0, 98] == float("-inf") and masked[2, 99] == 0
+    guide.advance([97, 98, 99])
+    assert guide.done and guide.mask().nonzero().flatten().tolist() == [EOS]  # complete: EOS only
+    guide.rollback(1)
+    assert not guide.done and guide.consumed == 2
+    wide = guide.mask(300)  # rows past the tokenizer's table are never allowed
+    assert wide.shape == (300,) and not wide[259:].any()
+
+
 # --------------------------------------------------------------------------- exactness at T=0
 
 

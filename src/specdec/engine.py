@@ -280,7 +280,7 @@ class Engine:
                 yield run.out
             if run.out.finish_reason is not None:
                 break
-        run.stats.peak_rss_mb = peak_rss_mb()
+        run.out.stats.peak_rss_mb = peak_rss_mb()
 
     def _start(self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None) -> "_Run":
         """The generation's state, and the prefill: every cache holds the prompt but its last
