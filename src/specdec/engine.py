@@ -170,12 +170,14 @@ class Engine:
         self.controllers: OrderedDict[tuple, KController] = OrderedDict()
 
     def controller(self, cfg: DecodeConfig) -> KController | None:
-        """The k=auto controller for this policy, drafter and sampling mode (None without a
-        target cost table: then k=auto drafts a fixed FALLBACK_K)."""
+        """The k=auto controller for this policy, drafter, sampling mode and whether a grammar
+        constrains the text (None without a target cost table: then k=auto drafts a fixed
+        FALLBACK_K)."""
         if self.target_costs is None:
             return None
         key = (cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
-               tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy)
+               tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy,
+               cfg.constraint is not None)  # a grammar changes what drafts survive
         if key in self.controllers:
             self.controllers.move_to_end(key)
         else:
