@@ -10,6 +10,7 @@ Heavy imports (transformers) happen only when models are loaded.
 
 from .api import Output, Pair, Stream, load, make_config
 from .configfile import read_config, write_config
+from .constrain import Constraint, constraint_from
 from .engine import Engine, Generation
 from .request import DecodeConfig
 from .errors import SpecdecError
@@ -19,6 +20,6 @@ from .stats import Stats
 __version__ = "0.1.0"
 
 __all__ = [
-    "DecodeConfig", "Engine", "Generation", "Output", "Pair", "SamplingParams", "SpecdecError", "Stats",
-    "Stream", "load", "make_config", "read_config", "write_config", "__version__",
+    "Constraint", "DecodeConfig", "Engine", "Generation", "Output", "Pair", "SamplingParams", "SpecdecError", "Stats",
+    "Stream", "constraint_from", "load", "make_config", "read_config", "write_config", "__version__",
 ]

@@ -101,7 +101,7 @@ class Pair:
         self.default_drafter = default_drafter(draft is not None)
         self.eos_ids = eos_ids(tokenizer, target.eos_ids())
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
-                             draft_costs=self.costs.draft)
+                             draft_costs=self.costs.draft, tokenizer=tokenizer)
 
     # ----------------------------------------------------------------- requests
     def encode(self, prompt, chat: bool | None = None, system: str | None = None) -> list[int]:
@@ -175,8 +175,10 @@ class Pair:
         ``chat=False``) or a list of chat messages. Keyword arguments: ``policy`` ("ar" |
         "lossless"), ``drafter`` ("model" | "pld"), ``k``, ``max_new_tokens``, ``temperature``,
         ``top_p``, ``top_k``, ``seed``, ``stop``, ``system``, ``on_text`` (called with each text
-        delta), drafter options ``ngram_max``/``ngram_min``, and the policy's own parameters.
-        Defaults: :data:`specdec.request.DEFAULTS` (the drafter: :attr:`default_drafter`).
+        delta), drafter options ``ngram_max``/``ngram_min``, the policy's own parameters, and
+        structured output: one of ``response_format``, ``json_schema``, ``regex``, ``choice``,
+        ``grammar`` (:meth:`specdec.request.DecodeConfig.from_options`). Defaults:
+        :data:`specdec.request.DEFAULTS` (the drafter: :attr:`default_drafter`).
         """
         stream = self.stream(prompt, stop=stop, chat=chat, system=system, config=config, **kwargs)
         for delta in stream:

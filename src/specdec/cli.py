@@ -14,7 +14,7 @@ from typing import Sequence
 from .bench.cli import register as register_bench
 from .bench.tune import register as register_tune
 from .bundled import BUNDLED
-from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_config, load_pair, startup_summary
+from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_config, decode_kwargs, load_pair, startup_summary
 from .errors import SpecdecError
 from .server.cli import register as register_serve
 from .text import surrogate_at
@@ -24,7 +24,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     prompt = read_stdin() if a.prompt == "-" else a.prompt
     if not prompt.strip():
         raise SpecdecError("the prompt is empty")
-    config = decode_config(a)  # the request, validated once: bad flags fail here, before the models load
+    # the request, validated once: bad flags fail here, before the models load
+    config = decode_config(a, {**decode_kwargs(a), **constraint_kwargs(a)})
     pair = load_pair(a, progress=not a.json)
     chat = None if a.chat is None else a.chat
     if not a.quiet and not a.json:
@@ -45,6 +46,41 @@ def cmd_generate(a: argparse.Namespace) -> int:
         if not (a.quiet and line.startswith("specdec: note:")):
             print(line, file=sys.stderr)
     return 0
+
+
+def add_constraint_args(p: argparse.ArgumentParser) -> None:
+    """``generate``'s structured-output flags (at most one; :mod:`specdec.constrain`)."""
+    g = p.add_argument_group("structured output (pip install 'specdec[structured]'; at most one)")
+    g.add_argument("--json-schema", default=None, metavar="FILE", help="the text is JSON matching this JSON schema file")
+    g.add_argument("--json-object", action="store_true", help="the text is a JSON object")
+    g.add_argument("--regex", default=None, metavar="R", help="the text matches this regular expression")
+    g.add_argument("--choice", default=None, metavar="A,B,...", help="the text is one of these comma-separated strings")
+    g.add_argument("--grammar", default=None, metavar="FILE", help="the text matches this Lark grammar file")
+
+
+def constraint_kwargs(a: argparse.Namespace) -> dict:
+    """Request keywords from the structured-output flags (files read here: a missing one is a
+    one-line error)."""
+    from pathlib import Path
+
+    def read(flag: str, path: str) -> str:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SpecdecError(f"{flag} {path}: cannot read it ({exc.__class__.__name__}: {exc})") from None
+
+    out: dict = {}
+    if a.json_schema is not None:
+        out["json_schema"] = read("--json-schema", a.json_schema)
+    if a.json_object:
+        out["response_format"] = {"type": "json_object"}
+    if a.regex is not None:
+        out["regex"] = a.regex
+    if a.choice is not None:
+        out["choice"] = [c for c in a.choice.split(",") if c]
+    if a.grammar is not None:
+        out["grammar"] = read("--grammar", a.grammar)
+    return out
 
 
 def decoding_notes(s, pair) -> list[str]:
@@ -219,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-q", "--quiet", action="store_true", help="no startup summary or stats line")
     add_model_args(g)
     add_decode_args(g)
+    add_constraint_args(g)
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("models", help="list bundled models and their cache state; 'prepare' builds the cache",

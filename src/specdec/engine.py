@@ -5,6 +5,11 @@ in one forward pass; (3) the policy keeps a prefix of the drafts and picks one m
 (4) the round's tokens are committed, cut at the first stop; (5) both KV caches roll back to the
 committed text and the drafter is told what was kept. Plain decoding (``policy="ar"``) is the
 same loop with no drafts, through the same model wrapper, so speed comparisons are fair.
+
+Structured output (a request's ``constraint``, :mod:`specdec.constrain`): before step (3) the
+target's rows are masked by the grammar (row 0 from the committed state, row ``i`` after drafts
+``1..i``), so every rule reads the masked target; the drafter gets the grammar's state as
+``Drafter.guide``; after step (4) the state advances by the committed tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .constrain import Guide, make_guide
 from .drafters import Draft, Drafter, drafter_class, make_drafter
 from .autok import KController, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
@@ -65,14 +71,17 @@ class _Run:
     context: list[int]  # the prompt and every committed token
     limit: int  # the model's context length
     t_start: float
+    guide: Guide | None = None  # structured output: the grammar's state after the committed text
 
 
 class Engine:
     """Speculative and plain decoding over a target (and optionally a draft) :class:`~specdec.backends.base.Model`."""
 
     def __init__(self, target: Model, draft: Model | None = None, eos_ids: Sequence[int] = (),
-                 target_costs: CostTable | None = None, draft_costs: CostTable | None = None):
+                 target_costs: CostTable | None = None, draft_costs: CostTable | None = None, tokenizer=None):
         self.target = target
+        #: the Hugging Face tokenizer that structured output compiles constraints against (None: none)
+        self.tokenizer = tokenizer
         self.draft = draft
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.target_costs = target_costs
@@ -81,12 +90,14 @@ class Engine:
         self.controllers: OrderedDict[tuple, KController] = OrderedDict()
 
     def controller(self, cfg: DecodeConfig) -> KController | None:
-        """The k=auto controller for this policy, drafter and sampling mode (None without a
-        target cost table: then k=auto drafts a fixed FALLBACK_K)."""
+        """The k=auto controller for this policy, drafter, sampling mode and whether a grammar
+        constrains the text (None without a target cost table: then k=auto drafts a fixed
+        FALLBACK_K)."""
         if self.target_costs is None:
             return None
         key = (cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
-               tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy)
+               tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy,
+               cfg.constraint is not None)  # a grammar changes what drafts survive
         if key in self.controllers:
             self.controllers.move_to_end(key)
         else:
@@ -105,7 +116,9 @@ class Engine:
     def check_config(self, cfg: DecodeConfig) -> None:
         """Refuse, before any work, a request the loaded models cannot serve: a token-tree drafter
         on a backend that cannot score trees (or not trees that wide), a rule that needs hidden
-        states from a backend that has none, a draft-model drafter without a draft model."""
+        states from a backend that has none, a draft-model drafter without a draft model; and a
+        constraint that does not compile for this tokenizer."""
+        self.guide_for(cfg)
         policy = cfg.parsed
         if policy is None:
             return
@@ -133,6 +146,16 @@ class Engine:
                 if not lm.capabilities.hidden:
                     raise SpecdecError(f"policy {cfg.policy!r} needs the target's hidden states, which the "
                                        f"{lm.backend} backend cannot give")
+
+    def guide_for(self, cfg: DecodeConfig) -> Guide | None:
+        """A new generation's grammar state (None without a constraint). The constraint compiles
+        for this engine's tokenizer once (cached), so :meth:`check_config` calls this too: a
+        constraint that cannot serve is a one-line error before any work."""
+        if cfg.constraint is None:
+            return None
+        if self.tokenizer is None:
+            raise SpecdecError("structured output needs the tokenizer; this engine was made without one (tokenizer=...)")
+        return make_guide(self.tokenizer, cfg.constraint, self.target.vocab_limit, sorted(self.eos_ids))
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         if len(prompt_ids) == 0:
@@ -195,7 +218,8 @@ class Engine:
             lossy=bool(policy and policy.lossy), prompt_tokens=len(prompt_ids),
             params={**(policy.params if policy else {}), **cfg.drafter_params},
         )
-        run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, auto=auto,
+        guide = self.guide_for(cfg)
+        run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, auto=auto, guide=guide,
                    depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
                    control=self.controller(cfg) if auto and not trees else None,
                    generator=make_generator(cfg.sampling.seed, self.target.device),
@@ -204,6 +228,7 @@ class Engine:
         if len(run.context) > 1:
             self.target.forward(run.context[:-1])
         if drafter is not None:
+            drafter.guide = guide
             drafter.start(run.context)
         out.stats.prefill_seconds = time.perf_counter() - run.t_start
         return run
@@ -231,7 +256,7 @@ class Engine:
 
     def _verify(self, run: "_Run", draft: Draft, scores: Scores) -> Verdict:
         """The policy's decision (no drafts: the target's next token)."""
-        params, logits = run.cfg.sampling, scores.logits
+        params, logits = run.cfg.sampling, self._restrict(run, draft, scores.logits)
         if not len(draft):
             return Verdict(0, next_token(logits[0], params, run.generator))
         shared = dict(target_logits=logits, params=params, generator=run.generator, target_hidden=scores.hidden,
@@ -246,6 +271,14 @@ class Engine:
         verdict = verify(rnd)
         run.out.stats.rule_seconds += time.perf_counter() - t
         return verdict
+
+    def _restrict(self, run: "_Run", draft: Draft, logits: torch.Tensor) -> torch.Tensor:
+        """Structured output: every token the grammar forbids at -inf, row 0 from the committed
+        state and row ``i`` after drafts ``1..i`` (:meth:`specdec.constrain.Guide.restrict`); as is
+        without a constraint. Before the round is built, so every rule reads the masked target."""
+        if run.guide is None:
+            return logits
+        return run.guide.restrict(logits, draft.tokens)
 
     def _learn(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, draft_seconds: float,
                verify_seconds: float) -> None:
@@ -275,6 +308,8 @@ class Engine:
                 break
         out.token_ids += new
         context += new
+        if run.guide is not None:
+            run.guide.advance(new)  # up to an end-of-sequence id; a stop string below ends the run anyway
         if stop_check is not None:
             keep = stop_check(out.token_ids, len(new))
             if keep is not None:

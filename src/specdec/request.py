@@ -19,9 +19,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from .checks import check_int
+from .constrain import Constraint
 from .drafters import ALL_DRAFTER_OPTIONS, check_drafter_options, drafter_class
 from .errors import SpecdecError
 from .sampling import SamplingParams
@@ -82,6 +83,18 @@ def lookahead_of(policy: Policy | None) -> int:
     return 0 if policy is None else policy.lookahead
 
 
+def check_constraint_fits(cfg: "DecodeConfig") -> None:
+    """A constraint must be a :class:`~specdec.constrain.Constraint`; token trees are refused with
+    one (restricting a tree needs a grammar state per node; :mod:`specdec.constrain`)."""
+    if cfg.constraint is None:
+        return
+    if not isinstance(cfg.constraint, Constraint):
+        raise SpecdecError(f"constraint must be a specdec.constrain.Constraint or None, got {type(cfg.constraint).__name__}")
+    if cfg.parsed is not None and drafter_class(cfg.drafter).grows_trees:
+        raise SpecdecError(f"structured output verifies chains: drafter {cfg.drafter!r} grows token trees; "
+                           "use drafter model, pld or model+pld")
+
+
 def check_drafter_fits_policy(policy: Policy, cls, k: int | str, drafter_params: Mapping[str, Any]) -> None:
     """Refuse, up front, a drafter the policy cannot verify (trees for a chain-only policy) and a
     draft length that would leave the policy's lookahead inert (a block no longer than it)."""
@@ -139,6 +152,9 @@ class DecodeConfig:
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     drafter_params: Mapping[str, Any] = field(default_factory=dict)
 
+    #: structured output (:mod:`specdec.constrain`): what the text must match, or None
+    constraint: Constraint | None = None
+
     #: the parsed policy (None for ``ar``): parsed once, here, and used by the engine as is
     parsed: Policy | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -151,22 +167,35 @@ class DecodeConfig:
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
         if self.parsed is not None:
             check_drafter_fits_policy(self.parsed, drafter_class(self.drafter), self.k, self.drafter_params)
+        check_constraint_fits(self)
 
     @classmethod
     def from_options(
         cls, /, *, policy: str = DEFAULTS["policy"], drafter: str = DEFAULTS["drafter"], k: int | str = DEFAULTS["k"],
         max_new_tokens: int = DEFAULTS["max_new_tokens"], temperature: float = DEFAULTS["temperature"],
         top_p: float = DEFAULTS["top_p"], top_k: int = DEFAULTS["top_k"], seed: int | None = DEFAULTS["seed"],
-        **options: Any,
+        response_format: Mapping | None = None, json_schema: Mapping | str | None = None, regex: str | None = None,
+        choice: Sequence[str] | None = None, grammar: str | None = None, **options: Any,
     ) -> DecodeConfig:
         """Validate loose request options into a :class:`DecodeConfig` (no model needed). Options
         named like a drafter option (``ngram_max``, ``ngram_min``, ``tree_nodes``, ...) go to the
         drafter, the rest to the policy (``theta``, ``mars_theta``, ...). A bad value is one
-        :class:`~specdec.errors.SpecdecError`."""
+        :class:`~specdec.errors.SpecdecError`.
+
+        Structured output (at most one; :mod:`specdec.constrain`, needs ``pip install
+        'specdec[structured]'``): ``response_format`` as OpenAI's (``{"type": "json_object"}`` or
+        ``{"type": "json_schema", "json_schema": {"schema": {...}}}``), ``json_schema`` (a dict or its
+        JSON text), ``regex``, ``choice`` (a list of strings) or ``grammar`` (a Lark grammar)."""
         drafter_params, policy_params = split_options(options)
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        constraint = None
+        if any(x is not None for x in (response_format, json_schema, regex, choice, grammar)):
+            from .constrain import constraint_from
+
+            constraint = constraint_from(response_format=response_format, json_schema=json_schema, regex=regex,
+                                         choice=choice, grammar=grammar)
         return cls(policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,
-                   policy_params=policy_params, drafter_params=drafter_params)
+                   policy_params=policy_params, drafter_params=drafter_params, constraint=constraint)
 
     def with_settings(self, *, max_new_tokens: int | None = None, sampling: SamplingParams | None = None) -> DecodeConfig:
         """This request with another budget and/or sampling settings (e.g. a bench repeat's seed),

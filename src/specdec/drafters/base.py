@@ -56,12 +56,22 @@ class Drafter(ABC):
     Class methods: :meth:`check` (constraints across options), :meth:`build` (an instance over the
     draft model), :meth:`depth_limit` (tree drafters). Instance methods: :meth:`start`,
     :meth:`propose`, :meth:`commit`.
+
+    Structured output: ``guide`` is set by the engine before every :meth:`start`: None, or the
+    grammar's state after the committed text (:class:`specdec.constrain.Guide`). A drafter should
+    propose only tokens it allows (mask its logits with ``guide.restrict``, advancing the guide
+    along its own drafts inside ``with guide.trial():``, or cut a proposal at
+    ``guide.valid_prefix``) and must leave the guide as it found it. A drafter that ignores it
+    stays correct, only slower: the engine masks the target along the drafts, so every rule
+    rejects a draft the grammar refuses.
     """
 
     name: ClassVar[str]
     needs_model: ClassVar[bool]
     grows_trees: ClassVar[bool] = False
     Options: ClassVar[type]
+    #: structured output: the grammar's state, set by the engine before :meth:`start` (None: none)
+    guide = None
 
     @classmethod
     def check(cls, **options) -> None:

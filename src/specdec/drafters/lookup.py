@@ -71,7 +71,10 @@ class LookupDrafter(Drafter):
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
-        return Draft(lookup(np.asarray(context, dtype=np.int64), k, self.ngram_max, self.ngram_min))
+        tokens = lookup(np.asarray(context, dtype=np.int64), k, self.ngram_max, self.ngram_min)
+        if self.guide is not None:  # structured output: cut at the first token the grammar refuses
+            tokens = tokens[: self.guide.valid_prefix(tokens)]
+        return Draft(tokens)
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         pass

@@ -58,9 +58,12 @@ class LookupModelDrafter(ModelDrafter):
         LookupDrafter.check(ngram_max=options.get("ngram_max", defaults["ngram_max"]),
                             ngram_min=options.get("ngram_min", defaults["ngram_min"]))
 
-    def propose(
+    def _propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
+        """With a grammar (``guide``; :meth:`ModelDrafter.propose` rolls it back after): the lookup
+        proposal is cut at the first token it refuses, and the draft's rows are masked along it, so
+        the tokens kept are the masked draft model's own continuation."""
         tokens: list[int] = []
         raw: list[torch.Tensor] = []  # [V] per token: the draft's logits it was chosen from
         fed = len(context) - min(common_prefix(self.lm.linear_tokens, list(context)), len(context) - 1)
@@ -69,7 +72,11 @@ class LookupModelDrafter(ModelDrafter):
             want = k - len(tokens)
             guess = lookup(np.asarray(ctx, dtype=np.int64), min(self.lookup_tokens, want - 1), self.ngram_max,
                            self.ngram_min) if want > 1 else []
+            if self.guide is not None:
+                guess = guess[: self.guide.valid_prefix(guess)]
             logits = self.lm.logits_for(ctx + guess, len(guess) + 1)  # [g+1, V]
+            if self.guide is not None:
+                logits = self.guide.restrict(logits, guess)
             if guess:
                 rnd = Round(logits, torch.tensor(guess, device=logits.device), None, params, generator,
                             target_probs=None if params.greedy else probabilities(logits, params))
@@ -86,6 +93,8 @@ class LookupModelDrafter(ModelDrafter):
                 if t in self.stop_ids or self.unsure(logits[i], t):
                     k = len(tokens)  # stop drafting after this token (EOS, or the draft is unsure)
                     break
+            if self.guide is not None and len(tokens) < k:
+                self.guide.advance(new)
         tokens, raw = tokens[:k], raw[:k]
         logits = torch.stack(raw)  # [k', V]
         probs = None if params.greedy else probabilities(logits, params)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -11,6 +12,11 @@ from ..checks import check_options, option
 from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, draw, probabilities
 from .base import Draft, Drafter
+
+
+def guided(guide):
+    """``guide.trial()`` (the guide is rolled back on leaving), or nothing without a grammar."""
+    return contextlib.nullcontext() if guide is None else guide.trial()
 
 
 def min_confidence_option():
@@ -59,12 +65,22 @@ class ModelDrafter(Drafter):
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
+        """With a grammar (``guide``), each step's logits are masked by it first, so ``q`` is the
+        masked draft distribution; the guide advances along the drafts and is rolled back after."""
+        with guided(self.guide):
+            return self._propose(context, k, params, generator)
+
+    def _propose(
+        self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> Draft:
         fed = len(context) - min(common_prefix(self.lm.linear_tokens, context), len(context) - 1)
         logits = self.lm.logits_for(context, 1)[0]  # [V]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
         for i in range(k):
+            if self.guide is not None:
+                logits = self.guide.restrict(logits)
             raw.append(logits)
             if params.greedy:
                 token = int(logits.argmax())
@@ -75,6 +91,8 @@ class ModelDrafter(Drafter):
             tokens.append(token)
             if i == k - 1 or token in self.stop_ids or self.unsure(logits, token):
                 break
+            if self.guide is not None:
+                self.guide.advance([token])
             logits = self.lm.forward([token])[0]
         return Draft(tokens, torch.stack(rows) if rows else None, torch.stack(raw), fed=fed)
 

@@ -4,7 +4,8 @@ this is our reading of the paper, and each guess is marked below.
 
 N dropout paths over the target's final hidden states (after the final norm, before the LM head)
 give N alternative next-token predictions from ONE transformer pass; a draft consistent with that
-cluster is accepted.
+cluster is accepted. Tokens the target's row puts at -inf (structured output's grammar mask) are
+out of every path too.
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ class DropMatch:
             raise RuntimeError("dropmatch needs the target's hidden states and LM head")
         idx = where.nonzero().squeeze(-1)  # [M]
         logits = dropout_logits(rnd.target_hidden[idx], rnd.lm_head, self.paths, self.p, rnd.generator)  # [N, M, V]
+        # a token the target's row rules out (-inf: structured output forbids it there) is out of every path
+        logits = logits.masked_fill(torch.isneginf(rnd.target_logits[idx])[None], float("-inf"))
         drafts = rnd.draft_tokens[idx]
         temperature = rnd.params.temperature
         ok = torch.zeros_like(drafts, dtype=torch.bool)

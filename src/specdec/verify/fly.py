@@ -26,7 +26,8 @@ def topk_entropy(logits: torch.Tensor, k: int = 3) -> torch.Tensor:
     """
     log_p = torch.log_softmax(logits.float(), dim=-1)
     top = log_p.topk(k, dim=-1).values  # [K, k]
-    return -(top.exp() * top).sum(dim=-1)
+    terms = torch.where(top > float("-inf"), top.exp() * top, 0.0)  # 0 log 0 = 0: fewer than k finite logits
+    return -terms.sum(dim=-1)
 
 
 def fly_flips(accept: torch.Tensor, gate_entropy: torch.Tensor, theta: float, window: int) -> torch.Tensor:

@@ -12,7 +12,9 @@ How rules compose (one definition for every combination):
    residual ``max(p - q, 0)`` draw at T>0) at the first rejection, or the bonus.
 
 At T>0 no rule may keep a draft that has zero probability under the request's sampling settings
-(temperature, top-k, top-p): every committed token is one plain sampling could have produced.
+(temperature, top-k, top-p): every committed token is one plain sampling could have produced. At
+any temperature no rule may keep a draft whose target logit is -inf (a token structured output
+forbids there: :mod:`specdec.constrain` masks the target's rows before the round is built).
 
 A composition names each rule at most once, in any order (``fly+mars`` == ``mars+fly``).
 Parameters may be given plainly (``theta=0.8``) when only one rule of the policy has that name,
@@ -126,9 +128,11 @@ class LoosePolicy:
 def in_support(rnd: Round) -> torch.Tensor:
     """``[K]`` bool: at T>0 a relaxation may only keep a draft the request's sampling could
     produce, with nonzero probability after temperature/top-k/top-p (the rules read raw logits or
-    unfiltered paths); at T=0 every draft may be relaxed."""
+    unfiltered paths); at T=0 any draft whose target logit is finite may be relaxed: a logit at
+    -inf is a token structured output forbids there (:mod:`specdec.constrain`), which no rule may
+    keep (at T>0 its probability is 0 already)."""
     if rnd.params.greedy or rnd.target_probs is None:
-        return torch.ones(rnd.k, dtype=torch.bool, device=rnd.draft_tokens.device)
+        return rnd.target_logits[:-1].gather(-1, rnd.draft_tokens[:, None]).squeeze(-1) > float("-inf")
     return rnd.target_probs[:-1].gather(-1, rnd.draft_tokens[:, None]).squeeze(-1) > 0
 
 
