@@ -201,7 +201,10 @@ def test_every_entry_point_takes_its_defaults_from_request_defaults():
         == dict(DEFAULTS)
     assert specdec.make_config == DecodeConfig.from_options == specdec.api.make_config
     signature = inspect.signature(DecodeConfig.from_options).parameters
-    assert {n: p.default for n, p in signature.items() if p.kind is p.KEYWORD_ONLY} == dict(DEFAULTS)
+    constraints = ("response_format", "json_schema", "regex", "choice", "grammar")  # structured output: none by default
+    assert {n: p.default for n, p in signature.items() if p.kind is p.KEYWORD_ONLY and n not in constraints} \
+        == dict(DEFAULTS)
+    assert all(signature[n].default is None for n in constraints) and DecodeConfig().constraint is None
     parser = build_parser()
     for argv in (["generate", "x"], ["serve"]):
         assert decode_kwargs(parser.parse_args(argv)) == {k: v for k, v in DEFAULTS.items() if k != "drafter"}
