@@ -169,12 +169,39 @@ def run_peer(
     if peer.policy == "llama-cpp":
         return run_llama(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_p=top_p, top_k=top_k, seed=seed, models=models)
-    from transformers.utils import logging as hf_logging
+    # imported here first, as before: without transformers, this is where it fails
+    from transformers.utils import logging as hf_logging  # noqa: F401
 
     model = pair.target.model
     params = {**PEERS[peer.policy]["defaults"], **peer.params}
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=pair.target.device)
     eos = list(pair.eos_ids)
+    kwargs = _hf_kwargs(pair, input_ids, eos, stops, max_new_tokens=max_new_tokens, temperature=temperature,
+                        top_p=top_p, top_k=top_k)
+    restore: dict[str, Any] = {}
+    gen_cfg = None
+    draft_quant = None
+    if peer.policy == "hf-assisted":
+        draft_quant, gen_cfg = _attach_assistant(pair, params, models, kwargs, restore)
+    else:
+        kwargs.update(params)
+    out, seconds, forwards = _timed_generate(model, input_ids, kwargs, seed, gen_cfg, restore)
+    new, produced, finish, text = _cut_output(pair, out, prompt_ids, eos, stops)
+    used = dict(params)
+    if peer.policy == "hf-assisted":
+        used.setdefault("num_assistant_tokens", "transformers default")
+        used["draft_quant"] = draft_quant
+    return {
+        "text": text, "token_ids": new, "finish_reason": finish, "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(new), "produced_tokens": produced, "seconds": seconds, "target_forwards": forwards,
+        "tau": produced / forwards if forwards else None, "peer_settings": used,
+    }
+
+
+def _hf_kwargs(pair, input_ids, eos: list[int], stops: Sequence[str], *, max_new_tokens: int, temperature: float,
+               top_p: float, top_k: int) -> dict[str, Any]:
+    """The keyword arguments of transformers' ``generate`` for a peer: length, EOS and padding ids,
+    greedy or sampling settings, and the stop-string criterion."""
     pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos[0] if eos else None)
     kwargs: dict[str, Any] = dict(
         max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(input_ids), eos_token_id=eos or None,
@@ -190,20 +217,31 @@ def run_peer(
         from transformers import StoppingCriteriaList, StopStringCriteria
 
         kwargs["stopping_criteria"] = StoppingCriteriaList([StopStringCriteria(pair.tokenizer, list(stops))])
-    restore: dict[str, Any] = {}
-    gen_cfg = None
-    if peer.policy == "hf-assisted":
-        if pair.draft is None:
-            raise SpecdecError("peer hf-assisted needs a draft model; load one or drop it from --peers")
-        draft_quant = params.pop("draft_quant", pair.draft_quant)
-        assistant = peer_draft(pair, draft_quant, models)
-        kwargs["assistant_model"] = assistant
-        gen_cfg = assistant.generation_config
-        for key, value in params.items():  # transformers reads these from the assistant's config
-            restore[key] = getattr(gen_cfg, key, None)
-            setattr(gen_cfg, key, value)
-    else:
-        kwargs.update(params)
+    return kwargs
+
+
+def _attach_assistant(pair, params: dict, models: BenchModels, kwargs: dict, restore: dict) -> tuple[str, Any]:
+    """``hf-assisted``: the draft model as ``kwargs["assistant_model"]``, and ``params`` set on its
+    generation config (where transformers reads them), their old values saved in ``restore``.
+    Pops ``draft_quant`` from ``params``; returns it and the assistant's generation config."""
+    if pair.draft is None:
+        raise SpecdecError("peer hf-assisted needs a draft model; load one or drop it from --peers")
+    draft_quant = params.pop("draft_quant", pair.draft_quant)
+    assistant = peer_draft(pair, draft_quant, models)
+    kwargs["assistant_model"] = assistant
+    gen_cfg = assistant.generation_config
+    for key, value in params.items():  # transformers reads these from the assistant's config
+        restore[key] = getattr(gen_cfg, key, None)
+        setattr(gen_cfg, key, value)
+    return draft_quant, gen_cfg
+
+
+def _timed_generate(model, input_ids, kwargs: dict, seed: int | None, gen_cfg, restore: dict) -> tuple[Any, float, int]:
+    """``model.generate`` timed (synchronized on CUDA), its target forward passes counted by a
+    pre-hook, transformers' logging quiet; afterwards the hook is removed, the logging level and the
+    assistant's ``restore``-d settings put back. Returns ``(output, seconds, forwards)``."""
+    from transformers.utils import logging as hf_logging
+
     forwards = [0]
 
     def count(module, args, kw=None):
@@ -226,6 +264,13 @@ def run_peer(
         hf_logging.set_verbosity(level)
         for key, value in restore.items():
             setattr(gen_cfg, key, value)
+    return out, seconds, forwards[0]
+
+
+def _cut_output(pair, out, prompt_ids: Sequence[int], eos: list[int],
+                stops: Sequence[str]) -> tuple[list[int], int, str, str]:
+    """The new tokens of ``generate``'s output cut as ours are (through the first EOS, before the
+    first stop string): ``(token_ids, produced before the cuts, finish_reason, text)``."""
     seq = out.sequences if hasattr(out, "sequences") else out
     new = [int(t) for t in seq[0, len(prompt_ids):].tolist()]
     produced = len(new)  # before our cuts: what the target's forward passes paid for
@@ -240,13 +285,4 @@ def run_peer(
         keep = checker(new, len(new))
         if keep is not None:
             new, finish = new[:keep], "stop"
-    text = checker.final_text(new)
-    used = dict(params)
-    if peer.policy == "hf-assisted":
-        used.setdefault("num_assistant_tokens", "transformers default")
-        used["draft_quant"] = draft_quant
-    return {
-        "text": text, "token_ids": new, "finish_reason": finish, "prompt_tokens": len(prompt_ids),
-        "new_tokens": len(new), "produced_tokens": produced, "seconds": seconds, "target_forwards": forwards[0],
-        "tau": produced / forwards[0] if forwards[0] else None, "peer_settings": used,
-    }
+    return new, produced, finish, checker.final_text(new)

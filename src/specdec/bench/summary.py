@@ -175,7 +175,19 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
     tokens, seconds, tps = _speed(by_sample, samples)
     out: dict[str, Any] = {"samples": len(samples), "generations": len(recs), "new_tokens": tokens,
                            "seconds": seconds, "tokens_per_second": tps}
-    # speedup over ar on the samples both finished
+    out.update(_speedup_figures(by_sample, ar_by_sample, samples, common, tps, is_ar))
+    stats = [r.get("stats") or {} for r in recs]
+    out.update(_acceptance_figures(recs, stats, is_ar))
+    out.update(_engine_figures(stats))
+    _add_quality_figures(out, recs, ar_recs, by_sample, ar_by_sample, common, is_ar)
+    return out
+
+
+def _speedup_figures(by_sample: dict, ar_by_sample: dict, samples: list[str], common: list[str], tps: float | None,
+                     is_ar: bool) -> dict[str, Any]:
+    """``speedup_vs_ar`` (on the samples both finished) with its min/max over repeats, and the
+    configuration's tokens/s min/max over repeats (module docstring)."""
+    out: dict[str, Any] = {}
     speedup = spread = None
     if common:
         _, _, c_tps = _speed(by_sample, common)
@@ -189,8 +201,13 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
     reps = _tps_by_repeat(by_sample, samples)
     out["tokens_per_second_min"] = min(reps.values()) if reps else tps
     out["tokens_per_second_max"] = max(reps.values()) if reps else tps
-    # acceptance
-    stats = [r.get("stats") or {} for r in recs]
+    return out
+
+
+def _acceptance_figures(recs: list[dict], stats: list[dict], is_ar: bool) -> dict[str, Any]:
+    """``tau``, per-position acceptance, drafted/accepted totals, the zero-accept share and, for
+    token trees, ``tree`` (nodes and depth per tree, accepted depth per tree round)."""
+    out: dict[str, Any] = {}
     if is_ar:
         out["tau"] = 1.0 if recs else None
     elif any("rounds" in s for s in stats):
@@ -218,6 +235,13 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
         tree_accepted = sum(s.get("accepted", 0) for s in stats if s.get("tree_depths"))
         out["tree"] = {"rounds": len(depths), "mean_nodes": tree_drafted / len(depths),
                        "mean_depth": sum(depths) / len(depths), "mean_accepted_depth": tree_accepted / len(depths)}
+    return out
+
+
+def _engine_figures(stats: list[dict]) -> dict[str, Any]:
+    """Draft, verify and prefill seconds with their shares of the engine's time (None where not
+    recorded), ``lossy``, and the ``relaxed`` counts summed."""
+    out: dict[str, Any] = {}
     engine_total = sum(s.get("total_seconds", 0.0) for s in stats)
     for part in ("draft", "verify", "prefill"):
         total = sum(s.get(f"{part}_seconds", 0.0) for s in stats)
@@ -229,7 +253,13 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
         for k, v in (s.get("relaxed") or {}).items():
             relaxed[k] += v
     out["relaxed"] = dict(relaxed)
-    # quality and agreement
+    return out
+
+
+def _add_quality_figures(out: dict[str, Any], recs: list[dict], ar_recs: list[dict], by_sample: dict,
+                         ar_by_sample: dict, common: list[str], is_ar: bool) -> None:
+    """Adds to ``out`` the quality figures: ``quality``, ``quality_metric``, ``recovery`` and
+    ``paired`` against ``ar`` on the common samples, and ``agreement`` with ``ar``."""
     out.update(_quality(recs))
     out.setdefault("quality", None)
     out.setdefault("quality_metric", None)
@@ -242,7 +272,6 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
     agree = [r["agreement"] for r in recs if r.get("agreement")]
     out["agreement"] = {"exact_match": _mean([bool(a["exact"]) for a in agree]),
                         "token_agreement": _mean([float(a["token"]) for a in agree]), "n": len(agree)}
-    return out
 
 
 def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[str] | None = None,

@@ -26,7 +26,7 @@ import itertools
 import json
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -202,13 +202,31 @@ def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str) 
     return summarize(records, [c.to_dict() for c in configs], [s.id for s in dataset.samples], 1)["configs"]
 
 
-def cmd_tune(a: argparse.Namespace) -> int:
-    from ..cliargs import load_pair, startup_summary
-    from ..configfile import write_config
+@dataclass
+class _TunePlan:
+    """What ``specdec tune`` settles before any model loads (:func:`_plan_tune`)."""
+
+    positions: Any
+    max_loss: float
+    min_agreement: float
+    per_batch: int
+    settings: Any
+    proxy_settings: Any
+    settings_grid: list
+    skipped: list[str]
+    dataset: Any
+    proxy_set: Any
+    out: Path
+    target: Path
+    env: dict
+
+
+def _plan_tune(a: argparse.Namespace) -> _TunePlan:
+    """Everything that needs no model, checked first: the selection and tuning split, the budget,
+    the settings grid, the dataset (and its sandbox setting), the output paths and the environment."""
     from . import environment
     from .datasets import load_dataset
 
-    # everything that needs no model, first
     limit, positions = parse_selection(a)
     check_quality_dataset(a.dataset)
     if positions is None:
@@ -230,48 +248,76 @@ def cmd_tune(a: argparse.Namespace) -> int:
     out = Path(a.out)
     target = Path(a.write) if a.write else out / "config.json"
     env = environment.describe()
-    if skipped and not a.quiet:
-        print(f"specdec tune: skipped (FLy's window cannot act at that K): {', '.join(skipped)}", file=sys.stderr)
+    return _TunePlan(positions, max_loss, min_agreement, per_batch, settings, proxy_settings, settings_grid, skipped,
+                     dataset, proxy_set, out, target, env)
+
+
+def cmd_tune(a: argparse.Namespace) -> int:
+    """``specdec tune``: plan (no model), proxy stage, confirm stage, ``tune.json``, then the config
+    file for the pick (module docstring); no setting within the budget is an error."""
+    from ..cliargs import load_pair, startup_summary
+    from ..configfile import write_config
+
+    plan = _plan_tune(a)  # everything that needs no model, first
+    if plan.skipped and not a.quiet:
+        print(f"specdec tune: skipped (FLy's window cannot act at that K): {', '.join(plan.skipped)}", file=sys.stderr)
 
     pair = load_pair(a, progress=not a.quiet)
     if not a.quiet:
         print(startup_summary(pair), file=sys.stderr, flush=True)
-    if pair.draft is None and any(cfgs.needs_draft_model(c) for c in settings_grid):
+    if pair.draft is None and any(cfgs.needs_draft_model(c) for c in plan.settings_grid):
         raise SpecdecError(f"drafter {a.drafter!r} needs a draft model; pass --draft")
+    settings = plan.settings
     [ar] = cfgs.validate([cfgs.Config(cfgs.AR)], max_new_tokens=settings.max_new_tokens, **settings.sampling())
-    by_id = {c.id: c for c in settings_grid}
-    proxy_rows = stage(pair, a, proxy_set, [ar, *settings_grid], proxy_settings, out, env, "proxy")
-    order, dropped = proxy_order(proxy_rows, min_agreement)
-    confirmed: list[str] = []
-    rows: dict[str, dict] = {}
-    chosen = None
-    for start in range(0, len(order), per_batch):
-        confirmed += order[start: start + per_batch]
-        rows = stage(pair, a, dataset, [ar, *(by_id[c] for c in confirmed)], settings, out, env, "confirm")
-        if rows[cfgs.AR].get("quality") in (None, 0.0):
-            raise SpecdecError("plain decoding solves none of the tuning samples, so a quality budget cannot be "
-                               "judged; use more samples (--limit) or more tokens (--max-new-tokens)")
-        chosen = pick(rows, confirmed, max_loss)
-        if chosen is not None:
-            break
-    result = tune_record(a, settings, dataset, positions, max_loss, proxy_rows, order, dropped, rows, confirmed, chosen,
-                         skipped, env, pair)
-    (out / "tune.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    by_id = {c.id: c for c in plan.settings_grid}
+    proxy_rows = stage(pair, a, plan.proxy_set, [ar, *plan.settings_grid], plan.proxy_settings, plan.out, plan.env,
+                       "proxy")
+    order, dropped = proxy_order(proxy_rows, plan.min_agreement)
+    confirmed, rows, chosen = _confirm_stage(pair, a, plan, ar, by_id, order)
+    result = tune_record(a, settings, plan.dataset, plan.positions, plan.max_loss, proxy_rows, order, dropped, rows,
+                         confirmed, chosen, plan.skipped, plan.env, pair)
+    (plan.out / "tune.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
     if not a.quiet:
         print_tables(proxy_rows, rows, chosen)
     if chosen is None:
-        best = max(confirmed, key=lambda c: rows[c].get("recovery") or 0.0, default=None)
-        near = f"; closest: {best} (recovery {rows[best].get('recovery')})" if best else ""
-        raise SpecdecError(f"no setting of {a.policy!r} keeps quality within {max_loss:.3g} of plain decoding on "
-                           f"{len(dataset.samples)} tuning samples{near}; no config written ({out / 'tune.json'})")
+        raise _no_pick_error(a, plan, rows, confirmed)
     c = by_id[chosen]
     decode = {"policy": c.policy, "drafter": c.drafter, "k": c.k, **c.params}
-    write_config(target, decode, tuned=result["pick"])
-    print(json.dumps({"config": str(target), **result["pick"]}, default=str), flush=True)
+    write_config(plan.target, decode, tuned=result["pick"])
+    print(json.dumps({"config": str(plan.target), **result["pick"]}, default=str), flush=True)
     if not a.quiet:
-        print(f"specdec tune: wrote {target} ({chosen}: {rows[chosen]['speedup_vs_ar']:.2f}x plain decoding, "
-              f"recovery {rows[chosen]['recovery']:.3f} on {len(dataset.samples)} tuning samples)", file=sys.stderr)
+        print(f"specdec tune: wrote {plan.target} ({chosen}: {rows[chosen]['speedup_vs_ar']:.2f}x plain decoding, "
+              f"recovery {rows[chosen]['recovery']:.3f} on {len(plan.dataset.samples)} tuning samples)",
+              file=sys.stderr)
     return 0
+
+
+def _confirm_stage(pair, a, plan: _TunePlan, ar, by_id: dict, order: list[str]) -> tuple[list[str], dict, str | None]:
+    """The confirm stage: the settings in proxy order, ``--confirm`` more at a time, on the whole
+    tuning split, until one is within the budget. Returns ``(confirmed, rows, chosen or None)``."""
+    confirmed: list[str] = []
+    rows: dict[str, dict] = {}
+    chosen = None
+    for start in range(0, len(order), plan.per_batch):
+        confirmed += order[start: start + plan.per_batch]
+        rows = stage(pair, a, plan.dataset, [ar, *(by_id[c] for c in confirmed)], plan.settings, plan.out, plan.env,
+                     "confirm")
+        if rows[cfgs.AR].get("quality") in (None, 0.0):
+            raise SpecdecError("plain decoding solves none of the tuning samples, so a quality budget cannot be "
+                               "judged; use more samples (--limit) or more tokens (--max-new-tokens)")
+        chosen = pick(rows, confirmed, plan.max_loss)
+        if chosen is not None:
+            break
+    return confirmed, rows, chosen
+
+
+def _no_pick_error(a, plan: _TunePlan, rows: dict, confirmed: list[str]) -> SpecdecError:
+    """The error when no confirmed setting keeps quality within the budget (naming the closest)."""
+    best = max(confirmed, key=lambda c: rows[c].get("recovery") or 0.0, default=None)
+    near = f"; closest: {best} (recovery {rows[best].get('recovery')})" if best else ""
+    return SpecdecError(f"no setting of {a.policy!r} keeps quality within {plan.max_loss:.3g} of plain decoding on "
+                        f"{len(plan.dataset.samples)} tuning samples{near}; no config written "
+                        f"({plan.out / 'tune.json'})")
 
 
 def tune_record(a, settings, dataset, positions, max_loss, proxy_rows, order, dropped, rows, confirmed, chosen, skipped,

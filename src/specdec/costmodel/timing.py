@@ -121,12 +121,28 @@ def measure(lm, widths: Sequence[int] = WIDTHS, repeats: int = REPEATS) -> Measu
         lm.truncate(context)
         return max(dt, MIN_SECONDS)
 
+    samples = _timed_rounds(widths, repeats, timed)
+    remeasured, suspects = _remeasure_suspects(widths, samples, timed)
+    lm.reset()
+    return _measured(widths, samples, suspects, remeasured, context, prefill)
+
+
+def _timed_rounds(widths: list[int], repeats: int, timed) -> dict[int, list[float]]:
+    """``repeats`` interleaved rounds of ``timed(width)`` over ``widths`` (after ``MIN_REPEATS``
+    rounds, a width whose median is over ``SLOW_PASS`` is skipped): the timings per width."""
     samples: dict[int, list[float]] = {w: [] for w in widths}
     for rep in range(max(1, repeats)):
         for w in widths:
             if rep >= MIN_REPEATS and statistics.median(samples[w]) > SLOW_PASS:
                 continue
             samples[w].append(timed(w))
+    return samples
+
+
+def _remeasure_suspects(widths: list[int], samples: dict[int, list[float]], timed) -> tuple[list[int], set[int]]:
+    """Times afresh (``MIN_REPEATS`` rounds, replacing their ``samples``) the widths that spread
+    widely or contradict a neighbour, ``MAX_REMEASURE`` times at most. Returns the widths timed
+    afresh (in order, repeats included) and those still suspect at the end (empty when all is well)."""
     remeasured: list[int] = []
     suspects: set[int] = set()
     for attempt in range(MAX_REMEASURE + 1):
@@ -141,7 +157,13 @@ def measure(lm, widths: Sequence[int] = WIDTHS, repeats: int = REPEATS) -> Measu
                 fresh[w].append(timed(w))
         samples.update(fresh)  # the earlier samples of a suspect are not trusted
         remeasured += sorted(suspects)
-    lm.reset()
+    return remeasured, suspects
+
+
+def _measured(widths: list[int], samples: dict[int, list[float]], suspects: set[int], remeasured: list[int],
+              context: int, prefill: float) -> Measured:
+    """The :class:`Measured` result: the median per width (:func:`repair`-ed and reported
+    ``noisy`` when ``suspects`` remain) with its report."""
     med = [statistics.median(samples[w]) for w in widths]
     noisy = ""
     if suspects:

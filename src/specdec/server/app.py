@@ -125,15 +125,32 @@ def tokenizer_summary(tokenizer, max_model_len: int) -> dict:
             "model_max_length": max_model_len}
 
 
-def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
-               model_name: str | None = None, allowed_hosts: list[str] | None = None,
-               allow_origins: list[str] = ()) -> FastAPI:
-    """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
-    set them (:meth:`~specdec.request.DecodeConfig.from_options`' names; see :func:`default_settings`); ``api_key``: required as
-    ``Authorization: Bearer <key>`` on every path but ``/health`` and ``/metrics`` when set (an
-    empty key is refused); ``model_name``: the served name; ``allowed_hosts``: the names a ``Host``
-    header may carry (default: the loopback names; ``"*"``: any); ``allow_origins``: browser
-    origins allowed besides the server's own (``"*"``: any), which also get CORS headers."""
+def _validation_error(exc: RequestValidationError) -> SafeJSONResponse:
+    """The 400 for a body FastAPI could not validate: bad JSON, a lone surrogate, or the first
+    field that failed (its dotted path as ``param``)."""
+    err = (exc.errors() or [{}])[0]
+    loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+    if err.get("type") == "json_invalid":
+        where = f" at character {loc[0]}" if loc else ""
+        reason = (err.get("ctx") or {}).get("error", err.get("msg", ""))
+        return SafeJSONResponse(error_body(400, f"the body is not valid JSON: {reason}{where}"), 400)
+    if err.get("type") == "surrogate":
+        field = (err.get("ctx") or {}).get("field") or None
+        return SafeJSONResponse(error_body(400, err.get("msg", "a lone surrogate is not Unicode text"), field), 400)
+    loc = [p for p in loc if "[" not in p and p not in ("str", "int", "float", "bool", "none")]  # union branches
+    param = ".".join(loc) or None
+    if param is None:
+        message = ("the body is empty" if err.get("type") == "missing" else "the body is not a JSON object")
+        message += "; send a JSON object (Content-Type: application/json)"
+    else:
+        message = f"{param}: {err.get('msg', 'invalid value')}"
+    return SafeJSONResponse(error_body(400, message, param), status_code=400)
+
+
+def _checked_settings(pair, defaults: dict | None, api_key: str | None,
+                      limits: Limits | None) -> tuple[dict, Limits]:
+    """The server's request defaults and limits; bad ones (or a bad API key) fail here, at startup,
+    not per request."""
     check_api_key(api_key)
     defaults = {**default_settings(pair), **(defaults or {})}
     limits = limits or Limits()
@@ -141,93 +158,65 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     if defaults["max_new_tokens"] > limits.max_tokens:
         raise SpecdecError(f"the default max_new_tokens ({defaults['max_new_tokens']}) is over the "
                            f"max_tokens limit ({limits.max_tokens})")
-    name = model_name or str(pair.target_name)
-    k = defaults.get("k", 0)
-    positions = k if isinstance(k, int) and defaults.get("policy") != "ar" else 0  # k=auto: series appear as used
-    metrics = Metrics(name, positions=positions)
+    return defaults, limits
 
-    def finished(job: Job, out) -> None:
+
+class Served:
+    """What the routes share: the pair and its served ``name``, the request ``defaults`` and
+    ``limits``, the ``metrics``, the engine ``worker`` and the tokenizer's own thread."""
+
+    def __init__(self, pair, defaults: dict, limits: Limits, name: str):
+        self.pair, self.defaults, self.limits, self.name = pair, defaults, limits, name
+        k = defaults.get("k", 0)
+        positions = k if isinstance(k, int) and defaults.get("policy") != "ar" else 0  # k=auto: series appear as used
+        self.metrics = Metrics(name, positions=positions)
+        self.worker = Worker(pair, limits.max_queue, on_done=self.finished)
+        self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenizer")
+
+    def finished(self, job: Job, out) -> None:
         if out is not None:
             now = time.perf_counter()
-            metrics.finished(out, (job.started or now) - job.submitted, now - job.submitted)
-
-    worker = Worker(pair, limits.max_queue, on_done=finished)
-    tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenizer")
+            self.metrics.finished(out, (job.started or now) - job.submitted, now - job.submitted)
 
     @asynccontextmanager
-    async def lifespan(app):
-        worker.start()
+    async def lifespan(self, app):
+        self.worker.start()
         yield
-        await asyncio.to_thread(worker.stop)
-        tokenizing.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self.worker.stop)
+        self.tokenizing.shutdown(wait=False, cancel_futures=True)
 
-    app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",
-                  lifespan=lifespan, docs_url=None, redoc_url=None, default_response_class=SafeJSONResponse)
-    app.state.worker, app.state.metrics, app.state.defaults, app.state.limits = worker, metrics, defaults, limits
-
-    @app.exception_handler(APIError)
-    async def _api_error(request: Request, exc: APIError):
-        return SafeJSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception):
-        """Last resort (the gate answers first): a bug still gets OpenAI's error shape."""
-        metrics.response(endpoint_label(request.url.path), 500)
-        return SafeJSONResponse(error_body(500, "internal error; see the server log"), status_code=500)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        err = (exc.errors() or [{}])[0]
-        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
-        if err.get("type") == "json_invalid":
-            where = f" at character {loc[0]}" if loc else ""
-            reason = (err.get("ctx") or {}).get("error", err.get("msg", ""))
-            return SafeJSONResponse(error_body(400, f"the body is not valid JSON: {reason}{where}"), 400)
-        if err.get("type") == "surrogate":
-            field = (err.get("ctx") or {}).get("field") or None
-            return SafeJSONResponse(error_body(400, err.get("msg", "a lone surrogate is not Unicode text"), field), 400)
-        loc = [p for p in loc if "[" not in p and p not in ("str", "int", "float", "bool", "none")]  # union branches
-        param = ".".join(loc) or None
-        if param is None:
-            message = ("the body is empty" if err.get("type") == "missing" else "the body is not a JSON object")
-            message += "; send a JSON object (Content-Type: application/json)"
-        else:
-            message = f"{param}: {err.get('msg', 'invalid value')}"
-        return SafeJSONResponse(error_body(400, message, param), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, exc: HTTPException):
-        return SafeJSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code, headers=exc.headers)
-
-    @app.exception_handler(SpecdecError)
-    async def _user(request: Request, exc: SpecdecError):
-        return SafeJSONResponse(error_body(400, str(exc)), status_code=400)
-
-    async def generate(body: CompletionRequest | ChatRequest, request: Request) -> Response:
+    async def generate(self, body: CompletionRequest | ChatRequest, request: Request) -> Response:
         try:
-            return await _generate(body, request)
+            return await self._generate(body, request)
         except (APIError, asyncio.CancelledError):
             raise
         except Exception:  # a bug: answer 500 here, so that the gate counts it
             log.exception("request failed")
             raise APIError(500, "internal error; see the server log") from None
 
-    async def _generate(body: CompletionRequest | ChatRequest, request: Request) -> Response:
-        req = build(body, defaults, limits)
-        job = Job(req, stream=body.stream, loop=asyncio.get_running_loop())
+    def _submit(self, body: CompletionRequest | ChatRequest) -> Job:
+        job = Job(build(body, self.defaults, self.limits), stream=body.stream, loop=asyncio.get_running_loop())
         try:
-            worker.submit(job)
+            self.worker.submit(job)
         except Busy as exc:
             raise APIError(503 if "shutting" in str(exc) else 429, str(exc)) from None
-        watcher = asyncio.create_task(_watch(request.receive, job, limits.request_timeout_seconds))
+        return job
+
+    def _shaper(self, body: CompletionRequest | ChatRequest) -> tuple[Shaper, bool]:
+        """The response shaper for ``body``, and whether its stream ends with a usage chunk."""
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        return Shaper(isinstance(body, ChatRequest), body.model or self.name), usage
+
+    async def _generate(self, body: CompletionRequest | ChatRequest, request: Request) -> Response:
+        job = self._submit(body)
+        watcher = asyncio.create_task(_watch(request.receive, job, self.limits.request_timeout_seconds))
         getter = asyncio.ensure_future(job.events.get())
         try:
             if body.stream:
-                done, _ = await asyncio.wait({getter}, timeout=limits.stream_wait_seconds)
+                done, _ = await asyncio.wait({getter}, timeout=self.limits.stream_wait_seconds)
                 if not done:  # queued behind another request: headers now, keep-alive comments until it runs
-                    shaper = Shaper(isinstance(body, ChatRequest), body.model or name)
-                    usage = bool(body.stream_options and body.stream_options.include_usage)
-                    return EventStream(_pending(getter, job, shaper, usage), job, watcher)
+                    shaper, usage = self._shaper(body)
+                    return EventStream(self._pending(getter, job, shaper, usage), job, watcher)
             first = await getter
         except BaseException:
             getter.cancel()
@@ -241,25 +230,24 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
             param = ("messages" if isinstance(body, ChatRequest) else "prompt") if about_prompt else None
             raise APIError(first[1], first[2], param)
         if first[0] == "cancelled":
-            metrics.cancel()
+            self.metrics.cancel()
             return Response(status_code=499)
-        shaper = Shaper(isinstance(body, ChatRequest), body.model or name)
+        shaper, usage = self._shaper(body)
         if not body.stream:
             return SafeJSONResponse(shaper.response(first[1]))
-        usage = bool(body.stream_options and body.stream_options.include_usage)
-        return EventStream(_events(job, first, shaper, usage), job, watcher)
+        return EventStream(self._events(job, first, shaper, usage), job, watcher)
 
-    async def _pending(getter: asyncio.Future, job: Job, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:
+    async def _pending(self, getter: asyncio.Future, job: Job, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:
         """A stream whose headers went out before the engine took the request: SSE comments until
         the first event; an error then arrives as an error event (the status is already 200)."""
         while not getter.done():
-            done, _ = await asyncio.wait({getter}, timeout=limits.keepalive_seconds)
+            done, _ = await asyncio.wait({getter}, timeout=self.limits.keepalive_seconds)
             if not done:
                 yield b": keep-alive\n\n"
-        async for chunk in _events(job, getter.result(), shaper, usage):
+        async for chunk in self._events(job, getter.result(), shaper, usage):
             yield chunk
 
-    async def _events(job: Job, event: tuple, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:
+    async def _events(self, job: Job, event: tuple, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:
         """SSE chunks from ``event`` (the first) on. An error ends the stream with an error event, a
         cancellation ends it silently; a chat stream opens with the role chunk unless it begins so."""
         if shaper.chat and event[0] in ("delta", "done"):
@@ -279,42 +267,22 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
                 yield sse("[DONE]")
                 return
             else:  # cancelled: the client is gone
-                metrics.cancel()
+                self.metrics.cancel()
                 return
             event = await job.events.get()
 
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        """Complete a raw prompt (no chat template)."""
-        return await generate(body, request)
+    def card(self) -> dict:
+        return {"id": self.name, "object": "model", "created": 0, "owned_by": "specdec",
+                "max_model_len": self.pair.target.max_length, "draft": self.pair.draft_name,
+                "backend": getattr(self.pair, "backend", None),
+                "speculative": {k: v for k, v in self.defaults.items() if k not in SAMPLING}}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
-        """Answer chat messages through the tokenizer's chat template."""
-        return await generate(body, request)
-
-    def card() -> dict:
-        return {"id": name, "object": "model", "created": 0, "owned_by": "specdec",
-                "max_model_len": pair.target.max_length, "draft": pair.draft_name,
-                "backend": getattr(pair, "backend", None),
-                "speculative": {k: v for k, v in defaults.items() if k not in SAMPLING}}
-
-    @app.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [card()]}
-
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str):
-        if model_id != name:
-            raise APIError(404, f"no model {model_id!r}; this server serves {name!r}", "model", "model_not_found")
-        return card()
-
-    async def tokenizer_thread(fn, *args):
+    async def tokenizer_thread(self, fn, *args):
         """``fn(*args)`` in the tokenizer's own thread: the event loop keeps answering meanwhile."""
-        return await asyncio.get_running_loop().run_in_executor(tokenizing, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
 
-    def encode(body: TokenizeRequest) -> list[int]:
-        tok = pair.tokenizer
+    def encode(self, body: TokenizeRequest) -> list[int]:
+        tok = self.pair.tokenizer
         if body.messages is None:
             return list(tokenizer_call("the tokenizer refused the prompt", tok.encode, body.prompt,
                                        add_special_tokens=body.add_special_tokens))
@@ -322,6 +290,59 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
         ids = tokenizer_call("the chat template refused the messages", tok.apply_chat_template, messages,
                              tokenize=True, add_generation_prompt=body.add_generation_prompt)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError):
+        return SafeJSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):
+        """Last resort (the gate answers first): a bug still gets OpenAI's error shape."""
+        metrics.response(endpoint_label(request.url.path), 500)
+        return SafeJSONResponse(error_body(500, "internal error; see the server log"), status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return _validation_error(exc)
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        return SafeJSONResponse(error_body(exc.status_code, str(exc.detail)), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(SpecdecError)
+    async def _user(request: Request, exc: SpecdecError):
+        return SafeJSONResponse(error_body(400, str(exc)), status_code=400)
+
+
+def _add_generation_routes(app: FastAPI, served: Served) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        """Complete a raw prompt (no chat template)."""
+        return await served.generate(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request):
+        """Answer chat messages through the tokenizer's chat template."""
+        return await served.generate(body, request)
+
+
+def _add_model_routes(app: FastAPI, served: Served) -> None:
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [served.card()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str):
+        name = served.name
+        if model_id != name:
+            raise APIError(404, f"no model {model_id!r}; this server serves {name!r}", "model", "model_not_found")
+        return served.card()
+
+
+def _add_tokenizer_routes(app: FastAPI, served: Served) -> None:
+    pair, limits = served.pair, served.limits
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest):
@@ -334,7 +355,7 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
             raise APIError(400, f"the text has {size} characters; /tokenize takes at most {limits.max_tokenize_chars}",
                            "prompt" if body.messages is None else "messages")
         try:
-            ids = await tokenizer_thread(encode, body)
+            ids = await served.tokenizer_thread(served.encode, body)
         except SpecdecError as exc:
             raise APIError(400, str(exc), "prompt" if body.messages is None else "messages") from None
         return {"tokens": [int(t) for t in ids], "count": len(ids), "max_model_len": pair.target.max_length}
@@ -356,16 +377,20 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
         if bad:
             raise APIError(400, f"token ids out of range [0, {vocab}): {bad[:5]}", "tokens")
         try:
-            text = await tokenizer_thread(tokenizer_call, "the tokenizer could not decode the ids",
-                                          pair.tokenizer.decode, body.tokens)
+            text = await served.tokenizer_thread(tokenizer_call, "the tokenizer could not decode the ids",
+                                                 pair.tokenizer.decode, body.tokens)
         except SpecdecError as exc:
             raise APIError(400, str(exc), "tokens") from None
         return {"prompt": text}
 
+
+def _add_status_routes(app: FastAPI, served: Served) -> None:
+    worker, metrics = served.worker, served.metrics
+
     @app.get("/health")
     async def health():
         ok = worker.alive
-        body = {"status": "ok" if ok else "engine worker not running", "model": name,
+        body = {"status": "ok" if ok else "engine worker not running", "model": served.name,
                 "waiting": worker.waiting, "running": worker.running, "worker_restarts": worker.restarts}
         return SafeJSONResponse(body, status_code=200 if ok else 503)
 
@@ -373,11 +398,38 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     async def prometheus():
         return Response(metrics.render(worker.waiting, worker.running), media_type=METRICS_CONTENT_TYPE)
 
+
+def _add_middleware(app: FastAPI, served: Served, api_key: str | None, allowed_hosts: list[str] | None,
+                    allow_origins: list[str]) -> None:
     access = Access(allowed_hosts, allow_origins)
-    app.add_middleware(Gate, metrics=metrics, api_key=api_key, max_body_bytes=limits.max_body_bytes, access=access)
+    app.add_middleware(Gate, metrics=served.metrics, api_key=api_key, max_body_bytes=served.limits.max_body_bytes,
+                       access=access)
     if access.origins:  # outermost: answers CORS preflights, adds CORS headers to allowed origins' answers
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=access.origins, allow_methods=["GET", "POST"],
                            allow_headers=["authorization", "content-type"])
+
+
+def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
+               model_name: str | None = None, allowed_hosts: list[str] | None = None,
+               allow_origins: list[str] = ()) -> FastAPI:
+    """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
+    set them (:meth:`~specdec.request.DecodeConfig.from_options`' names; see :func:`default_settings`); ``api_key``: required as
+    ``Authorization: Bearer <key>`` on every path but ``/health`` and ``/metrics`` when set (an
+    empty key is refused); ``model_name``: the served name; ``allowed_hosts``: the names a ``Host``
+    header may carry (default: the loopback names; ``"*"``: any); ``allow_origins``: browser
+    origins allowed besides the server's own (``"*"``: any), which also get CORS headers."""
+    defaults, limits = _checked_settings(pair, defaults, api_key, limits)
+    served = Served(pair, defaults, limits, model_name or str(pair.target_name))
+    app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",
+                  lifespan=served.lifespan, docs_url=None, redoc_url=None, default_response_class=SafeJSONResponse)
+    app.state.worker, app.state.metrics, app.state.defaults, app.state.limits = (
+        served.worker, served.metrics, defaults, limits)
+    _add_error_handlers(app, served.metrics)
+    _add_generation_routes(app, served)
+    _add_model_routes(app, served)
+    _add_tokenizer_routes(app, served)
+    _add_status_routes(app, served)
+    _add_middleware(app, served, api_key, allowed_hosts, allow_origins)
     return app
