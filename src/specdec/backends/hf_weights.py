@@ -122,16 +122,14 @@ def load_lean(folder: Path, dtype: torch.dtype):
         return None
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    params = dict(model.named_parameters(remove_duplicate=False))
-    loaded = set()
+    names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
     for path in files:
         for name, tensor in read_safetensors(path, dtype):
-            if name not in params:
+            if name not in names:
                 return None  # a checkpoint whose names need transformers' own key mapping
             module_name, _, leaf = name.rpartition(".")
             module = model.get_submodule(module_name)
             module._parameters[leaf] = torch.nn.Parameter(tensor, requires_grad=False)
-            loaded.add(name)
             del tensor
     model.tie_weights()
     missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.device.type == "meta"]
