@@ -92,9 +92,16 @@ def _limits(llg):
     return llg.LLParserLimits(**LIMITS)
 
 
+#: the longest error detail kept from llguidance (characters)
+MAX_DETAIL = 300
+
+
 def _first_line(message: str) -> str:
+    """llguidance's message on one line: its lines joined (a regex error's detail, e.g. "unclosed
+    group", is on the last one), cut at :data:`MAX_DETAIL` characters."""
     lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
-    return lines[0] if lines else "unknown error"
+    text = " ".join(lines) if lines else "unknown error"
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 3] + "..."
 
 
 def escape_regex(text: str) -> str:
