@@ -119,3 +119,25 @@ def test_llama_cpp_backend_generates_and_lossless_matches_ar(llama_pair):
     assert spec.token_ids == ar.token_ids == tree.token_ids
     out = llama_pair.generate(PROMPT, policy="dropmatch", k=4, max_new_tokens=8)
     assert len(out.token_ids) == 8
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_json_schema_on_the_real_pair_lossless_matches_constrained_ar(real_pair, fast_pair):
+    """Greedy under a JSON schema on the bundled pair: lossless speculation (chain and tree) gives
+    constrained plain decoding's tokens, a loose rule stays inside the schema, and the text parses."""
+    pytest.importorskip("llguidance")
+    import json
+
+    prompt = "Reply with a JSON object for a person named Ann who is 31 years old."
+    ar = real_pair.generate(prompt, policy="ar", json_schema=PERSON, max_new_tokens=24)
+    spec = real_pair.generate(prompt, policy="lossless", drafter="model", k=3, json_schema=PERSON, max_new_tokens=24)
+    tree = real_pair.generate(prompt, policy="lossless", drafter="tree", tree_nodes=6, json_schema=PERSON,
+                              max_new_tokens=24)
+    assert spec.token_ids == ar.token_ids == tree.token_ids
+    assert ar.finish_reason == "stop" and set(json.loads(ar.text)) == {"name", "age"}
+    assert spec.stats.mask_seconds > 0
+    loose = fast_pair.generate(prompt, policy="fly+mars", k=4, json_schema=PERSON, max_new_tokens=24)
+    assert loose.finish_reason == "stop" and set(json.loads(loose.text)) == {"name", "age"}

@@ -38,16 +38,21 @@ the model ends the generation with one (a constraint needs an engine with end-of
 Drafters see the guide as ``Drafter.guide`` (set by the engine before ``start``; see
 :class:`specdec.drafters.base.Drafter`): the draft model masks each step's logits (so its ``q`` is
 the masked draft distribution), prompt lookup cuts its proposal at the first refused token, and
-``model+pld`` does both. A drafter that ignores the guide stays correct (its refused drafts are
-rejected by every rule), only slower. Token trees are refused up front (one-line error):
-restricting a tree needs one matcher state per node, which is left for later.
+``model+pld`` does both; the tree drafter masks each expanded node's row with the state after its
+path (:meth:`Guide.walk`), so its children are allowed tokens and disallowed branches never grow. A
+drafter that ignores the guide stays correct (its refused drafts are rejected by every rule), only
+slower. Token trees are restricted node by node (:meth:`Guide.tree_masks`: row ``i+1`` with the
+state after node ``i``'s path; a node refused under its parent is a pruned branch, unreachable
+for every rule).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -87,9 +92,16 @@ def _limits(llg):
     return llg.LLParserLimits(**LIMITS)
 
 
+#: the longest error detail kept from llguidance (characters)
+MAX_DETAIL = 300
+
+
 def _first_line(message: str) -> str:
+    """llguidance's message on one line: its lines joined (a regex error's detail, e.g. "unclosed
+    group", is on the last one), cut at :data:`MAX_DETAIL` characters."""
     lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
-    return lines[0] if lines else "unknown error"
+    text = " ".join(lines) if lines else "unknown error"
+    return text if len(text) <= MAX_DETAIL else text[: MAX_DETAIL - 3] + "..."
 
 
 def escape_regex(text: str) -> str:
@@ -307,6 +319,24 @@ def _bits(matcher, n: int) -> np.ndarray:
 # --------------------------------------------------------------------------- one generation
 
 
+def _timed(method):
+    """Add the method's wall time to ``Guide.seconds`` (outermost calls only: nested guide calls
+    are not counted twice)."""
+
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        if self._timing:
+            return method(self, *args, **kwargs)
+        self._timing, start = True, time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self._timing = False
+
+    return timed
+
+
 class Guide:
     """One generation's grammar state (module docstring). ``width``: the logits' row width (the
     target's ``vocab_limit``); ``stop_ids``: the engine's end-of-sequence ids."""
@@ -316,6 +346,7 @@ class Guide:
         self.n_vocab, self.eos, self.width = compiled.n_vocab, compiled.eos, int(width)
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self.consumed = 0  # tokens fed to the matcher so far (advance minus rollback)
+        self.seconds, self._timing = 0.0, False  # wall time spent in the guide's methods (the mask's cost)
         if not self.stop_ids:
             raise SpecdecError("structured output needs an end-of-sequence token to end a complete text")
 
@@ -324,6 +355,7 @@ class Guide:
         """The text is complete: nothing but an end-of-sequence id may follow."""
         return bool(self.matcher.is_stopped())
 
+    @_timed
     def mask(self, width: int | None = None) -> torch.Tensor:
         """``[width]`` bool (CPU): the tokens allowed next (see the module docstring)."""
         width = self.width if width is None else int(width)
@@ -341,6 +373,7 @@ class Guide:
             raise SpecdecError(f"structured output: {_first_line(error)}")
         return torch.from_numpy(out)
 
+    @_timed
     def advance(self, tokens: Sequence[int]) -> int:
         """Feed ``tokens`` up to the first end-of-sequence id (excluded: nothing follows it); returns
         how many were fed. A refused token is an error (the engine only commits allowed ones)."""
@@ -356,6 +389,7 @@ class Guide:
         self.consumed += n
         return n
 
+    @_timed
     def rollback(self, n: int) -> None:
         if n:
             if n > self.consumed or not self.matcher.rollback(int(n)):
@@ -371,6 +405,7 @@ class Guide:
         finally:
             self.rollback(self.consumed - start)
 
+    @_timed
     def valid_prefix(self, tokens: Sequence[int]) -> int:
         """How many leading ``tokens`` the grammar allows from here (an end-of-sequence id counts
         when the text may end there, and ends the count)."""
@@ -383,6 +418,7 @@ class Guide:
             self.advance(tokens[:head])
             return head + int(bool(self.matcher.is_accepting()))
 
+    @_timed
     def masks(self, tokens: Sequence[int], width: int | None = None) -> torch.Tensor:
         """``[n+1, width]`` bool: row 0 for the current state, row ``i`` for the state after
         ``tokens[:i]``, up to the first token refused (or an end-of-sequence id); rows after it are
@@ -400,6 +436,7 @@ class Guide:
         out[: len(rows)] = torch.stack(rows)
         return out
 
+    @_timed
     def restrict(self, logits: torch.Tensor, tokens: Sequence[int] = ()) -> torch.Tensor:
         """``logits [n+1, V]`` (or ``[V]`` with no tokens) scored over ``[last, t_1..t_n]``, with every
         token the grammar forbids at -inf (:meth:`masks`); a new tensor."""
@@ -407,6 +444,65 @@ class Guide:
         allowed = self.masks(list(tokens), rows.shape[-1]).to(rows.device)
         out = rows.masked_fill(~allowed, float("-inf"))
         return out if logits.dim() == 2 else out[0]
+
+    @_timed
+    def tree_masks(self, tokens: Sequence[int], parents: Sequence[int], width: int | None = None) -> torch.Tensor:
+        """``[n+1, width]`` bool for a token tree (node ``i`` is ``tokens[i]`` under node
+        ``parents[i]``, -1: under the committed text; parents first): row 0 for the current state,
+        row ``i+1`` for the state after node ``i``'s path. A node the grammar refuses under its parent
+        (or an end-of-sequence node) is a pruned branch: its row, and its descendants' rows, are
+        unreachable and all True. The guide is left as it was."""
+        width = self.width if width is None else int(width)
+        out = torch.ones(len(tokens) + 1, width, dtype=torch.bool)
+        out[0] = self.mask(width)
+        live = []  # per node: its path is one the grammar allows (and may continue)
+        with self.walk() as walk:
+            for i, (t, p) in enumerate(zip(tokens, parents)):
+                t, row = int(t), int(p) + 1
+                ok = (p < 0 or live[p]) and t not in self.stop_ids and t < width and bool(out[row][t])
+                live.append(ok)
+                if ok:
+                    walk.to(walk.path(int(p)) + [t])
+                    walk.paths.append(walk.current)
+                    out[i + 1] = self.mask(width)
+                else:
+                    walk.paths.append(None)
+        return out
+
+    @_timed
+    def restrict_tree(self, logits: torch.Tensor, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Tree logits ``[n+1, V]`` (row 0 after the committed text, row ``i+1`` after node ``i``)
+        with every token the grammar forbids at -inf (:meth:`tree_masks`); a new tensor."""
+        allowed = self.tree_masks(tokens, parents, logits.shape[-1]).to(logits.device)
+        return logits.masked_fill(~allowed, float("-inf"))
+
+    @contextlib.contextmanager
+    def walk(self) -> Iterator["TreeWalk"]:
+        """A :class:`TreeWalk` from the current state; the guide is rolled back to it on leaving."""
+        with self.trial():
+            yield TreeWalk(self)
+
+
+class TreeWalk:
+    """Moves a :class:`Guide` between the paths of a token tree: :meth:`to` rolls back to the
+    longest prefix the current path shares with the asked one and advances along the rest, so a
+    tree costs each node's tokens once per visit, not its whole path. ``paths`` (filled by the
+    caller) holds each node's path, or None for a pruned node."""
+
+    def __init__(self, guide: Guide):
+        self.guide, self.current, self.paths = guide, [], []
+
+    def path(self, node: int) -> list[int]:
+        """The tokens from the committed text to ``node`` (-1: none)."""
+        return [] if node < 0 else list(self.paths[node])
+
+    def to(self, path: list[int]) -> None:
+        keep = 0
+        while keep < min(len(path), len(self.current)) and path[keep] == self.current[keep]:
+            keep += 1
+        self.guide.rollback(len(self.current) - keep)
+        self.guide.advance(path[keep:])
+        self.current = list(path)
 
 
 def make_guide(tokenizer, constraint: Constraint | None, width: int, stop_ids: Sequence[int]) -> Guide | None:

@@ -190,7 +190,10 @@ class Engine:
                 break
             k = self._choose_k(run)
             t0 = clock()
+            spent = run.guide.seconds if run.guide is not None else 0.0
             draft = run.drafter.propose(run.context, k, cfg.sampling, run.generator) if k else Draft()  # 1.
+            if run.guide is not None:
+                run.out.stats.draft_mask_seconds += run.guide.seconds - spent
             t1 = clock()
             scores = self._score(run, draft)  # 2.
             verdict = self._verify(run, draft, scores)  # 3.
@@ -274,11 +277,18 @@ class Engine:
 
     def _restrict(self, run: "_Run", draft: Draft, logits: torch.Tensor) -> torch.Tensor:
         """Structured output: every token the grammar forbids at -inf, row 0 from the committed
-        state and row ``i`` after drafts ``1..i`` (:meth:`specdec.constrain.Guide.restrict`); as is
+        state and row ``i`` after drafts ``1..i`` (:meth:`specdec.constrain.Guide.restrict`; a tree:
+        row ``i+1`` after node ``i``'s path, :meth:`~specdec.constrain.Guide.restrict_tree`); as is
         without a constraint. Before the round is built, so every rule reads the masked target."""
         if run.guide is None:
             return logits
-        return run.guide.restrict(logits, draft.tokens)
+        spent = run.guide.seconds
+        if draft.parents is not None and len(draft):
+            logits = run.guide.restrict_tree(logits, draft.tokens, draft.parents)
+        else:
+            logits = run.guide.restrict(logits, draft.tokens)
+        run.out.stats.mask_seconds += run.guide.seconds - spent
+        return logits
 
     def _learn(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, draft_seconds: float,
                verify_seconds: float) -> None:
@@ -309,7 +319,9 @@ class Engine:
         out.token_ids += new
         context += new
         if run.guide is not None:
+            spent = run.guide.seconds
             run.guide.advance(new)  # up to an end-of-sequence id; a stop string below ends the run anyway
+            out.stats.mask_seconds += run.guide.seconds - spent
         if stop_check is not None:
             keep = stop_check(out.token_ids, len(new))
             if keep is not None:

@@ -84,15 +84,12 @@ def lookahead_of(policy: Policy | None) -> int:
 
 
 def check_constraint_fits(cfg: "DecodeConfig") -> None:
-    """A constraint must be a :class:`~specdec.constrain.Constraint`; token trees are refused with
-    one (restricting a tree needs a grammar state per node; :mod:`specdec.constrain`)."""
+    """A constraint must be a :class:`~specdec.constrain.Constraint` (every policy and drafter,
+    token trees included, respects it: :mod:`specdec.constrain`)."""
     if cfg.constraint is None:
         return
     if not isinstance(cfg.constraint, Constraint):
         raise SpecdecError(f"constraint must be a specdec.constrain.Constraint or None, got {type(cfg.constraint).__name__}")
-    if cfg.parsed is not None and drafter_class(cfg.drafter).grows_trees:
-        raise SpecdecError(f"structured output verifies chains: drafter {cfg.drafter!r} grows token trees; "
-                           "use drafter model, pld or model+pld")
 
 
 def check_drafter_fits_policy(policy: Policy, cls, k: int | str, drafter_params: Mapping[str, Any]) -> None:

@@ -52,6 +52,10 @@ class Stats:
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification rule
     rule_seconds: float = 0.0  # of which: the verification rule itself (e.g. DropMatch's paths)
+    #: structured output: the engine's grammar work (masking the target's rows for each verify pass,
+    #: advancing on commit) and the drafter's (masking its own proposals); 0.0 without a constraint
+    mask_seconds: float = 0.0
+    draft_mask_seconds: float = 0.0
     total_seconds: float = 0.0
     peak_rss_mb: float = 0.0
     params: dict = field(default_factory=dict)  # policy/drafter parameters, for the record

@@ -23,6 +23,7 @@ tree's shape.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -89,11 +90,29 @@ class TreeDrafter(Drafter):
         return probabilities(logits, params)
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None) -> Draft:
+        """Grow the tree (module docstring). With a grammar (``guide``), every draft row is masked
+        with the state after its node's path, so children are allowed tokens only (a forbidden token
+        has probability 0 and is never a child: disallowed branches are never grown)."""
+        with contextlib.nullcontext() if self.guide is None else self.guide.walk() as walk:
+            return self._grow(context, k, params, walk)
+
+    def _masked(self, walk, nodes: list[_Node], node: int, row: torch.Tensor) -> torch.Tensor:
+        """``row`` (the draft's logits after ``node``; -1: after the context) masked by the grammar."""
+        if walk is None:
+            return row
+        path = []
+        while node >= 0:
+            path.append(nodes[node].token)
+            node = nodes[node].parent
+        walk.to(path[::-1])
+        return self.guide.restrict(row)
+
+    def _grow(self, context: Sequence[int], k: int, params: SamplingParams, walk) -> Draft:
         lm, width, budget = self.lm, self.tree_width, self.tree_nodes
         fed = len(context) - min(common_prefix(lm.linear_tokens, context), len(context) - 1)
-        rows = [lm.tree_logits(context, [], [])[0]]  # [V] after the context
-        self._base, self._fed_children = list(context), {}
         nodes: list[_Node] = []
+        rows = [self._masked(walk, nodes, -1, lm.tree_logits(context, [], [])[0])]  # [V] after the context
+        self._base, self._fed_children = list(context), {}
         expand: list[int] = [-1]  # nodes whose children come next (-1: the context's last token)
         expand_rows = [0]
         for depth in range(1, k + 1):
@@ -122,7 +141,7 @@ class TreeDrafter(Drafter):
                 nodes[i].fed = len(lm.tree.parents) - len(frontier) + j
                 self._fed_children[(fed_parent, nodes[i].token)] = nodes[i].fed
                 expand_rows.append(len(rows))
-                rows.append(out[j])
+                rows.append(self._masked(walk, nodes, i, out[j]))
         keep = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))[:budget]
         keep.sort(key=lambda i: (nodes[i].depth, i))  # parents first
         where = {old: new for new, old in enumerate(keep)}
