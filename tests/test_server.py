@@ -375,7 +375,7 @@ def test_tokenize_and_detokenize_in_vllm_shapes(server):
 
 @pytest.mark.parametrize("field, value", [
     ("ignore_eos", True), ("min_tokens", 3), ("stop_token_ids", [5]), ("repetition_penalty", 1.2),
-    ("min_p", 0.1), ("use_beam_search", True), ("guided_regex", "a+"),
+    ("min_p", 0.1), ("use_beam_search", True), ("guided_whitespace_pattern", " "),
 ])
 def test_output_changing_vllm_fields_are_refused(server, field, value):
     r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 2, field: value})

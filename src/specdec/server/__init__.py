@@ -3,9 +3,10 @@
 One :class:`~specdec.api.Pair` serves one request at a time from a FIFO queue, in a worker
 thread (:mod:`.worker`); the event loop only parses, queues and streams. Modules: ``app``
 (routes), ``schemas`` (request bodies), ``params`` (request -> ``Pair.stream`` arguments),
-``responses`` (OpenAI response and chunk shapes), ``metrics`` (Prometheus text), ``gate``
-(Host, Origin, API key, content type, body size, status counting, the last-resort 500),
-``origins`` (the Host names and Origins allowed), ``run`` (uvicorn in a thread), ``cli`` (the command).
+``structured`` (structured-output fields -> a constraint), ``responses`` (OpenAI response and
+chunk shapes), ``metrics`` (Prometheus text), ``gate`` (Host, Origin, API key, content type, body
+size, status counting, the last-resort 500), ``origins`` (the Host names and Origins allowed),
+``run`` (uvicorn in a thread), ``cli`` (the command).
 
 FastAPI is imported only when an app is built, so ``specdec`` works without the server extra.
 """

@@ -1,8 +1,9 @@
 """The FastAPI app: ``create_app(pair, defaults, api_key, limits)``.
 
-Each generation request is validated on the event loop (``params.build``), queued for the one
-worker thread, and answered from the events the worker sends back: as one JSON body, or as
-server-sent events ending in ``data: [DONE]``. A task per request watches for the client going
+Each generation request is validated on the event loop (``params.build``; a structured-output
+constraint is compiled for the tokenizer in the tokenizer's thread), queued for the one worker
+thread, and answered from the events the worker sends back: as one JSON body, or as server-sent
+events ending in ``data: [DONE]``. A task per request watches for the client going
 away and cancels its job, so a disconnected client frees the engine before its next round; the
 same task cancels it with a 503 once the request timeout passes. ``/tokenize`` and ``/detokenize``
 run the tokenizer (and the chat template) in a thread of their own, never on the event loop.
@@ -33,6 +34,7 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from .params import SAMPLING, Limits, build
 from .responses import Shaper, sse
 from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .structured import available_kinds, compile_for
 from .worker import Busy, Job, Worker
 
 __all__ = ["Limits", "create_app", "default_settings"]
@@ -194,8 +196,14 @@ class Served:
             log.exception("request failed")
             raise APIError(500, "internal error; see the server log") from None
 
-    def _submit(self, body: CompletionRequest | ChatRequest) -> Job:
-        job = Job(build(body, self.defaults, self.limits), stream=body.stream, loop=asyncio.get_running_loop())
+    async def _submit(self, body: CompletionRequest | ChatRequest) -> Job:
+        """Validate ``body`` and queue it. A structured-output constraint is compiled for the
+        tokenizer first (cached; in the tokenizer's thread), so that a constraint that cannot serve
+        is a 400 before anything is queued or streamed, not an error event in a 200 stream."""
+        req = build(body, self.defaults, self.limits)
+        if req.constraint_param is not None:
+            await self.tokenizer_thread(compile_for, self.pair.engine, req.config, req.constraint_param)
+        job = Job(req, stream=body.stream, loop=asyncio.get_running_loop())
         try:
             self.worker.submit(job)
         except Busy as exc:
@@ -208,7 +216,7 @@ class Served:
         return Shaper(isinstance(body, ChatRequest), body.model or self.name), usage
 
     async def _generate(self, body: CompletionRequest | ChatRequest, request: Request) -> Response:
-        job = self._submit(body)
+        job = await self._submit(body)
         watcher = asyncio.create_task(_watch(request.receive, job, self.limits.request_timeout_seconds))
         getter = asyncio.ensure_future(job.events.get())
         try:
@@ -274,7 +282,7 @@ class Served:
     def card(self) -> dict:
         return {"id": self.name, "object": "model", "created": 0, "owned_by": "specdec",
                 "max_model_len": self.pair.target.max_length, "draft": self.pair.draft_name,
-                "backend": getattr(self.pair, "backend", None),
+                "backend": getattr(self.pair, "backend", None), "structured_outputs": available_kinds(),
                 "speculative": {k: v for k, v in self.defaults.items() if k not in SAMPLING}}
 
     async def tokenizer_thread(self, fn, *args):

@@ -4,11 +4,13 @@ Decoding parameters are the server's defaults (the ``specdec serve`` decoding fl
 defaults are :data:`specdec.request.DEFAULTS`) overlaid with the request's fields
 (:func:`specdec.request.overlay`); :meth:`DecodeConfig.from_options` then validates them exactly as
 the library does, once, here: the worker hands the :class:`~specdec.request.DecodeConfig` to
-``Pair.stream`` as is.
+``Pair.stream`` as is. Structured output (``response_format``, ``structured_outputs``,
+``guided_*``) becomes the config's constraint through :mod:`.structured`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +19,7 @@ from ..errors import SpecdecError
 from ..request import GENERATION_FIELDS, DecodeConfig, overlay
 from .errors import APIError
 from .schemas import ChatRequest, CompletionRequest
+from .structured import Requested, requested
 
 #: Defaults that are sampling settings; every other default key is a speculative setting.
 SAMPLING = GENERATION_FIELDS
@@ -50,12 +53,14 @@ class Limits:
 @dataclass
 class GenRequest:
     """What the worker passes to ``Pair.stream``: ``prompt`` (text or chat messages), ``chat``,
-    ``stop`` and the request's :class:`~specdec.request.DecodeConfig` (validated once, here)."""
+    ``stop`` and the request's :class:`~specdec.request.DecodeConfig` (validated once, here);
+    ``constraint_param``: the field its structured-output constraint came from (None: none)."""
 
     prompt: Any
     chat: bool
     stop: list[str] | None
     config: DecodeConfig
+    constraint_param: str | None = None
 
 
 def _finite(value: Any) -> bool:
@@ -103,8 +108,7 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
 VLLM_FIELDS = {"ignore_eos": (None, False), "min_tokens": (None, 0), "stop_token_ids": (None, []),
                "repetition_penalty": (None, 1.0), "min_p": (None, 0.0), "length_penalty": (None, 1.0),
                "use_beam_search": (None, False), "bad_words": (None, []), "include_stop_str_in_output": (None, False),
-               "skip_special_tokens": (None, True), "guided_json": (None,), "guided_regex": (None,),
-               "guided_choice": (None,), "guided_grammar": (None,)}
+               "skip_special_tokens": (None, True), "guided_whitespace_pattern": (None,)}
 #: other servers' names for the draft length and confidence threshold, inside ``speculative``
 #: (llama.cpp: ``speculative.n_max``/``speculative.p_min``; vLLM: ``num_speculative_tokens``)
 ALIASES = {"n_max": "k", "num_speculative_tokens": "k", "p_min": "min_confidence"}
@@ -120,8 +124,7 @@ def _unsupported(req, chat: bool) -> None:
         ("logprobs", bool(req.logprobs)),
     ]
     if chat:
-        checks += [("top_logprobs", bool(req.top_logprobs)), ("tools", bool(req.tools)),
-                   ("response_format", (req.response_format or {}).get("type", "text") != "text")]
+        checks += [("top_logprobs", bool(req.top_logprobs)), ("tools", bool(req.tools))]
     else:
         checks += [("best_of", req.best_of not in (None, 1)), ("echo", req.echo), ("suffix", bool(req.suffix))]
     for name, neutral in VLLM_FIELDS.items():
@@ -181,16 +184,18 @@ def _config_param(message: str) -> str:
     return "speculative"
 
 
-def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) -> GenRequest:
-    """Validate a request against the server's defaults and limits (raises :class:`APIError`)."""
-    chat = isinstance(req, ChatRequest)
-    _unsupported(req, chat)
-    prompt = _messages(req) if chat else _prompt(req)
+def _max_tokens(req: CompletionRequest | ChatRequest, chat: bool, limits: Limits) -> int | None:
+    """The request's budget (``max_completion_tokens`` first, in a chat), within the server's limit."""
     max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
     if max_tokens is not None and max_tokens < 1:
         raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
     if max_tokens is not None and max_tokens > limits.max_tokens:
         raise APIError(400, f"max_tokens is {max_tokens}, over this server's limit of {limits.max_tokens}", "max_tokens")
+    return max_tokens
+
+
+def _stops(req: CompletionRequest | ChatRequest) -> list[str] | None:
+    """The stop strings as a list (None: none), within :data:`MAX_STOPS` and :data:`MAX_STOP_CHARS`."""
     stop = [req.stop] if isinstance(req.stop, str) else req.stop
     if stop is not None:
         if len(stop) > MAX_STOPS:
@@ -200,6 +205,32 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
         longest = max((len(s) for s in stop), default=0)
         if longest > MAX_STOP_CHARS:
             raise APIError(400, f"a stop string has {longest} characters; at most {MAX_STOP_CHARS}", "stop")
+    return stop
+
+
+def _config(kwargs: dict, wanted: Requested | None) -> DecodeConfig:
+    """``DecodeConfig.from_options(**kwargs)`` with the request's constraint (checked already, by
+    :func:`~specdec.server.structured.requested`); a bad value is a 400 naming its field."""
+    try:
+        config = DecodeConfig.from_options(**kwargs)
+        if wanted is not None:  # validated again with it
+            config = dataclasses.replace(config, constraint=wanted.constraint)
+    except SpecdecError as exc:
+        raise APIError(400, str(exc), _config_param(str(exc))) from None
+    except (TypeError, ValueError) as exc:  # a parameter of the wrong type reaching a policy
+        raise APIError(400, f"invalid speculative parameters: {exc}", "speculative") from None
+    return config
+
+
+def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) -> GenRequest:
+    """Validate a request against the server's defaults and limits (raises :class:`APIError`). A
+    structured-output constraint is checked here but compiled for the tokenizer by the app
+    (:func:`~specdec.server.structured.compile_for`), off the event loop."""
+    chat = isinstance(req, ChatRequest)
+    _unsupported(req, chat)
+    prompt = _messages(req) if chat else _prompt(req)
+    max_tokens = _max_tokens(req, chat, limits)
+    stop = _stops(req)
     if req.seed is not None and not -(2**63) <= req.seed < 2**64:
         raise APIError(400, "seed must fit in 64 bits", "seed")
     kwargs = {k: v for k, v in defaults.items() if k in SAMPLING}
@@ -215,10 +246,6 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
         spec = {**(spec or {}), "k": req.num_speculative_tokens}
     present = "speculative" in req.model_fields_set or req.num_speculative_tokens is not None
     kwargs.update(speculative(defaults, spec, present))
-    try:
-        config = DecodeConfig.from_options(**kwargs)
-    except SpecdecError as exc:
-        raise APIError(400, str(exc), _config_param(str(exc))) from None
-    except (TypeError, ValueError) as exc:  # a parameter of the wrong type reaching a policy
-        raise APIError(400, f"invalid speculative parameters: {exc}", "speculative") from None
-    return GenRequest(prompt=prompt, chat=chat, stop=stop, config=config)
+    wanted = requested(req)
+    return GenRequest(prompt=prompt, chat=chat, stop=stop, config=_config(kwargs, wanted),
+                      constraint_param=None if wanted is None else wanted.param)

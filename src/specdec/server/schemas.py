@@ -100,10 +100,18 @@ class _Common(_Body):
     bad_words: list[str] | None = None
     include_stop_str_in_output: bool | None = None
     skip_special_tokens: bool | None = None
-    guided_json: Any = None
+    guided_whitespace_pattern: str | None = None
+    # structured output (server/structured.py): OpenAI's response_format, vLLM's structured_outputs
+    # object and its older guided_* fields; at most one constraint per request
+    response_format: dict[str, Any] | None = Field(
+        None, description='{"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", "strict"}}')
+    structured_outputs: dict[str, Any] | None = Field(
+        None, description="vLLM's: one of json (a schema), regex, choice (a list), grammar (Lark), json_object: true")
+    guided_json: Any = Field(None, description="a JSON schema (an object, or its JSON text)")
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
+    guided_grammar: str | None = Field(None, description="a Lark grammar (EBNF/GBNF is not accepted)")
+    guided_decoding_backend: str | None = Field(None, description="accepted and ignored: llguidance always decodes")
     num_speculative_tokens: int | None = None  # vLLM's name for the draft length: an alias of speculative.k
 
 
@@ -127,7 +135,6 @@ class ChatRequest(_Common):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
 
 
 class TokenizeRequest(_Body):
