@@ -308,7 +308,7 @@ def validate(configs: list[Config], **sampling: Any) -> list[Config]:
 def check_constrained(configs: list[Config], constraint: Constraint) -> None:
     """Fail before any model loads when the dataset decodes under a constraint (``json-extraction``)
     and a configuration cannot: a peer (transformers' or llama.cpp's own generation take no
-    constraint here) or a drafter that grows token trees (structured output verifies chains)."""
+    constraint here), or a request the library refuses with a constraint (named in one line)."""
     for c in configs:
         if c.kind == "peer":
             raise SpecdecError(f"peer {c.id} cannot decode under the dataset's JSON schema; drop --peers for a "
