@@ -6,6 +6,7 @@ transformers' own assisted generation. Modules:
 
 - :mod:`.configs`   policy/drafter/K/peer parsing, stable configuration ids, validation
 - :mod:`.datasets`  HumanEval, Spec-Bench and the built-in fixture as :class:`~.datasets.Sample`
+- :mod:`.jsontask`  json-extraction: Spec-Bench's extraction questions under JSON schemas, and JSON validity
 - :mod:`.prompts`   the one prompt format every benchmark uses
 - :mod:`.sandbox`   running untrusted programs (namespaces, a fresh uid, limits; the tests in their own process)
 - :mod:`.quality`   pass@1, math final-answer accuracy, agreement with ``ar``

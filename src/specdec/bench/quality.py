@@ -1,7 +1,8 @@
 """Quality measures: HumanEval pass@1 (the solution part of the completion, see
 :func:`solution_part`, executed against the tests in the sandbox), exact final-answer accuracy for Spec-Bench ``math_reasoning`` (the last number of the
-output against the reference's ``#### <answer>``), and agreement with the ``ar`` output of the
-same sample (exact token match, and matching positions / the longer length).
+output against the reference's ``#### <answer>``), JSON validity against the sample's schema for
+``json-extraction`` (:func:`specdec.bench.jsontask.json_verdict`), and agreement with the ``ar``
+output of the same sample (exact token match, and matching positions / the longer length).
 """
 
 from __future__ import annotations
@@ -120,9 +121,15 @@ class Scorer:
         self.timeout, self.memory_mb, self.unsafe = timeout, memory_mb, unsafe
         self._cache: dict[str, dict] = {}
 
-    def score(self, sample: Sample, text: str) -> dict:
+    def score(self, sample: Sample, text: str, finish_reason: str | None = None) -> dict:
         """Quality fields for one output: ``passed``/``exec_status`` (code), ``answer``/``correct``
-        (math_reasoning); ``{}`` when the category has no quality measure."""
+        (math_reasoning), ``json_valid``/``json_parsed``/``truncated``/``json_error`` (a sample with
+        a JSON schema; ``finish_reason`` tells a budget cut from bad JSON); ``{}`` when the
+        category has no quality measure."""
+        if sample.schema is not None:
+            from .jsontask import json_verdict
+
+            return json_verdict(sample.schema, text, finish_reason)
         if sample.kind == "code":
             key = hashlib.sha256(f"{sample.id}\0{text}".encode()).hexdigest()
             if key not in self._cache:

@@ -53,7 +53,7 @@ def write_summary(summary: dict, out_dir: Path) -> Path:
 
 def render_report(summary: dict) -> str:
     """report.md: the run's settings, the results table, then the tables that apply and the definitions."""
-    lines = _header(summary) + _results(summary) + _paired_table(summary["configs"])
+    lines = _header(summary) + _results(summary) + _structured(summary) + _paired_table(summary["configs"])
     for section in (_best_k, _vs_lossless, _by_category, _trees, _curves, _definitions):
         lines += section(summary)
     if summary.get("plots"):
@@ -81,7 +81,9 @@ def _header(summary: dict) -> list[str]:
         + (f" (partial: the {run['samples']} of {run['samples_planned']} planned that every configuration has "
            f"finished)" if run.get("samples_planned", run["samples"]) > run["samples"] else "")
         + (f"; categories: {', '.join(f'{c} ({n})' for c, n in run['categories'].items())}" if run.get("categories") else "")
-        + ("; Spec-Bench: first user turn only" if run["dataset"].startswith("spec-bench") else ""),
+        + ("; Spec-Bench: first user turn only" if run["dataset"].startswith("spec-bench") else "")
+        + ("; Spec-Bench's extraction questions (first turn) x 2 JSON schemas, every configuration decoding "
+           "under each prompt's schema" if run.get("constraint") else ""),
         f"- **Decoding**: max_new_tokens {run['max_new_tokens']}, temperature {run['temperature']}, top_p {run['top_p']}, "
         f"top_k {run['top_k']}, seed {run['seed']}; repeats {run['repeats']} (median time, min–max over repeats); "
         f"warm-up: {'each configuration once, not recorded' if run['warmup'] else 'off'}",
@@ -115,6 +117,29 @@ def _results(summary: dict) -> list[str]:
             f"{dv} | {'yes' if r.get('lossy') else 'no'} |"
         )
     lines += ["", f"Bold: on the speed–quality Pareto front ({', '.join(summary.get('pareto_front') or []) or 'none'})."]
+    return lines
+
+
+def _structured(summary: dict) -> list[str]:
+    """Structured output: per configuration that decoded under a constraint, its validity,
+    truncations, speed against plain decoding on the same backend, tau and the mask's cost."""
+    rows = {cid: r for cid, r in summary["configs"].items() if r.get("structured")}
+    if not rows:
+        return []
+    lines = ["", "### Structured output (JSON schema)", "",
+             "| configuration | valid | truncated | same text as ar | tokens/s | vs ar (same backend) | tau | "
+             "mask ms / verify pass | mask share of verify | draft mask ms / pass |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for cid, r in rows.items():
+        st = r["structured"]
+        valid = f"{st['valid']}/{st['n']} ({_pct(st['validity'])})"
+        vs = _f(st.get("speedup_vs_ar_same_backend"), ".2f", "x")
+        if st.get("vs_ar") not in (None, "ar"):
+            vs += f" (vs {st['vs_ar']})"
+        lines.append(f"| {cid} | {valid} | {st['truncated']} | {_pct(st.get('same_text_as_ar'))} | "
+                     f"{_f(r.get('tokens_per_second'), '.1f')} | {vs} | {_f(r.get('tau'))} | "
+                     f"{_f(st.get('mask_ms_per_pass'), '.3f')} | {_pct(st.get('mask_share'))} | "
+                     f"{_f(st.get('draft_mask_ms_per_pass'), '.3f')} |")
     return lines
 
 
@@ -199,6 +224,8 @@ def _definitions(summary: dict) -> list[str]:
             "interval by Newcombe's paired square-and-add method; the recovery interval is Bonett-Price's for a "
             "ratio of paired proportions. On few samples the intervals are wide: they are what the run can tell.",
             "- The loop runs samples outer and configurations inner (interleaved), so machine drift hits all alike."]
+    if any(r.get("structured") for r in rows.values()):
+        lines.append(STRUCTURED_DEFINITION)
     ars = [cid for cid, r in rows.items() if r.get("kind") == "specdec" and r.get("policy") == "ar"]
     if len(ars) > 1 and summary.get("best_ar"):
         best = summary["best_ar"]
@@ -213,6 +240,16 @@ def _definitions(summary: dict) -> list[str]:
                      "transformers' draft-length defaults unless parameters are given. llama-cpp is plain decoding "
                      "by llama.cpp on the target's GGUF file (its own quantized weights and kernels), tau 1.")
     return lines
+
+
+STRUCTURED_DEFINITION = (
+    "- Structured output: every configuration decodes under each prompt's JSON schema (llguidance's "
+    "token masks). valid: outputs that parse (json.loads) and validate against the schema (jsonschema), "
+    "of all generations; truncated: cut by max_new_tokens before the JSON closed (counted invalid); same "
+    "text as ar: output text equal to ar's for the same sample; vs ar (same backend): tokens/s over "
+    "plain decoding on the same backend; mask ms / verify pass: time masking the target's rows "
+    "(the engine's mask_seconds) per target verify pass, and its share of verify time; draft mask: the "
+    "drafter's grammar work (draft_mask_seconds) per verify pass. – where the engine does not record it.")
 
 
 def write_report(summary: dict, out_dir: Path) -> Path:

@@ -5,7 +5,9 @@ Order: samples outer, repeats, configurations inner (``ar`` first), so drift of 
 ``Pair.generate`` (the one engine, never a loop of our own); peers through transformers'
 ``generate``. Each configuration is warmed up once on a short generation (not recorded) before
 anything is timed. Every finished (sample, configuration, repeat) is scored and appended to
-``results.jsonl`` at once; finished keys are skipped on a rerun.
+``results.jsonl`` at once; finished keys are skipped on a rerun. A sample that carries a JSON
+schema (``json-extraction``) is decoded under it by every configuration; its constraint is
+compiled for the pair's tokenizer before the clock starts, so no configuration pays for it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..errors import SpecdecError
 from ..request import BENCH_SEED, DEFAULTS
 from ..stats import tau_of
 from .configs import Config
@@ -115,6 +118,9 @@ def run(
     everything = [*configs, *peers]
     prompts: dict[str, Prompt] = {s.id: build_prompt(pair.tokenizer, s) for s in dataset.samples}
     scorer = Scorer(settings.sandbox_timeout, settings.sandbox_memory_mb, settings.unsafe_exec)
+    constraints = sample_constraints(dataset)
+    if constraints and peers:
+        raise SpecdecError(f"peers cannot decode under {dataset.name}'s JSON schemas; drop --peers")
     running = Running()
     for rec in existing.values():
         running.add(rec)
@@ -123,7 +129,8 @@ def run(
             if record_key(s.id, c.id, rep) not in existing]
     total = len(dataset.samples) * settings.repeats * len(everything)
     if todo and settings.warmup:
-        warm_up(pair, prompts[todo[0][0].id], everything, settings, models)
+        first = todo[0][0].id
+        warm_up(pair, prompts[first], everything, settings, models, constraints.get(first))
 
     bar, task = _progress(progress, total, total - len(todo))
     prompt_ids: dict[str, list[int]] = {}
@@ -136,14 +143,9 @@ def run(
                         prompt_ids[sample.id] = pair.encode(prompt.text, chat=False)
                     rec = _peer_record(pair, cfg, sample, rep, prompt, prompt_ids[sample.id], settings, models)
                 else:
-                    rec = _our_record(pair, cfg, sample, rep, prompt, settings, models)
-                rec["quality"] = scorer.score(sample, rec["text"])
-                ar = existing.get(record_key(sample.id, "ar", rep))
-                if ar is not None and cfg.id != "ar":
-                    exact, token = agreement(rec["token_ids"], ar["token_ids"])
-                    rec["agreement"] = {"exact": exact, "token": token}
-                elif cfg.id == "ar":
-                    rec["agreement"] = {"exact": True, "token": 1.0}
+                    rec = _our_record(pair, cfg, sample, rep, prompt, settings, models, constraints.get(sample.id))
+                rec["quality"] = scorer.score(sample, rec["text"], rec.get("finish_reason"))
+                _add_agreement(rec, existing.get(record_key(sample.id, "ar", rep)))
                 results.append(rec)
                 existing[rec["key"]] = rec
                 running.add(rec)
@@ -156,8 +158,31 @@ def run(
     return [r for r in existing.values() if r["sample_id"] in wanted]
 
 
-def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings, models: BenchModels) -> None:
-    """Each configuration once on a short generation, not recorded (caches, kernels, allocator)."""
+def _add_agreement(rec: dict, ar: dict | None) -> None:
+    """``rec["agreement"]`` with ``ar``'s record of the same sample and repeat (when there is one)."""
+    if rec["config"] == "ar":
+        rec["agreement"] = {"exact": True, "token": 1.0}
+    elif ar is not None:
+        exact, token = agreement(rec["token_ids"], ar["token_ids"])
+        rec["agreement"] = {"exact": exact, "token": token}
+
+
+def sample_constraints(dataset: Dataset) -> dict[str, Any]:
+    """Sample id -> its structured-output :class:`~specdec.constrain.Constraint` (the sample's
+    ``constraint_schema``), for the samples that carry one; checked here, before any generation."""
+    out = {}
+    for s in dataset.samples:
+        if s.constraint_schema is not None:
+            from ..constrain import constraint_from
+
+            out[s.id] = constraint_from(json_schema=s.constraint_schema)
+    return out
+
+
+def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings, models: BenchModels,
+            constraint=None) -> None:
+    """Each configuration once on a short generation, not recorded (caches, kernels, allocator),
+    under ``constraint`` when the run's samples carry one."""
     n = max(1, min(settings.warmup_tokens, settings.max_new_tokens))
     for cfg in configs:
         if cfg.kind == "peer":
@@ -165,7 +190,7 @@ def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings, mod
                      models=models, **settings.sampling())
         else:
             pair_for(pair, cfg, models).generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
-                                                 config=cfg.request_for(n, **settings.sampling()))
+                                                 config=cfg.request_for(n, constraint, **settings.sampling()))
 
 
 def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:
@@ -204,16 +229,23 @@ def dtypes_of(pair) -> dict:
 
 
 def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, settings: Settings,
-                models: BenchModels) -> dict:
+                models: BenchModels, constraint=None) -> dict:
     pair = pair_for(pair, cfg, models)
+    request = cfg.request_for(settings.max_new_tokens, constraint, **settings.sampling(rep))
+    if constraint is not None:  # compiled (and cached) for this pair's tokenizer before the clock starts
+        from ..constrain import compile_constraint
+
+        compile_constraint(pair.tokenizer, constraint)
     start = time.perf_counter()
-    out = pair.generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
-                        config=cfg.request_for(settings.max_new_tokens, **settings.sampling(rep)))
+    out = pair.generate(prompt.text, chat=False, stop=list(prompt.stop) or None, config=request)
     wall = time.perf_counter() - start
-    return {**_base(sample, cfg, rep), "text": out.text, "token_ids": list(out.token_ids),
-            "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
-            "new_tokens": len(out.token_ids), "seconds": wall, "stats": out.stats.to_dict(),
-            "dtypes": dtypes_of(pair), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    rec = {**_base(sample, cfg, rep), "text": out.text, "token_ids": list(out.token_ids),
+           "finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
+           "new_tokens": len(out.token_ids), "seconds": wall, "stats": out.stats.to_dict(),
+           "dtypes": dtypes_of(pair), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    if constraint is not None:
+        rec["constraint"] = constraint.kind
+    return rec
 
 
 def _peer_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, ids: list[int],

@@ -26,6 +26,17 @@
   solved none of the ``n``.
 - ``agreement``: exact-match rate of token ids with ``ar`` (same sample and repeat) and mean
   token-level agreement (matching positions / longer length).
+- ``structured`` (only for configurations whose records decoded under a constraint, e.g.
+  ``json-extraction``): over all their generations, ``n``, ``valid`` and ``validity`` (output parses
+  and validates against the sample's schema; the ``quality`` then is ``json_validity``),
+  ``truncated`` (cut by the budget before the JSON closed; invalid), ``same_text_as_ar`` (share of
+  outputs whose text equals ``ar``'s for the same sample and repeat), ``speedup_vs_ar_same_backend``
+  (tokens/s over that of plain decoding on the same backend, ``ar`` or ``ar:backend=B``, on the
+  samples both finished; None without one) and the grammar mask's cost, from the engine's
+  ``mask_seconds`` (masking the target's rows in verify passes, part of ``verify_seconds``) and
+  ``draft_mask_seconds`` (grammar work inside the drafter): ``mask_ms_per_pass`` (per target verify
+  pass, ``rounds``), ``mask_share`` (of ``verify_seconds``), ``draft_mask_ms_per_pass`` and
+  ``draft_mask_share`` (of ``draft_seconds``); each None where the records do not carry it.
 """
 
 from __future__ import annotations
@@ -39,7 +50,7 @@ from ..stats import tau_of
 
 AR_ID = "ar"
 #: the per-record verdict behind each quality metric
-OUTCOME_KEY = {"pass@1": "passed", "math_accuracy": "correct"}
+OUTCOME_KEY = {"pass@1": "passed", "math_accuracy": "correct", "json_validity": "json_valid"}
 #: two-sided 95%: the normal quantile at 0.975
 Z95 = statistics.NormalDist().inv_cdf(0.975)
 
@@ -92,6 +103,9 @@ def _quality(recs: list[dict]) -> dict[str, Any]:
         out["math_accuracy"] = _mean(correct)
         if not passed:
             out.update(quality=_mean(correct), quality_metric="math_accuracy", quality_n=len(correct))
+    valid = [bool(r["quality"]["json_valid"]) for r in recs if "json_valid" in (r.get("quality") or {})]
+    if valid and not passed and not correct:
+        out.update(quality=_mean(valid), quality_metric="json_validity", quality_n=len(valid))
     return out
 
 
@@ -180,7 +194,63 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
     out.update(_acceptance_figures(recs, stats, is_ar))
     out.update(_engine_figures(stats))
     _add_quality_figures(out, recs, ar_recs, by_sample, ar_by_sample, common, is_ar)
+    structured = structured_figures(recs, ar_recs)
+    if structured is not None:
+        out["structured"] = structured
     return out
+
+
+def _sum_present(stats: list[dict], key: str) -> float | None:
+    """The sum of ``key`` over the stats that carry it as a number; None when none does."""
+    values = [s[key] for s in stats if isinstance(s.get(key), (int, float)) and not isinstance(s.get(key), bool)]
+    return float(sum(values)) if values else None
+
+
+def mask_figures(stats: list[dict]) -> dict[str, Any]:
+    """The grammar mask's cost over ``stats`` (module docstring: ``structured``)."""
+    mask, draft_mask = _sum_present(stats, "mask_seconds"), _sum_present(stats, "draft_mask_seconds")
+    passes = sum(s.get("rounds", 0) for s in stats)
+    verify, draft = _sum_present(stats, "verify_seconds"), _sum_present(stats, "draft_seconds")
+    return {"mask_seconds": mask, "mask_ms_per_pass": None if mask is None else _ratio(1000 * mask, passes),
+            "mask_share": None if mask is None or verify is None else _ratio(mask, verify),
+            "draft_mask_seconds": draft_mask,
+            "draft_mask_ms_per_pass": None if draft_mask is None else _ratio(1000 * draft_mask, passes),
+            "draft_mask_share": None if draft_mask is None or draft is None else _ratio(draft_mask, draft)}
+
+
+def structured_figures(recs: list[dict], ar_recs: list[dict]) -> dict[str, Any] | None:
+    """Validity, truncations, text agreement with ``ar`` and the mask's cost of the records that
+    decoded under a constraint (module docstring); None when there are none."""
+    constrained = [r for r in recs if r.get("constraint")]
+    if not constrained:
+        return None
+    scored = [r["quality"] for r in constrained if "json_valid" in (r.get("quality") or {})]
+    valid = sum(bool(q["json_valid"]) for q in scored)
+    ar_text = {(r["sample_id"], int(r["repeat"])): r.get("text") for r in ar_recs}
+    same = [r.get("text") == ar_text[(r["sample_id"], int(r["repeat"]))] for r in constrained
+            if (r["sample_id"], int(r["repeat"])) in ar_text]
+    return {"n": len(scored), "valid": valid, "validity": _ratio(valid, len(scored)),
+            "truncated": sum(bool(q.get("truncated")) for q in scored), "same_text_as_ar": _mean(same),
+            "speedup_vs_ar_same_backend": None, "vs_ar": None,
+            **mask_figures([r.get("stats") or {} for r in constrained])}
+
+
+def same_backend_speedups(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> None:
+    """Set each ``structured`` row's ``speedup_vs_ar_same_backend``: its tokens/s over that of
+    plain decoding on the same backend (``ar``, or ``ar:backend=B`` for ``...:backend=B``), on
+    the samples both finished; ``vs_ar`` names that configuration."""
+    ars = {r.get("backend"): cid for cid, r in rows.items()
+           if r.get("kind") == "specdec" and r.get("policy") == AR_ID and not r.get("params")}
+    for cid, row in rows.items():
+        base = ars.get(row.get("backend"))
+        if row.get("structured") is None or base is None:
+            continue
+        mine, theirs = _per_sample(recs_by_cfg.get(cid, [])), _per_sample(recs_by_cfg.get(base, []))
+        common = [s for s in mine if s in theirs]
+        if common:
+            row["structured"]["speedup_vs_ar_same_backend"] = _ratio(_speed(mine, common)[2] or 0.0,
+                                                                     _speed(theirs, common)[2] or 0.0)
+            row["structured"]["vs_ar"] = base
 
 
 def _speedup_figures(by_sample: dict, ar_by_sample: dict, samples: list[str], common: list[str], tps: float | None,
@@ -304,6 +374,7 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
             }
         out[cid] = row
     best_ar = vs_best_ar(out, recs_by_cfg)
+    same_backend_speedups(out, recs_by_cfg)
     return {"configs": out, "best_k": best_k_per_policy(out), "pareto_front": pareto_front(out),
             "vs_lossless": vs_lossless(out), "best_ar": best_ar}
 
