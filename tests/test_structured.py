@@ -308,7 +308,7 @@ def test_lossless_sampling_follows_the_masked_target_law(extra_drafters, policy,
         counts[tuple(LETTERS.index(t) for t in out.token_ids)] += 1
         accepted += out.stats.accepted
     rate = accepted / (2 * n)
-    assert rate < 0.95 and (rate > 0.1 or drafter == "blind")  # rejections and residual draws happened
+    assert rate < 0.95 and (rate > 0.1 or drafter.startswith("blind"))  # rejections and residual draws happened
     pvalue, outside = chisquare_joint(counts, masked_joint(target, prompt, params))
     assert pvalue > 1e-3 and outside == 0
 
