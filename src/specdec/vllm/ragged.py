@@ -40,9 +40,10 @@ PLACEHOLDER = -1
 class RaggedBatch:
     """One verification step of a vLLM batch, in vLLM's layout (module docstring).
 
-    ``target_logits`` are the target's logits after vLLM's logits processors (penalties, bad
-    words, allowed tokens, grammar) and before temperature/top-k/top-p: what specdec's rules call
-    raw logits. ``target_probs`` are the sampling distributions after temperature/top-k/top-p
+    ``target_logits`` are the target's logits after vLLM's structured-output mask (-inf where the
+    grammar refuses a token; the model runner applies it to every row before the sampler) and its
+    logits processors (penalties, bad words, allowed tokens), before temperature/top-k/top-p: what
+    specdec's rules call raw logits. ``target_probs`` are the sampling distributions after temperature/top-k/top-p
     (rows of greedy requests are not read; None when every request is greedy). ``hidden`` and
     ``lm_head`` are the target's final hidden states at the draft positions ``[N, H]`` and its
     LM head, for rules that ask for them (DropMatch)."""
