@@ -116,7 +116,8 @@ def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | 
     if name == "json-extraction":
         from .jsontask import load_json_extraction
 
-        samples, source, sha = load_json_extraction(data, find_spec_bench())
+        spec_bench = find_spec_bench()
+        samples, source, sha = load_json_extraction(data, spec_bench, read_jsonl(spec_bench), Sample)
         return Dataset(spec, _select(samples, positions, limit, spec, source), source, sha)
     if data:
         path = Path(data)

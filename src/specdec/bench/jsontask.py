@@ -68,10 +68,10 @@ def prompt_text(question: str, schema: dict, instruction: str, note: str | None 
     return "\n\n".join(parts)
 
 
-def task_samples(data: dict, questions: dict[int, str], source: Path) -> list:
-    """The file's tasks as chat :class:`~.datasets.Sample`\\ s that carry their schema."""
-    from .datasets import Sample
-
+def task_samples(data: dict, questions: dict[int, str], source: Path, sample_type) -> list:
+    """The file's tasks as chat samples (``sample_type``: :class:`~.datasets.Sample`, passed in so
+    this module never imports the dataset loader that imports it) that carry their schema."""
+    Sample = sample_type
     layout = dict(data.get("layout") or {})
     out = []
     for t in data["tasks"]:
@@ -92,15 +92,14 @@ def task_samples(data: dict, questions: dict[int, str], source: Path) -> list:
     return out
 
 
-def load_json_extraction(data: str | Path | None, spec_bench: Path) -> tuple[list, str, str]:
+def load_json_extraction(data: str | Path | None, spec_bench: Path, rows: list[dict], sample_type) -> tuple[list, str, str]:
     """(samples, source, sha256) of the task file ``data`` (default: the packaged one), with the
-    questions from ``spec_bench``; the hash covers both files."""
+    questions from ``rows`` (read from ``spec_bench``); the hash covers both files."""
     from ..convert import sha256_file
-    from .datasets import read_jsonl
 
     path = Path(data) if data else JSON_EXTRACTION
     tasks = read_task_file(path)
-    samples = task_samples(tasks, first_turns(read_jsonl(spec_bench)), path)
+    samples = task_samples(tasks, first_turns(rows), path, sample_type)
     digest = hashlib.sha256(f"{sha256_file(path)}\0{sha256_file(spec_bench)}".encode()).hexdigest()
     return samples, f"{path} (questions: {spec_bench})", digest
 
