@@ -139,5 +139,5 @@ def test_json_schema_on_the_real_pair_lossless_matches_constrained_ar(real_pair,
     assert spec.token_ids == ar.token_ids == tree.token_ids
     assert ar.finish_reason == "stop" and set(json.loads(ar.text)) == {"name", "age"}
     assert spec.stats.mask_seconds > 0
-    loose = fast_pair.generate(prompt, policy="fly+mars", k=4, json_schema=PERSON, max_new_tokens=24)
+    loose = fast_pair.generate(prompt, policy="fly+mars", k=4, fly_window=2, json_schema=PERSON, max_new_tokens=24)
     assert loose.finish_reason == "stop" and set(json.loads(loose.text)) == {"name", "age"}
