@@ -15,7 +15,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-import specdec  # noqa: E402
+from specdec.testing import tiny_server  # noqa: E402
 from specdec.server import Limits, create_app, serve_in_thread  # noqa: E402
 from specdec.server.worker import pair_lock  # noqa: E402
 
@@ -24,12 +24,8 @@ LONG_PROMPT = "def f(x):"  # the tiny target's greedy continuation runs to the t
 
 @pytest.fixture(scope="module")
 def server(tiny_dirs):
-    target, draft = tiny_dirs
-    pair = specdec.load(str(target), draft=str(draft), dtype="float32", device="cpu", progress=False)
-    app = create_app(pair, {"k": 4, "max_new_tokens": 16}, limits=Limits(max_tokens=500), model_name="tiny")
-    with serve_in_thread(app) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        yield SimpleNamespace(url=url, pair=pair, client=client)
+    with tiny_server(*tiny_dirs) as running:
+        yield running
 
 
 def local(pair, prompt, **kw):

@@ -9,7 +9,6 @@ import json
 import re
 import sys
 import threading
-from types import SimpleNamespace
 
 import pytest
 
@@ -20,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-import specdec  # noqa: E402
+from specdec.testing import tiny_server  # noqa: E402
 from specdec.constrain import KINDS, MAX_TEXT  # noqa: E402
 from specdec.server import Limits, create_app, serve_in_thread  # noqa: E402
 from specdec.server.worker import pair_lock  # noqa: E402
@@ -44,12 +43,8 @@ LARK = 'start: "a" ("b" | "c")+ "d"'
 
 @pytest.fixture(scope="module")
 def served(tiny_dirs):
-    target, draft = tiny_dirs
-    pair = specdec.load(str(target), draft=str(draft), dtype="float32", device="cpu", progress=False)
-    app = create_app(pair, {"k": 4, "max_new_tokens": 16}, limits=Limits(max_tokens=500), model_name="tiny")
-    with serve_in_thread(app) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        yield SimpleNamespace(url=url, pair=pair, client=client)
+    with tiny_server(*tiny_dirs) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -160,32 +160,28 @@ def test_unconstrained_outputs_differ_and_choice_api(pair):
 # --------------------------------------------------------------------------- loose rules never leave the grammar
 
 
-class Blind(ModelDrafter):
+class GrammarBlind:
+    """A drafter that never sees the grammar (the engine's ``guide`` is dropped)."""
+
+    @property
+    def guide(self):
+        return None
+
+    @guide.setter
+    def guide(self, value):
+        pass
+
+
+class Blind(GrammarBlind, ModelDrafter):
     """The draft model ignoring the grammar: most of its drafts are refused."""
 
     name = "blind"
 
-    @property
-    def guide(self):
-        return None
 
-    @guide.setter
-    def guide(self, value):
-        pass
-
-
-class BlindTree(TreeDrafter):
+class BlindTree(GrammarBlind, TreeDrafter):
     """The tree drafter ignoring the grammar: the target's tree masks alone keep the text in it."""
 
     name = "blindtree"
-
-    @property
-    def guide(self):
-        return None
-
-    @guide.setter
-    def guide(self, value):
-        pass
 
 
 @dataclasses.dataclass(frozen=True)
