@@ -15,7 +15,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
-from specdec.testing import tiny_server  # noqa: E402
+from serving import tiny_server  # noqa: E402
 from specdec.server import Limits, create_app, serve_in_thread  # noqa: E402
 from specdec.server.worker import pair_lock  # noqa: E402
 

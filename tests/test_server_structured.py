@@ -19,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
-from specdec.testing import tiny_server  # noqa: E402
+from serving import tiny_server  # noqa: E402
 from specdec.constrain import KINDS, MAX_TEXT  # noqa: E402
 from specdec.server import Limits, create_app, serve_in_thread  # noqa: E402
 from specdec.server.worker import pair_lock  # noqa: E402

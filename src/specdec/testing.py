@@ -6,9 +6,7 @@ Used by the test suite and by anyone who wants to exercise the engine without re
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
-from types import SimpleNamespace
 
 import torch
 
@@ -369,20 +367,3 @@ def engine_sample(engine, n: int, params, prompt: tuple[int, ...] = (1, 3, 0, 2)
         relaxed += sum(out.stats.relaxed.values())
     return counts, target_joint(engine.target, prompt, params, vocab), accepted / (2 * n), relaxed
 
-
-@contextlib.contextmanager
-def tiny_server(target_dir, draft_dir, **limits):
-    """The tiny pair loaded from ``save_tiny_pair``'s folders behind ``specdec serve``'s app, in a
-    thread (defaults k=4, 16 new tokens; ``limits``: :class:`specdec.server.Limits` fields, max_tokens
-    500 unless given): ``SimpleNamespace(url, pair, client)`` (an ``openai`` client, no retries)."""
-    import openai
-
-    from . import load
-    from .server import Limits, create_app, serve_in_thread
-
-    pair = load(str(target_dir), draft=str(draft_dir), dtype="float32", device="cpu", progress=False)
-    app = create_app(pair, {"k": 4, "max_new_tokens": 16}, limits=Limits(**{"max_tokens": 500, **limits}),
-                     model_name="tiny")
-    with serve_in_thread(app) as url:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-        yield SimpleNamespace(url=url, pair=pair, client=client)
