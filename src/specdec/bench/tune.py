@@ -1,22 +1,33 @@
-"""``specdec tune``: the fastest setting of a policy's threshold(s) and K on this machine that keeps
-task quality within a budget of plain decoding, written as a config file.
+"""``specdec tune``: for each loose policy asked for, the fastest setting of its parameters and K
+on this machine whose task quality is *certified* within a budget of plain decoding, checked
+again on problems the tuner never looked at, and written as a config file.
 
-Two stages, both on a tuning split kept apart from the report set (default: HumanEval problems
-100-163, positions 100..163; bench reports on the first ones), both through the bench runner (same
-process, ``ar`` timed alongside, resumable, progress bar):
+Everything runs through the bench runner (same process, ``ar`` timed alongside, resumable,
+progress bar), in three run folders under ``--out`` (``confirm/`` first, for ``ar`` alone):
 
-1. **proxy**: every setting of the grid (each rule's declared ``tune_grid`` or ``--grid``, times
-   ``--k``) and ``ar`` on the first ``--proxy-samples`` samples, ``--proxy-tokens`` new tokens.
-   It measures speed relative to ``ar`` and token agreement with ``ar``; settings below
-   ``--min-agreement`` are dropped (off by default). This is a cheap ordering, not the pick.
-2. **confirm**: the settings in order of proxy speed, ``--confirm`` at a time, on the whole tuning
-   split at ``--max-new-tokens``, scored on the task (pass@1, or math accuracy). After each batch,
-   if a confirmed setting is within the budget (recovery = quality / ``ar``'s quality on the same
-   samples >= 1 - ``--max-quality-loss``), the fastest such setting (confirm-stage tokens/s) is the
-   pick; otherwise the next batch runs. No setting within the budget: no config is written.
-
-Outputs in ``--out``: ``proxy/`` and ``confirm/`` (bench run folders), ``tune.json`` (every setting's
-figures and the pick) and the config file (``--write``, default ``<out>/config.json``).
+1. **proxy** (cheap, prunes the grid; it runs after ``ar``'s confirm run, below): every setting of every policy's grid (each rule's declared
+   ``tune_grid``, or ``--grid``; times ``--k``) and ``ar`` on ``--proxy-samples`` problems of the
+   tuning split at ``--proxy-tokens`` new tokens: speed relative to ``ar``, token agreement and
+   where the tokens first diverge from ``ar``'s (:func:`specdec.bench.certify.divergence`). A
+   ``k=auto`` setting runs here at the fixed K ``--proxy-k`` (more for a FLy window that needs
+   it): on a short request the controller can sit at K=0 after one unlucky probe, and a rule that
+   never sees a draft looks perfectly faithful. Settings below ``--min-agreement`` (off by
+   default) and settings another of the same policy beats on speed, divergence and agreement
+   alike are dropped.
+2. **confirm** (the pick): ``ar`` first, on the whole tuning split at ``--max-new-tokens``, scored
+   on the task, before anything else runs; if even a setting that agreed with ``ar`` everywhere
+   could not be certified on this split (:func:`specdec.bench.certify.best_case_budget`), tune
+   stops there and says which budget the split can certify and how many problems the asked one
+   needs. After the proxy, each policy's settings, fastest proxy first, ``--confirm`` at a time:
+   a setting *qualifies* when the one-sided ``--confidence`` lower bound of its paired recovery
+   against ``ar`` is ``>= 1 - --max-quality-loss``; the fastest qualifying setting (confirm-stage
+   tokens/s) is the policy's pick. A policy with none gets the smallest budget its best setting certifies, and the
+   split size the asked budget needs from the observed discordance, with a time estimate.
+3. **validate**: ``ar`` and every pick on a validation split disjoint from the tuning split by
+   default (the next problems outside it, as many as it has): recovery with its interval, and a
+   warning when it falls below the budget.
+4. ``tune.json`` (every figure), ``report.md`` (the table) and one config file per pick
+   (``--write`` for a single policy; default ``<out>/config.json``, or ``config-<policy>.json``).
 """
 
 from __future__ import annotations
@@ -26,40 +37,46 @@ import itertools
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..checks import check_number
 from ..errors import SpecdecError
-from ..request import DEFAULTS
+from ..request import AUTO_K, DEFAULTS
+from . import certify
 from . import configs as cfgs
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
                       parse_float, parse_selection, parse_settings, run_settings, sandbox_setting)
 
-#: the tuning split when --samples is not given (HumanEval: the last 64 problems)
-DEFAULT_SPLIT = {"humaneval": (100, 163)}
+#: the tuning split when --samples is not given (HumanEval: the second half; the first half,
+#: 0..81, is the default validation split and holds bench's usual report set)
+DEFAULT_SPLIT = {"humaneval": (82, 163)}
 QUALITY_DATASETS = "humaneval, fixture, or spec-bench:math_reasoning"
 
 EPILOG = """\
-example (about an hour on 2 CPU cores):
-  specdec tune --policy mars --k auto,8 --limit 16 --max-new-tokens 128 --out runs/tune-mars
+examples:
+  specdec tune --policy mars,fly --k 4 --out runs/tune           # tune on HumanEval 82..163, validate on 0..81
+  specdec tune --policy mars --grid theta=0.9,0.95 --max-quality-loss 0.05 --confidence 0.9 --out runs/tune-mars
   specdec generate --config runs/tune-mars/config.json "Write a function that ..."
-  specdec bench --samples 0..99 --limit 20 --policies ar,lossless --config runs/tune-mars/config.json --out runs/he20
 """
 
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "tune", help="pick a policy's threshold(s) and K for a quality budget; write a config file",
-        description="Sweep the policy's main threshold(s) and K on a tuning split (default HumanEval problems "
-                    "100-163, kept apart from bench's report set), measure speed, agreement with plain decoding "
-                    "and task quality, and write the fastest setting whose quality is within --max-quality-loss "
-                    "of plain decoding as a config file for generate/serve/bench --config.",
+        "tune", help="pick each policy's parameters and K for a certified quality budget; write config files",
+        description="Sweep each policy's parameters and K on a tuning split (default HumanEval 82..163), prune "
+                    "with a cheap proxy (agreement with plain decoding at few tokens), confirm on the task, and "
+                    "pick the fastest setting whose paired recovery against plain decoding is >= 1 - "
+                    "--max-quality-loss at the lower end of a one-sided --confidence interval; then measure the "
+                    "picks on a validation split the tuner never saw (default: as many problems outside the "
+                    "tuning split) and write one config file per pick for generate/serve/bench --config.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     g = p.add_argument_group("what to tune")
-    g.add_argument("--policy", required=True, help="the policy to tune, e.g. mars, fly+mars, dropmatch, lossless")
+    g.add_argument("--policy", required=True, metavar="LIST",
+                   help="the loose policy or policies to tune, comma-separated (one shared ar): e.g. mars or "
+                        "mars,fly,dropmatch,typical,fly+mars")
     g.add_argument("--drafter", default=DEFAULTS["drafter"],
                    help=f"model | pld | model+pld (default: {DEFAULTS['drafter']})")
     g.add_argument("-k", "--k", default="auto,4,8", metavar="LIST",
@@ -67,20 +84,31 @@ def register(sub) -> None:
     g.add_argument("--grid", action="append", default=None, metavar="PARAM=V1,V2,...",
                    help="values for one policy parameter, e.g. mars_theta=0.7,0.8,0.9 (repeatable; default: each "
                         "rule's declared grid)")
-    g.add_argument("--max-quality-loss", default="0.01", metavar="L",
-                   help="largest relative quality loss vs plain decoding on the tuning split (default: 0.01)")
+    g.add_argument("--max-quality-loss", default="0.02", metavar="L",
+                   help="largest relative quality loss vs plain decoding that the pick must be certified within "
+                        "(default: 0.02)")
+    g.add_argument("--confidence", default=str(certify.CONFIDENCE), metavar="C",
+                   help="one-sided confidence of that certificate: the lower bound of the paired recovery "
+                        f"interval (Bonett-Price) must be >= 1 - L (default: {certify.CONFIDENCE})")
     add_dataset_args(g)
+    g.add_argument("--validate-samples", default=None, metavar="A..B|none",
+                   help="the validation split's positions (default: as many problems as the tuning split has, "
+                        "the first ones outside it); none = skip validation")
     add_sampling_args(g)
     s = p.add_argument_group("search")
-    s.add_argument("--proxy-samples", default="4", metavar="N", help="samples of the proxy stage (default: 4)")
-    s.add_argument("--proxy-tokens", default="64", metavar="M", help="new tokens in the proxy stage (default: 64)")
+    s.add_argument("--proxy-samples", default="20", metavar="N", help="tuning problems in the proxy stage (default: 20)")
+    s.add_argument("--proxy-tokens", default="32", metavar="M", help="new tokens in the proxy stage (default: 32)")
+    s.add_argument("--proxy-k", default="4", metavar="K",
+                   help="the fixed K a k=auto setting drafts at in the proxy stage (default: 4)")
     s.add_argument("--min-agreement", default="0", metavar="A",
                    help="drop settings whose proxy token agreement with plain decoding is below A (default: 0 = keep all)")
     s.add_argument("--confirm", default="2", metavar="N",
-                   help="settings confirmed on task quality per batch, fastest proxy first (default: 2)")
+                   help="settings of each policy confirmed on task quality per batch, fastest proxy first (default: 2)")
     o = p.add_argument_group("output and execution")
     o.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reruns resume in it)")
-    o.add_argument("--write", default=None, metavar="FILE", help="the config file to write (default: OUT/config.json)")
+    o.add_argument("--write", default=None, metavar="FILE",
+                   help="the config file to write, with one policy (default: OUT/config.json; OUT/config-POLICY.json "
+                        "each with several)")
     add_execution_args(o)
     from ..cliargs import add_model_args
 
@@ -89,8 +117,21 @@ def register(sub) -> None:
 
 
 # ------------------------------------------------------------------------------- the grid
+def parse_policies(text: str) -> list[str]:
+    """``--policy`` as a list of loose (or exact) policy names, validated, without duplicates."""
+    from ..verify import make_policy
+
+    names = list(dict.fromkeys(cfgs.split_list(text, "--policy")))
+    for name in names:
+        if name == "ar":
+            raise SpecdecError("policy 'ar' (plain decoding) has nothing to tune; it is the baseline")
+        make_policy(name)  # validates the name
+    return names
+
+
 def grid_axes(policy: str, overrides: list[str] | None) -> dict[str, list[Any]]:
-    """``{prefixed parameter: values}``: each rule's ``tune_grid``, replaced by ``--grid`` items."""
+    """``{prefixed parameter: values}``: each rule's ``tune_grid``, replaced by ``--grid`` items
+    (with several policies, an item applies to each policy that has the parameter)."""
     from ..verify import RULES, make_policy
 
     if policy == "ar":
@@ -109,6 +150,29 @@ def grid_axes(policy: str, overrides: list[str] | None) -> dict[str, list[Any]]:
         full = _prefixed(key, rules, policy)
         axes[full] = [cfgs.parse_value(v) for v in cfgs.split_list(values, "--grid value")]
     return axes
+
+
+def grid_for_policies(policies: list[str], overrides: list[str] | None) -> dict[str, dict[str, list[Any]]]:
+    """:func:`grid_axes` per policy; with several policies a ``--grid`` item goes to each policy
+    that takes it (an item none takes is an error naming them all)."""
+    if len(policies) == 1:
+        return {policies[0]: grid_axes(policies[0], overrides)}
+    items: dict[str, list[str]] = {p: [] for p in policies}
+    for item in overrides or []:
+        took = []
+        for p in policies:
+            try:
+                grid_axes(p, [item])
+            except SpecdecError as exc:
+                if "is not a parameter" in str(exc):
+                    continue
+                raise
+            items[p].append(item)
+            took.append(p)
+        if not took:
+            raise SpecdecError(f"--grid {item.partition('=')[0].strip()!r} is not a parameter of any policy in "
+                               f"{', '.join(policies)}")
+    return {p: grid_axes(p, items[p]) for p in policies}
 
 
 def _prefixed(key: str, rules: list[str], policy: str) -> str:
@@ -148,31 +212,47 @@ def grid_configs(policy: str, drafter: str, ks: list, axes: dict[str, list[Any]]
     return cfgs.dedupe(out), skipped
 
 
+def proxy_config(c, proxy_k: int, settings):
+    """The configuration the proxy stage runs for grid setting ``c``: ``c`` itself at a fixed K,
+    or, for ``k=auto``, at ``proxy_k`` (at least one more than a FLy window, so the window can act)."""
+    from ..verify import make_policy
+
+    if c.k != AUTO_K:
+        return c
+    pol = make_policy(c.policy, c.params)
+    k = max(proxy_k, (pol.lookahead + 1) if pol is not None and pol.lookahead else 0)
+    [out] = cfgs.validate([replace(c, k=k, request=None)], max_new_tokens=settings.max_new_tokens,
+                          **settings.sampling())
+    return out
+
+
 def parse_ks(text: str) -> list:
     return list(dict.fromkeys(cfgs.parse_k(x, "--k") for x in cfgs.split_list(text, "--k")))
 
 
 # ------------------------------------------------------------------------------- the pick
-def within_budget(row: dict, max_loss: float) -> bool:
-    rec = row.get("recovery")
-    return rec is not None and rec >= 1.0 - max_loss - 1e-12
-
-
-def proxy_order(rows: dict[str, dict], min_agreement: float) -> tuple[list[str], list[str]]:
-    """Setting ids by proxy speed (fastest first), and those dropped for low agreement."""
-    kept, dropped = [], []
+def proxy_order(rows: dict[str, dict], min_agreement: float) -> tuple[list[str], list[str], list[str]]:
+    """Setting ids by proxy speed (fastest first); those dropped for agreement below
+    ``min_agreement``; and those dominated by another setting (:func:`specdec.bench.certify.dominated`)."""
+    low, kept = [], {}
     for cid, r in rows.items():
         if cid == cfgs.AR:
             continue
         agree = (r.get("agreement") or {}).get("token_agreement")
-        (dropped if agree is not None and agree < min_agreement else kept).append(cid)
-    kept.sort(key=lambda c: -(rows[c].get("speedup_vs_ar") or 0.0))
-    return kept, dropped
+        if agree is not None and agree < min_agreement:
+            low.append(cid)
+        else:
+            kept[cid] = r
+    beaten = certify.dominated(kept)
+    order = sorted((c for c in kept if c not in beaten), key=lambda c: -(rows[c].get("speedup_vs_ar") or 0.0))
+    return order, low, sorted(beaten)
 
 
-def pick(rows: dict[str, dict], confirmed: list[str], max_loss: float) -> str | None:
-    """The fastest confirmed setting within the budget (confirm-stage tokens/s), or None."""
-    ok = [c for c in confirmed if within_budget(rows[c], max_loss)]
+def pick(rows: dict[str, dict], confirmed: list[str], max_loss: float,
+         confidence: float = certify.CONFIDENCE) -> str | None:
+    """The fastest confirmed setting (confirm-stage tokens/s) whose paired recovery is certified
+    within the budget (:func:`specdec.bench.certify.qualifies`), or None."""
+    ok = [c for c in confirmed if certify.qualifies(rows[c].get("paired"), max_loss, confidence)]
     return max(ok, key=lambda c: rows[c].get("tokens_per_second") or 0.0) if ok else None
 
 
@@ -186,8 +266,8 @@ def check_quality_dataset(spec: str) -> None:
     raise SpecdecError(f"tune needs a dataset with a task-quality score ({QUALITY_DATASETS}); got {spec!r}")
 
 
-def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str) -> dict:
-    """One bench run folder (resumable) -> its per-configuration summary rows."""
+def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str) -> tuple[dict, list[dict]]:
+    """One bench run folder (resumable) -> (its per-configuration summary rows, its records)."""
     from .results import check_run_settings, lock_out, prepare_dir
     from .runner import run
     from .summary import summarize
@@ -199,7 +279,18 @@ def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str) 
             print(f"specdec tune: {name} stage, {len(configs) - 1} setting(s) + ar on {len(dataset.samples)} "
                   f"sample(s), {settings.max_new_tokens} tokens", file=sys.stderr, flush=True)
         records = run(pair, dataset, configs, [], settings, folder, progress=not a.quiet)
-    return summarize(records, [c.to_dict() for c in configs], [s.id for s in dataset.samples], 1)["configs"]
+    rows = summarize(records, [c.to_dict() for c in configs], [s.id for s in dataset.samples], 1)["configs"]
+    return rows, records
+
+
+@dataclass
+class PolicyPlan:
+    """One policy's grid: its settings and the proxy configuration each runs as."""
+
+    policy: str
+    settings: list
+    skipped: list[str]
+    proxy_of: dict[str, Any]  # setting id -> proxy Config
 
 
 @dataclass
@@ -208,168 +299,426 @@ class _TunePlan:
 
     positions: Any
     max_loss: float
+    confidence: float
     min_agreement: float
     per_batch: int
     settings: Any
     proxy_settings: Any
-    settings_grid: list
-    skipped: list[str]
+    policies: list[PolicyPlan]
     dataset: Any
     proxy_set: Any
+    validation: Any  # a Dataset, or None (skipped)
+    validation_overlap: list[str]
     out: Path
-    target: Path
+    targets: dict[str, Path]
     env: dict
+    by_id: dict = field(default_factory=dict)
+
+
+def parse_validation(text: str | None) -> tuple[int, int] | str | None:
+    """``--validate-samples``: positions ``(a, b)``, ``"none"``, or None (the default split)."""
+    if text is None:
+        return None
+    if str(text).strip().lower() == "none":
+        return "none"
+    return cfgs.parse_positions(text, "--validate-samples")
+
+
+def validation_split(a, dataset, positions) -> tuple[Any, list[str]]:
+    """The validation Dataset (None with ``--validate-samples none`` or when nothing is left) and
+    the ids it shares with the tuning split (empty by default). ``positions``: :func:`parse_validation`."""
+    from .datasets import load_dataset
+
+    if positions == "none":
+        return None, []
+    tuning = {s.id for s in dataset.samples}
+    if positions is not None:
+        v = load_dataset(a.dataset, None, a.data, positions)
+        return v, [s.id for s in v.samples if s.id in tuning]
+    full = load_dataset(a.dataset, None, a.data)
+    rest = [s for s in full.samples if s.id not in tuning][: len(dataset.samples)]
+    return (replace(full, samples=rest) if rest else None), []
 
 
 def _plan_tune(a: argparse.Namespace) -> _TunePlan:
-    """Everything that needs no model, checked first: the selection and tuning split, the budget,
-    the settings grid, the dataset (and its sandbox setting), the output paths and the environment."""
+    """Everything that needs no model, checked first: the selection, tuning and validation
+    splits, the budget and confidence, the settings grids, the dataset (and its sandbox setting),
+    the output paths and the environment."""
     from . import environment
     from .datasets import load_dataset
 
     limit, positions = parse_selection(a)
+    validate_positions = parse_validation(a.validate_samples)
     check_quality_dataset(a.dataset)
     if positions is None:
         positions = DEFAULT_SPLIT.get(a.dataset.split(":")[0])
     max_loss = check_number("--max-quality-loss", parse_float(a.max_quality_loss, "--max-quality-loss"), 0.0, 1.0,
                             hi_open=True)
+    confidence = check_number("--confidence", parse_float(a.confidence, "--confidence"), 0.5, 1.0, hi_open=True)
     min_agreement = check_number("--min-agreement", parse_float(a.min_agreement, "--min-agreement"), 0.0, 1.0)
     per_batch = cfgs.parse_int(a.confirm, "--confirm")
     settings = parse_settings(a)
     proxy_settings = replace(settings, max_new_tokens=cfgs.parse_int(a.proxy_tokens, "--proxy-tokens"))
-    axes = grid_axes(a.policy, a.grid)
-    settings_grid, skipped = grid_configs(a.policy, a.drafter, parse_ks(a.k), axes, settings)
-    if a.draft == "none" and any(cfgs.needs_draft_model(c) for c in settings_grid):
+    proxy_k = cfgs.parse_int(a.proxy_k, "--proxy-k")
+    names = parse_policies(a.policy)
+    if a.write and len(names) > 1:
+        raise SpecdecError("--write names one config file; with several policies each gets OUT/config-POLICY.json")
+    ks = parse_ks(a.k)
+    plans = []
+    for name, axes in grid_for_policies(names, a.grid).items():
+        grid, skipped = grid_configs(name, a.drafter, ks, axes, settings)
+        plans.append(PolicyPlan(name, grid, skipped, {c.id: proxy_config(c, proxy_k, proxy_settings) for c in grid}))
+    if a.draft == "none" and any(cfgs.needs_draft_model(c) for p in plans for c in p.settings):
         raise SpecdecError(f"drafter {a.drafter!r} needs a draft model, but --draft none was given")
     check_optional_dependencies(a, plots=False)
     dataset = load_dataset(a.dataset, limit, a.data, positions)
     sandbox_setting(dataset, settings.unsafe_exec)  # refuse before the models load
+    validation, overlap = validation_split(a, dataset, validate_positions)
     proxy_set = replace(dataset, samples=dataset.samples[: cfgs.parse_int(a.proxy_samples, "--proxy-samples")])
     out = Path(a.out)
-    target = Path(a.write) if a.write else out / "config.json"
+    targets = {p.policy: (Path(a.write) if a.write else out / "config.json") if len(plans) == 1
+               else out / f"config-{p.policy}.json" for p in plans}
     env = environment.describe()
-    return _TunePlan(positions, max_loss, min_agreement, per_batch, settings, proxy_settings, settings_grid, skipped,
-                     dataset, proxy_set, out, target, env)
+    plan = _TunePlan(positions, max_loss, confidence, min_agreement, per_batch, settings, proxy_settings, plans,
+                     dataset, proxy_set, validation, overlap, out, targets, env)
+    plan.by_id = {c.id: c for p in plans for c in p.settings}
+    return plan
+
+
+@dataclass
+class PolicyResult:
+    """What tune found for one policy."""
+
+    policy: str
+    order: list[str] = field(default_factory=list)
+    low_agreement: list[str] = field(default_factory=list)
+    dominated: list[str] = field(default_factory=list)
+    confirmed: list[str] = field(default_factory=list)
+    pick: str | None = None
+    why_none: str = ""
+    closest: dict | None = None
+    validation: dict | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        return len(self.confirmed) >= len(self.order)
 
 
 def cmd_tune(a: argparse.Namespace) -> int:
-    """``specdec tune``: plan (no model), proxy stage, confirm stage, ``tune.json``, then the config
-    file for the pick (module docstring); no setting within the budget is an error."""
+    """``specdec tune``: plan (no model), proxy, confirm (``ar`` first: can the split certify the
+    budget at all?), validate, then ``tune.json``, ``report.md`` and a config file per pick
+    (module docstring). No policy with a pick is an error (exit 2), as is a split that cannot
+    certify the budget."""
     from ..cliargs import load_pair, startup_summary
-    from ..configfile import write_config
 
     plan = _plan_tune(a)  # everything that needs no model, first
-    if plan.skipped and not a.quiet:
-        print(f"specdec tune: skipped (FLy's window cannot act at that K): {', '.join(plan.skipped)}", file=sys.stderr)
+    for p in plan.policies:
+        if p.skipped and not a.quiet:
+            print(f"specdec tune: skipped (FLy's window cannot act at that K): {', '.join(p.skipped)}", file=sys.stderr)
+    if plan.validation_overlap and not a.quiet:
+        print(f"specdec tune: warning: the validation split shares {len(plan.validation_overlap)} problem(s) with the "
+              "tuning split, so it is not an independent check", file=sys.stderr)
 
     pair = load_pair(a, progress=not a.quiet)
     if not a.quiet:
         print(startup_summary(pair), file=sys.stderr, flush=True)
-    if pair.draft is None and any(cfgs.needs_draft_model(c) for c in plan.settings_grid):
+    if pair.draft is None and any(cfgs.needs_draft_model(c) for c in plan.by_id.values()):
         raise SpecdecError(f"drafter {a.drafter!r} needs a draft model; pass --draft")
     settings = plan.settings
     [ar] = cfgs.validate([cfgs.Config(cfgs.AR)], max_new_tokens=settings.max_new_tokens, **settings.sampling())
-    by_id = {c.id: c for c in plan.settings_grid}
-    proxy_rows = stage(pair, a, plan.proxy_set, [ar, *plan.settings_grid], plan.proxy_settings, plan.out, plan.env,
-                       "proxy")
-    order, dropped = proxy_order(proxy_rows, plan.min_agreement)
-    confirmed, rows, chosen = _confirm_stage(pair, a, plan, ar, by_id, order)
-    result = tune_record(a, settings, plan.dataset, plan.positions, plan.max_loss, proxy_rows, order, dropped, rows,
-                         confirmed, chosen, plan.skipped, plan.env, pair)
-    (plan.out / "tune.json").write_text(json.dumps(result, indent=2, default=str) + "\n", encoding="utf-8")
+    results = {p.policy: PolicyResult(p.policy) for p in plan.policies}
+    # ar on the tuning split first: it settles whether this split can certify the budget at all
+    rows, _ = stage(pair, a, plan.dataset, [ar], plan.settings, plan.out, plan.env, "confirm")
+    feasibility = feasibility_of(rows[cfgs.AR], plan)
+    proxy_rows: dict[str, dict] = {}
+    validate_rows = None
+    if feasibility["certifiable"]:
+        proxy_rows = _proxy_stage(pair, a, plan, ar)
+        for p in plan.policies:
+            by_setting = {sid: proxy_rows[c.id] for sid, c in p.proxy_of.items()}
+            r = results[p.policy]
+            r.order, r.low_agreement, r.dominated = proxy_order({cfgs.AR: proxy_rows[cfgs.AR], **by_setting},
+                                                                plan.min_agreement)
+        rows = _confirm_stage(pair, a, plan, ar, results, rows)
+        if plan.validation is not None and any(r.pick for r in results.values()):
+            validate_rows = _validate_stage(pair, a, plan, ar, results)
+    record = tune_record(a, plan, pair, proxy_rows, rows, validate_rows, results, feasibility)
+    (plan.out / "tune.json").write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    (plan.out / "report.md").write_text(report_markdown(record), encoding="utf-8")
     if not a.quiet:
-        print_tables(proxy_rows, rows, chosen)
-    if chosen is None:
-        raise _no_pick_error(a, plan, rows, confirmed)
-    c = by_id[chosen]
-    decode = {"policy": c.policy, "drafter": c.drafter, "k": c.k, **c.params}
-    write_config(plan.target, decode, tuned=result["pick"])
-    print(json.dumps({"config": str(plan.target), **result["pick"]}, default=str), flush=True)
-    if not a.quiet:
-        print(f"specdec tune: wrote {plan.target} ({chosen}: {rows[chosen]['speedup_vs_ar']:.2f}x plain decoding, "
-              f"recovery {rows[chosen]['recovery']:.3f} on {len(plan.dataset.samples)} tuning samples)",
-              file=sys.stderr)
+        print_table(record)
+    if not feasibility["certifiable"]:
+        raise SpecdecError(feasibility["message"] + f"; no config written ({plan.out / 'tune.json'})")
+    return _write_configs(a, plan, results, record)
+
+
+def _proxy_stage(pair, a, plan: _TunePlan, ar) -> dict[str, dict]:
+    """Runs the proxy stage: ``ar`` and each distinct proxy configuration; rows with ``divergence``."""
+    proxies = cfgs.dedupe([c for p in plan.policies for c in p.proxy_of.values()])
+    [proxy_ar] = cfgs.validate([cfgs.Config(cfgs.AR)], max_new_tokens=plan.proxy_settings.max_new_tokens,
+                               **plan.proxy_settings.sampling())
+    rows, records = stage(pair, a, plan.proxy_set, [proxy_ar, *proxies], plan.proxy_settings, plan.out, plan.env,
+                          "proxy")
+    for cid, r in rows.items():
+        if cid != cfgs.AR:
+            r["divergence"] = certify.divergence(records, cid)
+    return rows
+
+
+def _confirm_stage(pair, a, plan: _TunePlan, ar, results: dict[str, PolicyResult], rows: dict) -> dict:
+    """Batches of each undecided policy's settings in proxy order (``ar`` has run: ``rows``) until
+    every policy has a pick or none is left; the closest setting of each policy without one.
+    Returns the confirm rows."""
+    confirmed: list[str] = []
+    while True:
+        batch = []
+        for r in results.values():
+            if r.pick is None and not r.exhausted:
+                new = r.order[len(r.confirmed): len(r.confirmed) + plan.per_batch]
+                r.confirmed += new
+                batch += new
+        if not batch:
+            break
+        confirmed += batch
+        rows, _ = stage(pair, a, plan.dataset, [ar, *(plan.by_id[c] for c in confirmed)], plan.settings, plan.out,
+                        plan.env, "confirm")
+        for r in results.values():
+            if r.pick is None:
+                r.pick = pick(rows, r.confirmed, plan.max_loss, plan.confidence)
+    for r in results.values():
+        if r.pick is None:
+            r.closest, r.why_none = closest_setting(r, rows, plan)
+    return rows
+
+
+def _seconds_per_sample(row: dict) -> float | None:
+    n = row.get("samples") or 0
+    return (row.get("seconds") or 0.0) / n if n else None
+
+
+def feasibility_of(ar_row: dict, plan: _TunePlan) -> dict:
+    """Whether the tuning split can certify the budget at all, from ``ar``'s outcomes: the best
+    case is a setting that solves exactly what ``ar`` solves."""
+    n = ar_row.get("quality_n") or ar_row.get("samples") or 0
+    quality = ar_row.get("quality")
+    if quality in (None, 0.0):
+        raise SpecdecError("plain decoding solves none of the tuning samples, so a quality budget cannot be "
+                           "judged; use more samples (--limit) or more tokens (--max-new-tokens)")
+    solved = round(quality * n)
+    best = certify.best_case_budget(solved, plan.confidence)
+    out = {"ar_solved": solved, "n": n, "best_case_budget": best, "certifiable": best <= plan.max_loss + 1e-12,
+           "message": ""}
+    if not out["certifiable"]:
+        need = certify.problems_needed(solved, 0, 0, n, plan.max_loss, plan.confidence)
+        per = _seconds_per_sample(ar_row)
+        out["problems_needed"] = need
+        eta = None if need is None or per is None else need * per * 2
+        out["message"] = (
+            f"no setting can qualify on this split: ar solves {solved} of {n} problems, so even a setting that "
+            f"solves exactly the same ones is certified only within a loss of {best:.3f} at {plan.confidence:g} "
+            f"confidence (asked: {plan.max_loss:g}); the asked budget needs about {need} problems with no "
+            f"discordant one (ar and one setting: about {certify.hours(eta)} at this speed), or a larger "
+            f"--max-quality-loss, or a lower --confidence")
+    return out
+
+
+def closest_setting(r: PolicyResult, rows: dict, plan: _TunePlan) -> tuple[dict | None, str]:
+    """The confirmed setting of ``r`` with the highest recovery bound, the budget it certifies,
+    and the split size the asked budget would need at its observed discordance (with a time
+    estimate: its and ``ar``'s seconds per problem here)."""
+    best, best_bound = None, -1.0
+    for c in r.confirmed:
+        cnt = certify.counts(rows.get(c, {}).get("paired"))
+        bound = None if cnt is None else certify.recovery_bound(*cnt, plan.confidence)
+        if bound is not None and bound > best_bound:
+            best, best_bound = c, bound
+    if best is None:
+        return None, (f"no setting of {r.policy} was left to confirm (--min-agreement dropped them all)"
+                      if not r.order else f"no confirmed setting of {r.policy} has a paired recovery")
+    both, gained, lost = certify.counts(rows[best]["paired"])
+    n = rows[best]["paired"]["n"]
+    need = certify.problems_needed(both, gained, lost, n, plan.max_loss, plan.confidence)
+    per = [_seconds_per_sample(rows[best]), _seconds_per_sample(rows[cfgs.AR])]
+    eta = None if need is None or None in per else need * sum(per)
+    info = {"setting": best, "recovery": rows[best].get("recovery"), "bound": best_bound,
+            "certifies": max(0.0, 1.0 - best_bound), "problems_needed": need, "seconds_needed": eta}
+    needs = (f"the asked {plan.max_loss:g} needs about {need} problems at its observed discordance "
+             f"({lost} lost, {gained} gained of {n}; about {certify.hours(eta)} at this speed)" if need is not None
+             else f"its measured recovery {rows[best].get('recovery'):.3f} is itself below 1 - {plan.max_loss:g}, "
+                  "so no split size certifies it")
+    why = (f"no setting of {r.policy} qualifies: the closest, {best}, is certified within a loss of "
+           f"{info['certifies']:.3f} at {plan.confidence:g} confidence (lower bound {best_bound:.3f}); {needs}")
+    return info, why
+
+
+def _validate_stage(pair, a, plan: _TunePlan, ar, results: dict[str, PolicyResult]) -> dict:
+    """``ar`` and every pick on the validation split: recovery with its interval, whether the
+    budget held (point estimate >= 1 - budget) and whether it is certified there too."""
+    picks = [plan.by_id[r.pick] for r in results.values() if r.pick]
+    rows, _ = stage(pair, a, plan.validation, [ar, *cfgs.dedupe(picks)], plan.settings, plan.out, plan.env,
+                    "validate")
+    for r in results.values():
+        if r.pick:
+            row = rows[r.pick]
+            cnt = certify.counts(row.get("paired"))
+            bound = None if cnt is None else certify.recovery_bound(*cnt, plan.confidence)
+            rec = row.get("recovery")
+            r.validation = {"samples": row.get("samples"), "speedup_vs_ar": row.get("speedup_vs_ar"),
+                            "recovery": rec, "recovery_ci": (row.get("paired") or {}).get("recovery_ci"),
+                            "bound": bound, "held": rec is not None and rec >= 1.0 - plan.max_loss - 1e-12,
+                            "certified": bound is not None and bound >= 1.0 - plan.max_loss - 1e-12,
+                            "paired": row.get("paired")}
+            if not r.validation["held"] and not a.quiet:
+                print(f"specdec tune: warning: {r.pick} recovers {rec if rec is None else round(rec, 3)} of plain "
+                      f"decoding's quality on the validation split, below the budget (1 - {plan.max_loss:g})",
+                      file=sys.stderr)
+    return rows
+
+
+def _write_configs(a, plan: _TunePlan, results: dict[str, PolicyResult], record: dict) -> int:
+    from ..configfile import write_config
+
+    written = 0
+    for r in results.values():
+        if r.pick is None:
+            if len(results) > 1 and not a.quiet:
+                print(f"specdec tune: {r.why_none}", file=sys.stderr)
+            continue
+        c = plan.by_id[r.pick]
+        decode = {"policy": c.policy, "drafter": c.drafter, "k": c.k, **c.params}
+        target = plan.targets[r.policy]
+        write_config(target, decode, tuned=record["policies"][r.policy]["pick"])
+        written += 1
+        print(json.dumps({"config": str(target), **record["policies"][r.policy]["pick"]}, default=str), flush=True)
+    if not written:
+        whys = "; ".join(r.why_none for r in results.values())
+        raise SpecdecError(f"{whys}; no config written ({plan.out / 'tune.json'})")
     return 0
 
 
-def _confirm_stage(pair, a, plan: _TunePlan, ar, by_id: dict, order: list[str]) -> tuple[list[str], dict, str | None]:
-    """The confirm stage: the settings in proxy order, ``--confirm`` more at a time, on the whole
-    tuning split, until one is within the budget. Returns ``(confirmed, rows, chosen or None)``."""
-    confirmed: list[str] = []
-    rows: dict[str, dict] = {}
-    chosen = None
-    for start in range(0, len(order), plan.per_batch):
-        confirmed += order[start: start + plan.per_batch]
-        rows = stage(pair, a, plan.dataset, [ar, *(by_id[c] for c in confirmed)], plan.settings, plan.out, plan.env,
-                     "confirm")
-        if rows[cfgs.AR].get("quality") in (None, 0.0):
-            raise SpecdecError("plain decoding solves none of the tuning samples, so a quality budget cannot be "
-                               "judged; use more samples (--limit) or more tokens (--max-new-tokens)")
-        chosen = pick(rows, confirmed, plan.max_loss)
-        if chosen is not None:
-            break
-    return confirmed, rows, chosen
+KEEP = ("tokens_per_second", "speedup_vs_ar", "tau", "quality", "quality_metric", "recovery", "paired", "agreement",
+        "divergence", "samples", "seconds")
 
 
-def _no_pick_error(a, plan: _TunePlan, rows: dict, confirmed: list[str]) -> SpecdecError:
-    """The error when no confirmed setting keeps quality within the budget (naming the closest)."""
-    best = max(confirmed, key=lambda c: rows[c].get("recovery") or 0.0, default=None)
-    near = f"; closest: {best} (recovery {rows[best].get('recovery')})" if best else ""
-    return SpecdecError(f"no setting of {a.policy!r} keeps quality within {plan.max_loss:.3g} of plain decoding on "
-                        f"{len(plan.dataset.samples)} tuning samples{near}; no config written "
-                        f"({plan.out / 'tune.json'})")
-
-
-def tune_record(a, settings, dataset, positions, max_loss, proxy_rows, order, dropped, rows, confirmed, chosen, skipped,
-                env, pair) -> dict:
-    """What tune.json holds; its ``pick`` part is stored in the config file as ``tuned``."""
-    keep = ("tokens_per_second", "speedup_vs_ar", "tau", "quality", "quality_metric", "recovery", "paired",
-            "agreement", "samples")
+def tune_record(a, plan: _TunePlan, pair, proxy_rows, rows, validate_rows, results, feasibility) -> dict:
+    """What tune.json holds; each policy's ``pick`` is stored in its config file as ``tuned``."""
+    settings, env = plan.settings, plan.env
     ar = rows.get(cfgs.AR, {})
-    pick_info = None
-    if chosen is not None:
-        r = rows[chosen]
-        pick_info = {
-            "setting": chosen, "speedup_vs_ar": r.get("speedup_vs_ar"), "tokens_per_second": r.get("tokens_per_second"),
-            "ar_tokens_per_second": ar.get("tokens_per_second"), "tau": r.get("tau"), "quality": r.get("quality"),
-            "ar_quality": ar.get("quality"), "quality_metric": r.get("quality_metric"), "recovery": r.get("recovery"),
-            "paired_vs_ar": r.get("paired"),
-            "max_quality_loss": max_loss, "dataset": a.dataset, "positions": positions,
-            "samples": len(dataset.samples), "max_new_tokens": settings.max_new_tokens,
-            "sampling": settings.sampling(),
-            "target": pair.target_name, "draft": pair.draft_name,
-            "dtype": pair.target.variant, "backend": pair.backend,
-            "cpu": env["hardware"]["cpu"], "cpu_flags": env["hardware"]["cpu_flags"], "gpu": env["hardware"]["gpu"],
-            "git": env["git"], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    policies = {}
+    for p in plan.policies:
+        r = results[p.policy]
+        pick_info = None
+        if r.pick is not None:
+            row = rows[r.pick]
+            cnt = certify.counts(row.get("paired"))
+            pick_info = {
+                "setting": r.pick, "speedup_vs_ar": row.get("speedup_vs_ar"),
+                "tokens_per_second": row.get("tokens_per_second"), "ar_tokens_per_second": ar.get("tokens_per_second"),
+                "tau": row.get("tau"), "quality": row.get("quality"), "ar_quality": ar.get("quality"),
+                "quality_metric": row.get("quality_metric"), "recovery": row.get("recovery"),
+                "recovery_bound": None if cnt is None else certify.recovery_bound(*cnt, plan.confidence),
+                "confidence": plan.confidence, "paired_vs_ar": row.get("paired"),
+                "max_quality_loss": plan.max_loss, "dataset": a.dataset, "positions": plan.positions,
+                "samples": len(plan.dataset.samples), "validation": r.validation,
+                "validation_positions": a.validate_samples or "default",
+                "max_new_tokens": settings.max_new_tokens, "sampling": settings.sampling(),
+                "target": pair.target_name, "draft": pair.draft_name, "dtype": pair.target.variant,
+                "backend": pair.backend, "cpu": env["hardware"]["cpu"], "cpu_flags": env["hardware"]["cpu_flags"],
+                "gpu": env["hardware"]["gpu"], "git": env["git"], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            }
+        policies[p.policy] = {
+            "grid": [c.id for c in p.settings], "skipped": p.skipped,
+            "proxy_of": {sid: c.id for sid, c in p.proxy_of.items()}, "proxy_order": r.order,
+            "dropped_low_agreement": r.low_agreement, "dominated": r.dominated, "confirmed": r.confirmed,
+            "pick": pick_info, "closest": r.closest, "why_none": r.why_none or None,
         }
     return {
-        "policy": a.policy, "drafter": a.drafter, "max_quality_loss": max_loss, "skipped": skipped,
-        "proxy": {cid: {k: r.get(k) for k in keep} for cid, r in proxy_rows.items()},
-        "proxy_order": order, "dropped_low_agreement": dropped, "confirmed": confirmed,
-        "confirm": {cid: {k: r.get(k) for k in keep} | {"within_budget": within_budget(r, max_loss)}
-                    for cid, r in rows.items()},
-        "pick": pick_info,
+        "policies_asked": [p.policy for p in plan.policies], "drafter": a.drafter, "max_quality_loss": plan.max_loss,
+        "confidence": plan.confidence, "dataset": a.dataset, "tuning_samples": [s.id for s in plan.dataset.samples],
+        "validation_samples": [s.id for s in plan.validation.samples] if plan.validation is not None else [],
+        "validation_overlap": plan.validation_overlap, "max_new_tokens": settings.max_new_tokens,
+        "proxy_tokens": plan.proxy_settings.max_new_tokens, "backend": pair.backend,
+        "cpu": env["hardware"]["cpu"], "cpu_flags": env["hardware"]["cpu_flags"], "git": env["git"],
+        "feasibility": feasibility,
+        "proxy": {cid: {k: r.get(k) for k in KEEP} for cid, r in proxy_rows.items()},
+        "confirm": {cid: {k: r.get(k) for k in KEEP} | {
+            "qualifies": cid != cfgs.AR and certify.qualifies(r.get("paired"), plan.max_loss, plan.confidence)}
+            for cid, r in rows.items()},
+        "validate": None if validate_rows is None else {cid: {k: r.get(k) for k in KEEP}
+                                                        for cid, r in validate_rows.items()},
+        "policies": policies,
     }
 
 
-def print_tables(proxy_rows: dict, rows: dict, chosen: str | None) -> None:
+# ------------------------------------------------------------------------------- the table
+def _f(x, spec=".2f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def _rec(rec, ci) -> str:
+    if rec is None:
+        return "–"
+    return f"{rec:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def table_rows(record: dict) -> list[list[str]]:
+    """One row per policy: pick, speed vs ar and recovery (95% CI; one-sided bound) on the
+    tuning split, the same on the validation split, and whether the budget held there."""
+    out = []
+    for policy, p in record["policies"].items():
+        pk = p["pick"]
+        if pk is None:
+            c = p.get("closest") or {}
+            conf = record["confirm"].get(c.get("setting"), {})
+            paired = conf.get("paired") or {}
+            out.append([policy, "none qualifies" + (f" (closest {c['setting']})" if c.get("setting") else ""),
+                        _f(conf.get("speedup_vs_ar")) + ("x" if conf else ""),
+                        _rec(c.get("recovery"), paired.get("recovery_ci")), _f(c.get("bound"), ".3f"),
+                        f"{_f(c.get('certifies'), '.3f')} (needs ~{c.get('problems_needed') or '∞'} problems)"
+                        if c else "–", "–", "–", "–"])
+            continue
+        v = pk.get("validation") or {}
+        held = "–" if not v else ("yes" if v["held"] else "**no**") + (", certified" if v.get("certified") else "")
+        out.append([policy, pk["setting"], _f(pk["speedup_vs_ar"]) + "x",
+                    _rec(pk["recovery"], (pk.get("paired_vs_ar") or {}).get("recovery_ci")),
+                    _f(pk["recovery_bound"], ".3f"),
+                    "–" if pk["recovery_bound"] is None else f"{max(0.0, 1 - pk['recovery_bound']):.3f}",
+                    _f(v.get("speedup_vs_ar")) + ("x" if v else ""), _rec(v.get("recovery"), v.get("recovery_ci")),
+                    held])
+    return out
+
+
+HEADER = ["policy", "pick", "speed vs ar (tuning)", "recovery, tuning [95% CI]", "lower bound",
+          "certified within", "speed vs ar (validation)", "recovery, validation [95% CI]", "budget held (validation)"]
+
+
+def report_markdown(record: dict) -> str:
+    f = record["feasibility"]
+    lines = [f"# specdec tune: {', '.join(record['policies_asked'])}", "",
+             f"Budget: loss <= {record['max_quality_loss']:g} of plain decoding, certified by the one-sided "
+             f"{record['confidence']:g} lower bound of the paired recovery (Bonett-Price). Dataset "
+             f"{record['dataset']}: {len(record['tuning_samples'])} tuning problems (ar solves {f['ar_solved']}), "
+             f"{len(record['validation_samples'])} validation problems; {record['max_new_tokens']} new tokens; "
+             f"backend {record['backend']}; CPU {record['cpu']} ({record['cpu_flags']}); git {record['git']}.", ""]
+    if not f["certifiable"]:
+        lines += [f["message"] + ".", ""]
+    lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(record)]
+    lines += [""] + [f"- {p}: {d['why_none']}" for p, d in record["policies"].items() if d.get("why_none")]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def print_table(record: dict) -> None:
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    def f(x, spec=".2f"):
-        return "–" if x is None else format(x, spec)
-
     console = Console(stderr=True)
-    for title, table_rows, cols in (("proxy", proxy_rows, ("speedup", "tau", "agreement")),
-                                    ("confirm", rows, ("speedup", "tau", "quality", "recovery"))):
-        t = Table(title=f"specdec tune: {title}", title_justify="left")
-        t.add_column("setting")
-        for col in cols:
-            t.add_column(col, justify="right")
-        for cid, r in table_rows.items():
-            cells = {"speedup": f(r.get("speedup_vs_ar")) + "x", "tau": f(r.get("tau")),
-                     "agreement": f((r.get("agreement") or {}).get("token_agreement"), ".3f"),
-                     "quality": f(r.get("quality"), ".3f"), "recovery": f(r.get("recovery"), ".3f")}
-            t.add_row(escape(cid) + (" *" if cid == chosen else ""), *(cells[c] for c in cols))
-        console.print(t)
+    if not record["feasibility"]["certifiable"]:
+        return
+    t = Table(title="specdec tune", title_justify="left")
+    for h in HEADER:
+        t.add_column(h, justify="left" if h in ("policy", "pick") else "right")
+    for row in table_rows(record):
+        t.add_row(*(escape(x) for x in row))
+    console.print(t)

@@ -91,8 +91,8 @@ class DropMatch:
     paths: int = option(5, lo=1, hi=64, help="MC-dropout paths on the LM head")
     p: float = option(0.1, lo=0.0, hi=1.0, hi_open=True, help="dropout probability")
     criterion: str = option("paper", choices=CRITERIA, help="naive | js | majority | paper (= js or majority)")
-    #: what ``specdec tune`` sweeps by default (higher p = looser)
-    tune_grid = {"p": (0.05, 0.1, 0.2)}
+    #: what ``specdec tune`` sweeps by default (higher p = looser; majority is stricter than paper)
+    tune_grid = {"p": (0.05, 0.1, 0.2), "criterion": ("paper", "majority")}
     name = "dropmatch"
     kind = "token"  # a :class:`~specdec.verify.base.TokenRule`
     needs_hidden = True

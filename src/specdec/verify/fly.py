@@ -61,8 +61,8 @@ class Fly:
 
     theta: float = option(0.3, lo=0.0, help="top-3 entropy gate; lower mismatches are rejected")
     window: int = option(6, lo=1, hi=1024, help="a mismatch needs window-1 later agreements in the block")
-    #: what ``specdec tune`` sweeps by default (higher = stricter gate)
-    tune_grid = {"theta": (0.2, 0.3, 0.5)}
+    #: what ``specdec tune`` sweeps by default (higher theta = stricter gate; a longer window defers more)
+    tune_grid = {"theta": (0.3, 0.5, 0.8), "window": (3, 6)}
     name = "fly"
     kind = "window"  # a :class:`~specdec.verify.base.WindowRule`
     needs_hidden = False

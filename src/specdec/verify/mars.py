@@ -42,7 +42,7 @@ class Mars:
 
     theta: float = option(0.9, lo=0.0, hi=1.0, help="accept a top-2 draft when z2/z1 exceeds this")
     #: what ``specdec tune`` sweeps by default (lower = looser)
-    tune_grid = {"theta": (0.7, 0.8, 0.9)}
+    tune_grid = {"theta": (0.8, 0.9, 0.95)}
     name = "mars"
     kind = "token"  # a :class:`~specdec.verify.base.TokenRule`
     needs_hidden = False

@@ -37,8 +37,8 @@ class Typical:
 
     epsilon: float = option(0.09, lo=0.0, hi=1.0, help="p(d) > min(epsilon, delta*exp(-H))")
     delta: float = option(0.3, lo=0.0, help="see epsilon")
-    #: what ``specdec tune`` sweeps by default (higher = stricter)
-    tune_grid = {"epsilon": (0.05, 0.09, 0.2)}
+    #: what ``specdec tune`` sweeps by default (higher = stricter; delta governs where entropy is low)
+    tune_grid = {"epsilon": (0.09, 0.3), "delta": (0.3, 0.6, 0.9)}
     name = "typical"
     kind = "token"  # a :class:`~specdec.verify.base.TokenRule`
     needs_hidden = False
