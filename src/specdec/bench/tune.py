@@ -692,6 +692,16 @@ HEADER = ["policy", "pick", "speed vs ar (tuning)", "recovery, tuning [95% CI]",
           "certified within", "speed vs ar (validation)", "recovery, validation [95% CI]", "budget held (validation)"]
 
 
+def _words(x) -> str:
+    return ", ".join(map(str, x)) if isinstance(x, (list, tuple)) else str(x)
+
+
+def _commit(git) -> str:
+    if isinstance(git, dict):
+        return str(git.get("commit") or "?")[:10] + (" (dirty)" if git.get("dirty") else "")
+    return str(git)
+
+
 def report_markdown(record: dict) -> str:
     f = record["feasibility"]
     lines = [f"# specdec tune: {', '.join(record['policies_asked'])}", "",
@@ -699,7 +709,8 @@ def report_markdown(record: dict) -> str:
              f"{record['confidence']:g} lower bound of the paired recovery (Bonett-Price). Dataset "
              f"{record['dataset']}: {len(record['tuning_samples'])} tuning problems (ar solves {f['ar_solved']}), "
              f"{len(record['validation_samples'])} validation problems; {record['max_new_tokens']} new tokens; "
-             f"backend {record['backend']}; CPU {record['cpu']} ({record['cpu_flags']}); git {record['git']}.", ""]
+             f"backend {record['backend']}; CPU {record['cpu']} (flags: {_words(record['cpu_flags'])}); "
+             f"git {_commit(record['git'])}.", ""]
     if not f["certifiable"]:
         lines += [f["message"] + ".", ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
