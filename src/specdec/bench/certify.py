@@ -51,11 +51,20 @@ def counts(paired: dict | None) -> tuple[int, int, int] | None:
     return int(paired["both"]), int(paired["gained"]), int(paired["lost"])
 
 
+def paired_bound(paired: dict | None, confidence: float = CONFIDENCE) -> float | None:
+    """:func:`recovery_bound` of a summary row's ``paired`` figures (None without them)."""
+    c = counts(paired)
+    return None if c is None else recovery_bound(*c, confidence)
+
+
+def clears(recovery: float | None, max_loss: float) -> bool:
+    """True when a recovery (or its bound) is >= ``1 - max_loss``."""
+    return recovery is not None and recovery >= 1.0 - max_loss - 1e-12
+
+
 def qualifies(paired: dict | None, max_loss: float, confidence: float = CONFIDENCE) -> bool:
     """True when the recovery's lower bound is >= ``1 - max_loss`` (the pick's guarantee)."""
-    c = counts(paired)
-    bound = None if c is None else recovery_bound(*c, confidence)
-    return bound is not None and bound >= 1.0 - max_loss - 1e-12
+    return clears(paired_bound(paired, confidence), max_loss)
 
 
 def smallest_budget(both: float, gained: float, lost: float, confidence: float = CONFIDENCE) -> float | None:
@@ -78,13 +87,12 @@ def problems_needed(both: int, gained: int, lost: int, n: int, max_loss: float,
     or ``ar`` solved none."""
     if n <= 0 or both + lost == 0:
         return None
-    if (both + gained) / (both + lost) < 1.0 - max_loss - 1e-12:
+    if not clears((both + gained) / (both + lost), max_loss):
         return None
 
     def ok(m: int) -> bool:
         f = m / n
-        bound = recovery_bound(both * f, gained * f, lost * f, confidence)
-        return bound is not None and bound >= 1.0 - max_loss - 1e-12
+        return clears(recovery_bound(both * f, gained * f, lost * f, confidence), max_loss)
 
     if ok(n):
         return n

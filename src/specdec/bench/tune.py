@@ -528,8 +528,7 @@ def closest_setting(r: PolicyResult, rows: dict, plan: _TunePlan) -> tuple[dict 
     estimate: its and ``ar``'s seconds per problem here)."""
     best, best_bound = None, -1.0
     for c in r.confirmed:
-        cnt = certify.counts(rows.get(c, {}).get("paired"))
-        bound = None if cnt is None else certify.recovery_bound(*cnt, plan.confidence)
+        bound = certify.paired_bound(rows.get(c, {}).get("paired"), plan.confidence)
         if bound is not None and bound > best_bound:
             best, best_bound = c, bound
     if best is None:
@@ -560,13 +559,12 @@ def _validate_stage(pair, a, plan: _TunePlan, ar, results: dict[str, PolicyResul
     for r in results.values():
         if r.pick:
             row = rows[r.pick]
-            cnt = certify.counts(row.get("paired"))
-            bound = None if cnt is None else certify.recovery_bound(*cnt, plan.confidence)
+            bound = certify.paired_bound(row.get("paired"), plan.confidence)
             rec = row.get("recovery")
             r.validation = {"samples": row.get("samples"), "speedup_vs_ar": row.get("speedup_vs_ar"),
                             "recovery": rec, "recovery_ci": (row.get("paired") or {}).get("recovery_ci"),
-                            "bound": bound, "held": rec is not None and rec >= 1.0 - plan.max_loss - 1e-12,
-                            "certified": bound is not None and bound >= 1.0 - plan.max_loss - 1e-12,
+                            "bound": bound, "held": certify.clears(rec, plan.max_loss),
+                            "certified": certify.clears(bound, plan.max_loss),
                             "paired": row.get("paired")}
             if not r.validation["held"] and not a.quiet:
                 print(f"specdec tune: warning: {r.pick} recovers {rec if rec is None else round(rec, 3)} of plain "
@@ -610,13 +608,12 @@ def tune_record(a, plan: _TunePlan, pair, proxy_rows, rows, validate_rows, resul
         pick_info = None
         if r.pick is not None:
             row = rows[r.pick]
-            cnt = certify.counts(row.get("paired"))
             pick_info = {
                 "setting": r.pick, "speedup_vs_ar": row.get("speedup_vs_ar"),
                 "tokens_per_second": row.get("tokens_per_second"), "ar_tokens_per_second": ar.get("tokens_per_second"),
                 "tau": row.get("tau"), "quality": row.get("quality"), "ar_quality": ar.get("quality"),
                 "quality_metric": row.get("quality_metric"), "recovery": row.get("recovery"),
-                "recovery_bound": None if cnt is None else certify.recovery_bound(*cnt, plan.confidence),
+                "recovery_bound": certify.paired_bound(row.get("paired"), plan.confidence),
                 "confidence": plan.confidence, "paired_vs_ar": row.get("paired"),
                 "max_quality_loss": plan.max_loss, "dataset": a.dataset, "positions": plan.positions,
                 "samples": len(plan.dataset.samples), "validation": r.validation,
