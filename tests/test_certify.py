@@ -64,6 +64,23 @@ def test_problems_needed_is_the_smallest_split_that_certifies():
     assert certify.problems_needed(0, 0, 0, 82, 0.02) is None
 
 
+def test_a_setting_can_still_qualify_until_no_outcome_left_helps():
+    # nothing left: the bound is the observed one
+    assert certify.best_completion_bound(40, 1, 2, 0, 0) == pytest.approx(certify.recovery_bound(40, 1, 2))
+    # problems left that ar solves count as solved in the best case
+    assert certify.best_completion_bound(10, 0, 0, 30, 0) == pytest.approx(certify.recovery_bound(40, 0, 0))
+    # problems left that ar fails: the best number of gains, every count tried
+    best = max(certify.recovery_bound(40, g, 3) for g in range(6))
+    assert certify.best_completion_bound(40, 0, 3, 0, 5) == pytest.approx(best)
+    assert certify.best_completion_bound(0, 0, 0, 0, 4) is None  # ar solves none
+    assert certify.can_still_qualify(0, 0, 0, 0, 4, 0.02)  # nothing to judge: keep going
+    # 9 solved by ar, no problem left that ar fails: two losses cannot be recovered
+    assert not certify.can_still_qualify(1, 0, 2, 6, 0, 0.1, 0.5)
+    assert certify.can_still_qualify(1, 0, 1, 7, 0, 0.2, 0.5)
+    # the same losses with ar-failed problems left: gains could still lift the bound
+    assert certify.can_still_qualify(1, 0, 2, 6, 20, 0.1, 0.5)
+
+
 @pytest.mark.parametrize("ids, ref, first", [
     ([1, 2, 3], [1, 2, 3], None),
     ([1, 2, 4], [1, 2, 3], 2),

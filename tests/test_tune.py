@@ -148,6 +148,73 @@ def test_pick_is_the_fastest_certified_setting():
     assert tune.pick(rows, ["b", "c"], 0.10) == "c"
 
 
+def test_pick_needs_the_whole_split():
+    rows = {"ar": {"tokens_per_second": 1.0},
+            "full": {"tokens_per_second": 2.0, "paired": {"both": 200, "gained": 0, "lost": 0, "n": 200}},
+            "part": {"tokens_per_second": 3.0, "paired": {"both": 150, "gained": 0, "lost": 0, "n": 150}}}
+    assert tune.pick(rows, ["full", "part"], 0.05) == "part"  # without n: any qualifying row
+    assert tune.pick(rows, ["full", "part"], 0.05, n=200) == "full"  # a setting stopped early is never the pick
+    assert tune.pick(rows, ["part"], 0.05, n=200) is None
+
+
+def _rec(config, sample, passed):
+    return {"config": config, "sample_id": sample, "repeat": 0, "quality": {"passed": passed}}
+
+
+def test_the_confirm_stage_stops_a_setting_that_can_no_longer_qualify():
+    """ar solves 9 of 10; a setting that lost two of the first three cannot reach a bound of 0.9
+    whatever it does on the seven left, one that lost one still can (by gaining)."""
+    ids = [f"s{i}" for i in range(10)]
+    ar = {f"ar{i}": _rec("ar", s, i != 9) for i, s in enumerate(ids)}  # ar fails s9 only
+    skip = tune.stopper(ids, 0.1, 0.5)
+
+    class Cfg:
+        def __init__(self, id):
+            self.id = id
+
+    two_lost = {**ar, "a0": _rec("x", "s0", False), "a1": _rec("x", "s1", False), "a2": _rec("x", "s2", True)}
+    one_lost = {**ar, "a0": _rec("x", "s0", False), "a1": _rec("x", "s1", True)}
+    assert skip(Cfg("x"), two_lost) and not skip(Cfg("x"), one_lost)
+    assert not skip(Cfg("ar"), two_lost)  # ar itself is never stopped
+    missing_ar = {k: v for k, v in two_lost.items() if k != "ar3"}
+    assert not skip(Cfg("x"), missing_ar)  # ar's outcomes are not all in: nothing to judge yet
+    # records of samples outside the split do not count
+    other = {**ar, **{f"o{i}": _rec("x", f"t{i}", False) for i in range(5)}}
+    assert not skip(Cfg("x"), other)
+
+
+def test_a_stopped_setting_is_not_picked_and_its_closest_is_validated(tiny_dirs, tmp_path, capsys, all_pass,
+                                                                      monkeypatch):
+    """The confirm stage's stop rule (here: any setting after its first problem) leaves a setting's
+    other problems unrun; it cannot be the pick; --validate-closest measures it on the validation
+    split anyway, and --max-confirm caps the settings confirmed per policy."""
+    def stop_after_one(ids, max_loss, confidence):
+        return lambda cfg, records: cfg.id != "ar" and any(r["config"] == cfg.id for r in records.values())
+
+    monkeypatch.setattr(tune, "stopper", stop_after_one)
+    out = tmp_path / "tune"
+    argv = ["tune", "--policy", "mars", "--k", "3", "--grid", "theta=0.5,0.9", *TUNE_SMALL, "--max-confirm", "1",
+            "--validate-closest", "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no setting of mars qualifies" in err[0] and "stopped after 1 of 3 problems" in err[0]
+    record = json.loads((out / "tune.json").read_text())
+    mars = record["policies"]["mars"]
+    [setting] = mars["confirmed"]  # --max-confirm 1 of the two settings
+    assert mars["pick"] is None and mars["stopped_early"] == {setting: 1}
+    runs = [json.loads(x) for x in (out / "confirm" / "results.jsonl").read_text().splitlines()]
+    assert sum(r["config"] == setting for r in runs) == 1 and sum(r["config"] == "ar" for r in runs) == 3
+    closest = mars["closest"]
+    assert closest["setting"] == setting and closest["stopped_early"] and closest["problems_run"] == 1
+    assert closest["validation"]["samples"] == 3 and set(record["validate"]) == {"ar", setting}
+    report = (out / "report.md").read_text()
+    assert f"none qualifies (closest {setting}, stopped at 1/3)" in report
+    # without the stop rule, the rerun resumes and runs the setting's other problems
+    assert main([*argv, "--no-early-stop"]) == 0
+    runs = [json.loads(x) for x in (out / "confirm" / "results.jsonl").read_text().splitlines()]
+    assert sum(r["config"] == setting for r in runs) == 3
+
+
 def test_proxy_order_by_speed_agreement_floor_and_dominance():
     def row(speed, agree, diverged):
         return {"speedup_vs_ar": speed, "agreement": {"token_agreement": agree}, "divergence": {"diverged": diverged}}
@@ -298,6 +365,8 @@ def test_samples_select_positions_per_dataset_and_per_category():
     (["--confidence", "1"], "--confidence must be a number in [0.5, 1.0)"),
     (["--confidence", "0.3"], "--confidence must be a number in [0.5, 1.0)"),
     (["--proxy-k", "0"], "--proxy-k must be an integer >= 1"),
+    (["--max-confirm", "0"], "--max-confirm must be an integer >= 1"),
+    (["--max-confirm", "two"], "--max-confirm must be an integer >= 1"),
     (["--validate-samples", "5..1"], "bad --validate-samples '5..1'"),
     (["--policy", "mars,fly", "--write", "c.json"], "--write names one config file"),
     (["--policy", "mars,warp"], "warp"),

@@ -14,6 +14,9 @@ says what the split *can* resolve:
 - :func:`problems_needed`: how many problems the asked budget would need if the observed shares
   (both solved, lost, gained) held on a larger split; None when the point estimate itself is
   below the budget (no split size helps).
+- :func:`can_still_qualify`: whether a setting part-way through the split could still qualify
+  whatever it does on the problems left (``ar``'s outcomes there known): the confirm stage stops a
+  setting that cannot (curtailed sampling; a pick still needs the whole split).
 - :func:`divergence`: the proxy's measure, where each setting's tokens first differ from ``ar``'s.
 """
 
@@ -77,6 +80,27 @@ def best_case_budget(ar_solved: int, confidence: float = CONFIDENCE) -> float | 
     """The smallest budget a split where ``ar`` solves ``ar_solved`` problems can certify at all:
     that of a setting which solves exactly the same problems (no discordant pair)."""
     return smallest_budget(ar_solved, 0, 0, confidence)
+
+
+def best_completion_bound(both: int, gained: int, lost: int, ar_solved_left: int, ar_failed_left: int,
+                          confidence: float = CONFIDENCE) -> float | None:
+    """The highest recovery bound a setting can still reach after the outcomes so far (``both``,
+    ``gained``, ``lost``), with ``ar_solved_left`` problems left that ``ar`` solves and
+    ``ar_failed_left`` that it fails: it solves every one of the first (losing one only lowers the
+    bound) and, of the second, the number of gains that maximises the bound (a gain raises the
+    ratio but widens the interval, so every count is tried). None when ``ar`` solves none."""
+    b = both + ar_solved_left
+    bounds = [recovery_bound(b, gained + g, lost, confidence) for g in range(ar_failed_left + 1)]
+    bounds = [x for x in bounds if x is not None]
+    return max(bounds) if bounds else None
+
+
+def can_still_qualify(both: int, gained: int, lost: int, ar_solved_left: int, ar_failed_left: int,
+                      max_loss: float, confidence: float = CONFIDENCE) -> bool:
+    """False only when no outcome on the problems left can certify ``max_loss``
+    (:func:`best_completion_bound`); True while ``ar`` has solved none (nothing to judge yet)."""
+    bound = best_completion_bound(both, gained, lost, ar_solved_left, ar_failed_left, confidence)
+    return bound is None or clears(bound, max_loss)
 
 
 def problems_needed(both: int, gained: int, lost: int, n: int, max_loss: float,

@@ -104,9 +104,12 @@ def _progress(enabled: bool, total: int, done: int):
 def run(
     pair, dataset: Dataset, configs: list[Config], peers: list[Config], settings: Settings, out_dir: Path, *,
     progress: bool = True, on_record: Callable[[dict], None] | None = None, models: BenchModels | None = None,
+    skip: Callable[[Config, dict[str, dict]], bool] | None = None,
 ) -> list[dict]:
     """Run whatever is not finished yet; returns all records (loaded and new) of this run's
     samples. ``on_record`` is called after each line is durable (tests use it to inject crashes).
+    ``skip(config, records by key)``, asked before each generation, leaves it out when True
+    (nothing is recorded, so a rerun asks again): tune stops a setting that can no longer qualify.
     Unusable lines already in the folder are reported in one line on stderr and run again. The
     caller holds the folder's lock (:func:`specdec.bench.results.lock_out`). The models the run
     loads besides ``pair`` are kept in ``models`` (a new :class:`BenchModels` when not given)."""
@@ -137,6 +140,9 @@ def run(
     try:
         with bar:
             for sample, rep, cfg in todo:
+                if skip is not None and skip(cfg, existing):
+                    bar.update(task, advance=1, info=f"{cfg.id}: stopped")
+                    continue
                 prompt = prompts[sample.id]
                 if cfg.kind == "peer":
                     if sample.id not in prompt_ids:

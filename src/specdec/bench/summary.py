@@ -119,6 +119,13 @@ def _outcomes(by_sample: dict[str, dict[int, dict]], key: str) -> dict[str, bool
     return out
 
 
+def verdicts(recs: list[dict]) -> dict[str, bool]:
+    """Each sample's task verdict in ``recs`` (one configuration's records), under the metric
+    its quality figure uses (pass@1, math accuracy or JSON validity); empty without one."""
+    key = OUTCOME_KEY.get(_quality(recs).get("quality_metric"))
+    return {} if key is None else _outcomes(_per_sample(recs), key)
+
+
 def mcnemar_exact(lost: int, gained: int) -> float:
     """Two-sided exact McNemar p-value: the binomial test of ``lost`` vs ``gained`` at p = 1/2."""
     m = lost + gained

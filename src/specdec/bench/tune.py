@@ -21,11 +21,17 @@ progress bar), in three run folders under ``--out`` (``confirm/`` first, for ``a
    needs. After the proxy, each policy's settings, fastest proxy first, ``--confirm`` at a time:
    a setting *qualifies* when the one-sided ``--confidence`` lower bound of its paired recovery
    against ``ar`` is ``>= 1 - --max-quality-loss``; the fastest qualifying setting (confirm-stage
-   tokens/s) is the policy's pick. A policy with none gets the smallest budget its best setting certifies, and the
-   split size the asked budget needs from the observed discordance, with a time estimate.
+   tokens/s) is the policy's pick. A setting stops part-way as soon as no outcome on the problems
+   left could make it qualify (:func:`specdec.bench.certify.can_still_qualify`, from ``ar``'s
+   outcomes there; ``--no-early-stop`` runs every setting to the end): it cannot be the pick, and
+   the time goes to the next setting. A pick has always run the whole split. A policy with none
+   gets the smallest budget its best setting certifies, and the split size the asked budget needs
+   from the observed discordance, with a time estimate (from the problems it ran: a setting
+   stopped at a loss overstates its loss rate).
 3. **validate**: ``ar`` and every pick on a validation split disjoint from the tuning split by
    default (the next problems outside it, as many as it has): recovery with its interval, and a
-   warning when it falls below the budget.
+   warning when it falls below the budget. ``--validate-closest`` also runs the closest setting of
+   each policy without a pick there (what the refused setting would have lost).
 4. ``tune.json`` (every figure), ``report.md`` (the table) and one config file per pick
    (``--write`` for a single policy; default ``<out>/config.json``, or ``config-<policy>.json``).
 """
@@ -46,6 +52,7 @@ from ..errors import SpecdecError
 from ..request import AUTO_K, DEFAULTS
 from . import certify
 from . import configs as cfgs
+from .summary import verdicts
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
                       parse_float, parse_selection, parse_settings, run_settings, sandbox_setting)
 
@@ -94,6 +101,8 @@ def register(sub) -> None:
     g.add_argument("--validate-samples", default=None, metavar="A..B|none",
                    help="the validation split's positions (default: as many problems as the tuning split has, "
                         "the first ones outside it); none = skip validation")
+    g.add_argument("--validate-closest", action="store_true",
+                   help="also validate the closest setting of each policy that has no pick (what it would lose)")
     add_sampling_args(g)
     s = p.add_argument_group("search")
     s.add_argument("--proxy-samples", default="20", metavar="N", help="tuning problems in the proxy stage (default: 20)")
@@ -104,6 +113,10 @@ def register(sub) -> None:
                    help="drop settings whose proxy token agreement with plain decoding is below A (default: 0 = keep all)")
     s.add_argument("--confirm", default="2", metavar="N",
                    help="settings of each policy confirmed on task quality per batch, fastest proxy first (default: 2)")
+    s.add_argument("--max-confirm", default=None, metavar="N",
+                   help="confirm at most N settings of each policy in all (default: every setting the proxy kept)")
+    s.add_argument("--no-early-stop", action="store_true",
+                   help="run every confirmed setting on the whole tuning split, even once it can no longer qualify")
     o = p.add_argument_group("output and execution")
     o.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reruns resume in it)")
     o.add_argument("--write", default=None, metavar="FILE",
@@ -249,14 +262,39 @@ def proxy_order(rows: dict[str, dict], min_agreement: float) -> tuple[list[str],
 
 
 def pick(rows: dict[str, dict], confirmed: list[str], max_loss: float,
-         confidence: float = certify.CONFIDENCE) -> str | None:
+         confidence: float = certify.CONFIDENCE, n: int | None = None) -> str | None:
     """The fastest confirmed setting (confirm-stage tokens/s) whose paired recovery is certified
-    within the budget (:func:`specdec.bench.certify.qualifies`), or None."""
-    ok = [c for c in confirmed if certify.qualifies(rows[c].get("paired"), max_loss, confidence)]
+    within the budget (:func:`specdec.bench.certify.qualifies`) on all ``n`` problems of the split
+    (a setting stopped early never is), or None."""
+    ok = [c for c in confirmed if certify.qualifies(rows[c].get("paired"), max_loss, confidence)
+          and (n is None or (rows[c].get("paired") or {}).get("n") == n)]
     return max(ok, key=lambda c: rows[c].get("tokens_per_second") or 0.0) if ok else None
 
 
 # ------------------------------------------------------------------------------- the command
+def stopper(sample_ids: list[str], max_loss: float, confidence: float):
+    """The confirm stage's ``skip``: True for a setting (never ``ar``) that can no longer qualify
+    on the split ``sample_ids`` whatever it does on the problems it has not run
+    (:func:`specdec.bench.certify.can_still_qualify`; ``ar``'s outcomes must all be in)."""
+    wanted = set(sample_ids)
+
+    def skip(cfg, records: dict[str, dict]) -> bool:
+        if cfg.id == cfgs.AR:
+            return False
+        ar = verdicts([r for r in records.values() if r["config"] == cfgs.AR and r["sample_id"] in wanted])
+        if len(ar) < len(wanted):
+            return False
+        mine = verdicts([r for r in records.values() if r["config"] == cfg.id and r["sample_id"] in wanted])
+        both = sum(v and ar[s] for s, v in mine.items())
+        gained = sum(v and not ar[s] for s, v in mine.items())
+        lost = sum(ar[s] and not v for s, v in mine.items())
+        left = [ar[s] for s in wanted if s not in mine]
+        return not certify.can_still_qualify(both, gained, lost, sum(left), len(left) - sum(left), max_loss,
+                                             confidence)
+
+    return skip
+
+
 def check_quality_dataset(spec: str) -> None:
     from .datasets import parse_dataset
 
@@ -266,8 +304,10 @@ def check_quality_dataset(spec: str) -> None:
     raise SpecdecError(f"tune needs a dataset with a task-quality score ({QUALITY_DATASETS}); got {spec!r}")
 
 
-def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str) -> tuple[dict, list[dict]]:
-    """One bench run folder (resumable) -> (its per-configuration summary rows, its records)."""
+def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str,
+          skip=None) -> tuple[dict, list[dict]]:
+    """One bench run folder (resumable) -> (its per-configuration summary rows, its records);
+    ``skip`` as :func:`specdec.bench.runner.run` takes it."""
     from .results import check_run_settings, lock_out, prepare_dir
     from .runner import run
     from .summary import summarize
@@ -278,7 +318,7 @@ def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str) 
         if not a.quiet:
             print(f"specdec tune: {name} stage, {len(configs) - 1} setting(s) + ar on {len(dataset.samples)} "
                   f"sample(s), {settings.max_new_tokens} tokens", file=sys.stderr, flush=True)
-        records = run(pair, dataset, configs, [], settings, folder, progress=not a.quiet)
+        records = run(pair, dataset, configs, [], settings, folder, progress=not a.quiet, skip=skip)
     rows = summarize(records, [c.to_dict() for c in configs], [s.id for s in dataset.samples], 1)["configs"]
     return rows, records
 
@@ -302,6 +342,7 @@ class _TunePlan:
     confidence: float
     min_agreement: float
     per_batch: int
+    max_confirm: int | None  # settings confirmed per policy at most (None: all the proxy kept)
     settings: Any
     proxy_settings: Any
     policies: list[PolicyPlan]
@@ -357,6 +398,7 @@ def _plan_tune(a: argparse.Namespace) -> _TunePlan:
     confidence = check_number("--confidence", parse_float(a.confidence, "--confidence"), 0.5, 1.0, hi_open=True)
     min_agreement = check_number("--min-agreement", parse_float(a.min_agreement, "--min-agreement"), 0.0, 1.0)
     per_batch = cfgs.parse_int(a.confirm, "--confirm")
+    max_confirm = None if a.max_confirm is None else cfgs.parse_int(a.max_confirm, "--max-confirm")
     settings = parse_settings(a)
     proxy_settings = replace(settings, max_new_tokens=cfgs.parse_int(a.proxy_tokens, "--proxy-tokens"))
     proxy_k = cfgs.parse_int(a.proxy_k, "--proxy-k")
@@ -379,8 +421,8 @@ def _plan_tune(a: argparse.Namespace) -> _TunePlan:
     targets = {p.policy: (Path(a.write) if a.write else out / "config.json") if len(plans) == 1
                else out / f"config-{p.policy}.json" for p in plans}
     env = environment.describe()
-    plan = _TunePlan(positions, max_loss, confidence, min_agreement, per_batch, settings, proxy_settings, plans,
-                     dataset, proxy_set, validation, overlap, out, targets, env)
+    plan = _TunePlan(positions, max_loss, confidence, min_agreement, per_batch, max_confirm, settings, proxy_settings,
+                     plans, dataset, proxy_set, validation, overlap, out, targets, env)
     plan.by_id = {c.id: c for p in plans for c in p.settings}
     return plan
 
@@ -440,7 +482,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
             r.order, r.low_agreement, r.dominated = proxy_order({cfgs.AR: proxy_rows[cfgs.AR], **by_setting},
                                                                 plan.min_agreement)
         rows = _confirm_stage(pair, a, plan, ar, results, rows)
-        if plan.validation is not None and any(r.pick for r in results.values()):
+        if plan.validation is not None and validated(results, a.validate_closest):
             validate_rows = _validate_stage(pair, a, plan, ar, results)
     record = tune_record(a, plan, pair, proxy_rows, rows, validate_rows, results, feasibility)
     (plan.out / "tune.json").write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
@@ -470,21 +512,23 @@ def _confirm_stage(pair, a, plan: _TunePlan, ar, results: dict[str, PolicyResult
     every policy has a pick or none is left; the closest setting of each policy without one.
     Returns the confirm rows."""
     confirmed: list[str] = []
+    skip = None if a.no_early_stop else stopper([s.id for s in plan.dataset.samples], plan.max_loss, plan.confidence)
     while True:
         batch = []
         for r in results.values():
             if r.pick is None and not r.exhausted:
-                new = r.order[len(r.confirmed): len(r.confirmed) + plan.per_batch]
+                last = len(r.order) if plan.max_confirm is None else min(len(r.order), plan.max_confirm)
+                new = r.order[len(r.confirmed): min(last, len(r.confirmed) + plan.per_batch)]
                 r.confirmed += new
                 batch += new
         if not batch:
             break
         confirmed += batch
         rows, _ = stage(pair, a, plan.dataset, [ar, *(plan.by_id[c] for c in confirmed)], plan.settings, plan.out,
-                        plan.env, "confirm")
+                        plan.env, "confirm", skip=skip)
         for r in results.values():
             if r.pick is None:
-                r.pick = pick(rows, r.confirmed, plan.max_loss, plan.confidence)
+                r.pick = pick(rows, r.confirmed, plan.max_loss, plan.confidence, len(plan.dataset.samples))
     for r in results.values():
         if r.pick is None:
             r.closest, r.why_none = closest_setting(r, rows, plan)
@@ -535,37 +579,55 @@ def closest_setting(r: PolicyResult, rows: dict, plan: _TunePlan) -> tuple[dict 
         return None, (f"no setting of {r.policy} was left to confirm (--min-agreement dropped them all)"
                       if not r.order else f"no confirmed setting of {r.policy} has a paired recovery")
     both, gained, lost = certify.counts(rows[best]["paired"])
-    n = rows[best]["paired"]["n"]
+    n, total = rows[best]["paired"]["n"], len(plan.dataset.samples)
     need = certify.problems_needed(both, gained, lost, n, plan.max_loss, plan.confidence)
     per = [_seconds_per_sample(rows[best]), _seconds_per_sample(rows[cfgs.AR])]
     eta = None if need is None or None in per else need * sum(per)
     info = {"setting": best, "recovery": rows[best].get("recovery"), "bound": best_bound,
-            "certifies": max(0.0, 1.0 - best_bound), "problems_needed": need, "seconds_needed": eta}
+            "certifies": max(0.0, 1.0 - best_bound), "problems_needed": need, "seconds_needed": eta,
+            "problems_run": n, "stopped_early": n < total}
     needs = (f"the asked {plan.max_loss:g} needs about {need} problems at its observed discordance "
              f"({lost} lost, {gained} gained of {n}; about {certify.hours(eta)} at this speed)" if need is not None
              else f"its measured recovery {rows[best].get('recovery'):.3f} is itself below 1 - {plan.max_loss:g}, "
                   "so no split size certifies it")
+    stopped = (f" (it stopped after {n} of {total} problems, when no outcome on the rest could make it qualify; "
+               "these figures are from the problems it ran, and stopping at a loss overstates the loss rate)"
+               if n < total else "")
     why = (f"no setting of {r.policy} qualifies: the closest, {best}, is certified within a loss of "
-           f"{info['certifies']:.3f} at {plan.confidence:g} confidence (lower bound {best_bound:.3f}); {needs}")
+           f"{info['certifies']:.3f} at {plan.confidence:g} confidence (lower bound {best_bound:.3f}); {needs}{stopped}")
     return info, why
 
 
+def validated(results: dict[str, PolicyResult], closest: bool) -> list[str]:
+    """The settings the validation stage runs: every pick, and with ``closest`` the closest
+    setting of each policy without one."""
+    out = [r.pick for r in results.values() if r.pick]
+    if closest:
+        out += [r.closest["setting"] for r in results.values() if r.pick is None and r.closest]
+    return list(dict.fromkeys(out))
+
+
+def _validation_figures(row: dict, plan: _TunePlan) -> dict:
+    bound = certify.paired_bound(row.get("paired"), plan.confidence)
+    rec = row.get("recovery")
+    return {"samples": row.get("samples"), "speedup_vs_ar": row.get("speedup_vs_ar"), "recovery": rec,
+            "recovery_ci": (row.get("paired") or {}).get("recovery_ci"), "bound": bound,
+            "held": certify.clears(rec, plan.max_loss), "certified": certify.clears(bound, plan.max_loss),
+            "paired": row.get("paired")}
+
+
 def _validate_stage(pair, a, plan: _TunePlan, ar, results: dict[str, PolicyResult]) -> dict:
-    """``ar`` and every pick on the validation split: recovery with its interval, whether the
-    budget held (point estimate >= 1 - budget) and whether it is certified there too."""
-    picks = [plan.by_id[r.pick] for r in results.values() if r.pick]
-    rows, _ = stage(pair, a, plan.validation, [ar, *cfgs.dedupe(picks)], plan.settings, plan.out, plan.env,
-                    "validate")
+    """``ar`` and every pick (with ``--validate-closest``, each closest setting of a policy without
+    one too) on the validation split: recovery with its interval, whether the budget held (point
+    estimate >= 1 - budget) and whether it is certified there too."""
+    rows, _ = stage(pair, a, plan.validation, [ar, *(plan.by_id[c] for c in validated(results, a.validate_closest))],
+                    plan.settings, plan.out, plan.env, "validate")
     for r in results.values():
+        if r.pick is None and r.closest and r.closest["setting"] in rows:
+            r.closest["validation"] = _validation_figures(rows[r.closest["setting"]], plan)
         if r.pick:
-            row = rows[r.pick]
-            bound = certify.paired_bound(row.get("paired"), plan.confidence)
-            rec = row.get("recovery")
-            r.validation = {"samples": row.get("samples"), "speedup_vs_ar": row.get("speedup_vs_ar"),
-                            "recovery": rec, "recovery_ci": (row.get("paired") or {}).get("recovery_ci"),
-                            "bound": bound, "held": certify.clears(rec, plan.max_loss),
-                            "certified": certify.clears(bound, plan.max_loss),
-                            "paired": row.get("paired")}
+            r.validation = _validation_figures(rows[r.pick], plan)
+            rec = r.validation["recovery"]
             if not r.validation["held"] and not a.quiet:
                 print(f"specdec tune: warning: {r.pick} recovers {rec if rec is None else round(rec, 3)} of plain "
                       f"decoding's quality on the validation split, below the budget (1 - {plan.max_loss:g})",
@@ -627,6 +689,8 @@ def tune_record(a, plan: _TunePlan, pair, proxy_rows, rows, validate_rows, resul
             "grid": [c.id for c in p.settings], "skipped": p.skipped,
             "proxy_of": {sid: c.id for sid, c in p.proxy_of.items()}, "proxy_order": r.order,
             "dropped_low_agreement": r.low_agreement, "dominated": r.dominated, "confirmed": r.confirmed,
+            "stopped_early": {c: rows[c].get("samples") for c in r.confirmed
+                              if c in rows and (rows[c].get("samples") or 0) < len(plan.dataset.samples)},
             "pick": pick_info, "closest": r.closest, "why_none": r.why_none or None,
         }
     return {
@@ -668,21 +732,28 @@ def table_rows(record: dict) -> list[list[str]]:
             c = p.get("closest") or {}
             conf = record["confirm"].get(c.get("setting"), {})
             paired = conf.get("paired") or {}
-            out.append([policy, "none qualifies" + (f" (closest {c['setting']})" if c.get("setting") else ""),
+            run = (f", stopped at {c['problems_run']}/{len(record['tuning_samples'])}" if c.get("stopped_early")
+                   else "")
+            out.append([policy, "none qualifies" + (f" (closest {c['setting']}{run})" if c.get("setting") else ""),
                         _f(conf.get("speedup_vs_ar")) + ("x" if conf else ""),
                         _rec(c.get("recovery"), paired.get("recovery_ci")), _f(c.get("bound"), ".3f"),
                         f"{_f(c.get('certifies'), '.3f')} (needs ~{c.get('problems_needed') or '∞'} problems)"
-                        if c else "–", "–", "–", "–"])
+                        if c else "–", *_validation_cells(c.get("validation"))])
             continue
-        v = pk.get("validation") or {}
-        held = "–" if not v else ("yes" if v["held"] else "**no**") + (", certified" if v.get("certified") else "")
         out.append([policy, pk["setting"], _f(pk["speedup_vs_ar"]) + "x",
                     _rec(pk["recovery"], (pk.get("paired_vs_ar") or {}).get("recovery_ci")),
                     _f(pk["recovery_bound"], ".3f"),
                     "–" if pk["recovery_bound"] is None else f"{max(0.0, 1 - pk['recovery_bound']):.3f}",
-                    _f(v.get("speedup_vs_ar")) + ("x" if v else ""), _rec(v.get("recovery"), v.get("recovery_ci")),
-                    held])
+                    *_validation_cells(pk.get("validation"))])
     return out
+
+
+def _validation_cells(v: dict | None) -> list[str]:
+    """Speed vs ar, recovery [CI] and whether the budget held, on the validation split."""
+    if not v:
+        return ["–", "–", "–"]
+    held = ("yes" if v["held"] else "**no**") + (", certified" if v.get("certified") else "")
+    return [_f(v.get("speedup_vs_ar")) + "x", _rec(v.get("recovery"), v.get("recovery_ci")), held]
 
 
 HEADER = ["policy", "pick", "speed vs ar (tuning)", "recovery, tuning [95% CI]", "lower bound",
