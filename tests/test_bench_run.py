@@ -13,6 +13,7 @@ import pytest
 
 from specdec.bench import configs as cfgs
 from specdec.bench.datasets import load_dataset
+from specdec.bench.prompts import build_prompt
 from specdec.bench.results import ResultsFile
 from specdec.bench.runner import Settings, run
 from specdec.cli import main
@@ -154,6 +155,35 @@ def test_resume_with_a_key_only_line_and_a_truncated_line(tiny_pair, tmp_path, m
     keys = [r["key"] for r in lines(path)]
     assert len(keys) == len(set(keys)) == total == len(records)
     assert victim in keys and cut["key"] in keys
+
+
+def test_skip_leaves_generations_out_and_warm_up_covers_only_work_left(tiny_pair, tmp_path, monkeypatch):
+    """``skip`` (tune's stop rule) is asked before each generation and records nothing when it says
+    so; a resumed run warms up only the configurations that still have work."""
+    from specdec.bench import runner
+
+    dataset = load_dataset("fixture")
+    configs = cfgs.build_configs("ar,lossless", "pld", 2)
+    settings = Settings(max_new_tokens=4, sandbox_timeout=5)
+    warmed = []
+    prompts = []
+    monkeypatch.setattr(runner, "warm_up", lambda pair, prompt, cs, *a, **kw: (warmed.append([c.id for c in cs]),
+                                                                                prompts.append(prompt.text)))
+    asked = []
+
+    def skip(cfg, records):
+        asked.append(cfg.id)
+        return cfg.id != "ar"  # every setting stopped at once
+
+    records = run(tiny_pair, dataset, configs, [], settings, tmp_path, progress=False, skip=skip)
+    assert {r["config"] for r in records} == {"ar"} and len(records) == len(dataset.samples)
+    assert asked.count("lossless/pld/k2") == len(dataset.samples)  # asked again at each sample
+    assert warmed == [["ar", "lossless/pld/k2"]]
+    texts = [build_prompt(tiny_pair.tokenizer, smp).text for smp in dataset.samples]
+    assert prompts[0] == min(texts, key=len)  # the shortest prompt
+    run(tiny_pair, dataset, configs, [], settings, tmp_path, progress=False)  # resume without the rule
+    assert warmed[-1] == ["lossless/pld/k2"]  # ar is complete: not warmed again
+    assert len(lines(tmp_path / "results.jsonl")) == 2 * len(dataset.samples)
 
 
 def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tiny_dirs, tmp_path, capsys):

@@ -106,6 +106,23 @@ def test_divergence_over_records():
                                                      "tokens_before_divergence": None}
 
 
+def test_decode_speedup_takes_the_prefill_out():
+    def rec(config, sample, tokens, seconds, prefill, repeat=0):
+        return {"config": config, "sample_id": sample, "repeat": repeat, "new_tokens": tokens, "seconds": seconds,
+                "stats": {"prefill_seconds": prefill}}
+
+    records = [rec("ar", "a", 32, 29.0, 25.0), rec("x", "a", 32, 27.0, 25.0),  # decode 4 s vs 2 s
+               rec("ar", "b", 32, 5.0, 1.0), rec("x", "b", 32, 3.0, 1.0),
+               rec("x", "c", 32, 1.0, 0.0),  # ar did not run c: not counted
+               rec("x", "a", 32, 99.0, 0.0, repeat=1)]  # only the first repeat
+    assert certify.decode_speedup(records, "x") == pytest.approx((64 / 4) / (64 / 8))
+    # with the prefill left in, the same runs look barely faster
+    assert (64 / 30) / (64 / 34) < 1.2
+    assert certify.decode_speedup(records, "y") is None
+    assert certify.proxy_speed({"speedup_vs_ar": 0.9, "decode_speedup_vs_ar": 1.4}) == 1.4
+    assert certify.proxy_speed({"speedup_vs_ar": 0.9}) == 0.9 and certify.proxy_speed({}) == 0.0
+
+
 def test_dominated_settings():
     def row(speed, agree, diverged):
         return {"speedup_vs_ar": speed, "agreement": {"token_agreement": agree}, "divergence": {"diverged": diverged}}

@@ -102,7 +102,8 @@ def test_several_policies_share_one_ar_and_get_a_config_each(tiny_dirs, tmp_path
     assert record["policies"]["mars"]["proxy_of"] == {"mars[mars_theta=0.9]/model/kauto": "mars[mars_theta=0.9]/model/k2"}
     assert set(record["proxy"]) == {"ar", "mars[mars_theta=0.9]/model/k2",
                                     "typical[typical_delta=0.5,typical_epsilon=0.1]/model/k2"}
-    assert all(r["divergence"]["n"] == 2 for cid, r in record["proxy"].items() if cid != "ar")
+    assert all(r["divergence"]["n"] == 2 and r["decode_speedup_vs_ar"] > 0
+               for cid, r in record["proxy"].items() if cid != "ar")
     for policy in ("mars", "typical"):
         cfg = json.loads((out / f"config-{policy}.json").read_text())
         assert cfg["decode"]["policy"] == policy and cfg["decode"]["k"] == "auto"

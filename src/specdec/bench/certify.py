@@ -17,7 +17,8 @@ says what the split *can* resolve:
 - :func:`can_still_qualify`: whether a setting part-way through the split could still qualify
   whatever it does on the problems left (``ar``'s outcomes there known): the confirm stage stops a
   setting that cannot (curtailed sampling; a pick still needs the whole split).
-- :func:`divergence`: the proxy's measure, where each setting's tokens first differ from ``ar``'s.
+- :func:`divergence`: the proxy's measure, where each setting's tokens first differ from ``ar``'s;
+  :func:`decode_speedup`: its speed figure, without the prompt's prefill.
 """
 
 from __future__ import annotations
@@ -168,12 +169,40 @@ def divergence(records: Iterable[dict], config: str, ar: str = "ar") -> dict[str
             "tokens_before_divergence": (sum(before) / len(before)) if before else None}
 
 
+def decode_speedup(records: Iterable[dict], config: str, ar: str = "ar") -> float | None:
+    """Tokens/s of ``config`` over ``ar``'s with the prompt's prefill taken out of both (the
+    engine's ``prefill_seconds``: the target's and the draft's), on the samples both ran (first
+    repeat). At the proxy's few tokens a long prompt's prefill is most of a generation and the
+    same for every setting of a model drafter, so with it the ranking would be mostly noise."""
+    def decode(r: dict) -> tuple[float, float]:
+        pre = (r.get("stats") or {}).get("prefill_seconds") or 0.0
+        return float(r["new_tokens"]), max(float(r["seconds"]) - pre, 1e-9)
+
+    mine: dict[str, tuple[float, float]] = {}
+    ref: dict[str, tuple[float, float]] = {}
+    for r in records:
+        if int(r.get("repeat", 0)) == 0 and r["config"] in (config, ar):
+            (mine if r["config"] == config else ref)[r["sample_id"]] = decode(r)
+    common = [s for s in mine if s in ref]
+    if not common:
+        return None
+    tps = [sum(d[s][0] for s in common) / sum(d[s][1] for s in common) for d in (mine, ref)]
+    return tps[0] / tps[1] if tps[1] else None
+
+
+def proxy_speed(row: dict) -> float:
+    """A proxy row's speed figure: ``decode_speedup_vs_ar`` (:func:`decode_speedup`) when it has
+    one, else ``speedup_vs_ar``; 0 without either."""
+    v = row.get("decode_speedup_vs_ar")
+    return (row.get("speedup_vs_ar") if v is None else v) or 0.0
+
+
 def dominated(rows: dict[str, dict]) -> set[str]:
-    """The settings another one beats on every proxy figure: at least as fast (``speedup_vs_ar``),
+    """The settings another one beats on every proxy figure: at least as fast (:func:`proxy_speed`),
     diverging on no more samples and agreeing on at least as many tokens, better in one of them."""
     def key(r: dict) -> tuple[float, float, float]:
         d = r.get("divergence") or {}
-        return (r.get("speedup_vs_ar") or 0.0, -(d.get("diverged") if d.get("diverged") is not None else 1.0),
+        return (proxy_speed(r), -(d.get("diverged") if d.get("diverged") is not None else 1.0),
                 (r.get("agreement") or {}).get("token_agreement") or 0.0)
 
     out = set()

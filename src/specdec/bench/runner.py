@@ -87,29 +87,31 @@ class Running:
         return "  ".join(parts)
 
 
-def _progress(enabled: bool, total: int, done: int):
+def _progress(enabled: bool, total: int, done: int, label: str = "bench"):
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
 
     progress = Progress(
-        TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
+        TextColumn(f"[bold]{label}"), BarColumn(), MofNCompleteColumn(), TextColumn("elapsed"), TimeElapsedColumn(),
         TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}", markup=False),
         console=Console(stderr=True), disable=not enabled, transient=False,
     )
-    task = progress.add_task("bench", total=total, completed=done, info="")
+    task = progress.add_task(label, total=total, completed=done, info="")
     return progress, task
 
 
 def run(
     pair, dataset: Dataset, configs: list[Config], peers: list[Config], settings: Settings, out_dir: Path, *,
     progress: bool = True, on_record: Callable[[dict], None] | None = None, models: BenchModels | None = None,
-    skip: Callable[[Config, dict[str, dict]], bool] | None = None,
+    skip: Callable[[Config, dict[str, dict]], bool] | None = None, label: str = "bench",
 ) -> list[dict]:
     """Run whatever is not finished yet; returns all records (loaded and new) of this run's
     samples. ``on_record`` is called after each line is durable (tests use it to inject crashes).
     ``skip(config, records by key)``, asked before each generation, leaves it out when True
     (nothing is recorded, so a rerun asks again): tune stops a setting that can no longer qualify.
+    ``label`` names the progress bar. Only the configurations with work left are warmed up, on
+    the shortest prompt among the samples with work left.
     Unusable lines already in the folder are reported in one line on stderr and run again. The
     caller holds the folder's lock (:func:`specdec.bench.results.lock_out`). The models the run
     loads besides ``pair`` are kept in ``models`` (a new :class:`BenchModels` when not given)."""
@@ -131,11 +133,12 @@ def run(
     todo = [(s, rep, c) for s in dataset.samples for rep in range(settings.repeats) for c in everything
             if record_key(s.id, c.id, rep) not in existing]
     total = len(dataset.samples) * settings.repeats * len(everything)
-    if todo and settings.warmup:
-        first = todo[0][0].id
-        warm_up(pair, prompts[first], everything, settings, models, constraints.get(first))
+    if todo and settings.warmup:  # on the shortest prompt with work left: a long one's prefill teaches nothing more
+        first = min(dict.fromkeys(s.id for s, _, _ in todo), key=lambda sid: len(prompts[sid].text))
+        left = {c.id for _, _, c in todo}
+        warm_up(pair, prompts[first], [c for c in everything if c.id in left], settings, models, constraints.get(first))
 
-    bar, task = _progress(progress, total, total - len(todo))
+    bar, task = _progress(progress, total, total - len(todo), label)
     prompt_ids: dict[str, list[int]] = {}
     try:
         with bar:

@@ -7,7 +7,8 @@ progress bar), in three run folders under ``--out`` (``confirm/`` first, for ``a
 
 1. **proxy** (cheap, prunes the grid; it runs after ``ar``'s confirm run, below): every setting of every policy's grid (each rule's declared
    ``tune_grid``, or ``--grid``; times ``--k``) and ``ar`` on ``--proxy-samples`` problems of the
-   tuning split at ``--proxy-tokens`` new tokens: speed relative to ``ar``, token agreement and
+   tuning split at ``--proxy-tokens`` new tokens: speed relative to ``ar`` with the prompt's prefill
+   taken out (:func:`specdec.bench.certify.decode_speedup`), token agreement and
    where the tokens first diverge from ``ar``'s (:func:`specdec.bench.certify.divergence`). A
    ``k=auto`` setting runs here at the fixed K ``--proxy-k`` (more for a FLy window that needs
    it): on a short request the controller can sit at K=0 after one unlucky probe, and a rule that
@@ -52,9 +53,9 @@ from ..errors import SpecdecError
 from ..request import AUTO_K, DEFAULTS
 from . import certify
 from . import configs as cfgs
-from .summary import verdicts
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
                       parse_float, parse_selection, parse_settings, run_settings, sandbox_setting)
+from .summary import verdicts
 
 #: the tuning split when --samples is not given (HumanEval: the second half; the first half,
 #: 0..81, is the default validation split and holds bench's usual report set)
@@ -132,24 +133,27 @@ def register(sub) -> None:
 # ------------------------------------------------------------------------------- the grid
 def parse_policies(text: str) -> list[str]:
     """``--policy`` as a list of loose (or exact) policy names, validated, without duplicates."""
-    from ..verify import make_policy
-
     names = list(dict.fromkeys(cfgs.split_list(text, "--policy")))
     for name in names:
-        if name == "ar":
-            raise SpecdecError("policy 'ar' (plain decoding) has nothing to tune; it is the baseline")
-        make_policy(name)  # validates the name
+        check_policy(name)
     return names
+
+
+def check_policy(name: str):
+    """The policy object of ``name``, refusing ``ar`` (the baseline) and unknown names."""
+    from ..verify import make_policy
+
+    if name == "ar":
+        raise SpecdecError("policy 'ar' (plain decoding) has nothing to tune; it is the baseline")
+    return make_policy(name)
 
 
 def grid_axes(policy: str, overrides: list[str] | None) -> dict[str, list[Any]]:
     """``{prefixed parameter: values}``: each rule's ``tune_grid``, replaced by ``--grid`` items
     (with several policies, an item applies to each policy that has the parameter)."""
-    from ..verify import RULES, make_policy
+    from ..verify import RULES
 
-    if policy == "ar":
-        raise SpecdecError("policy 'ar' (plain decoding) has nothing to tune; it is the baseline")
-    pol = make_policy(policy)  # validates the name
+    pol = check_policy(policy)
     rules = [] if pol is None else sorted(set(policy.split("+")) & set(RULES))
     axes: dict[str, list[Any]] = {}
     for rule in rules:
@@ -245,7 +249,7 @@ def parse_ks(text: str) -> list:
 
 # ------------------------------------------------------------------------------- the pick
 def proxy_order(rows: dict[str, dict], min_agreement: float) -> tuple[list[str], list[str], list[str]]:
-    """Setting ids by proxy speed (fastest first); those dropped for agreement below
+    """Setting ids by proxy speed (:func:`specdec.bench.certify.proxy_speed`, fastest first); those dropped for agreement below
     ``min_agreement``; and those dominated by another setting (:func:`specdec.bench.certify.dominated`)."""
     low, kept = [], {}
     for cid, r in rows.items():
@@ -257,7 +261,7 @@ def proxy_order(rows: dict[str, dict], min_agreement: float) -> tuple[list[str],
         else:
             kept[cid] = r
     beaten = certify.dominated(kept)
-    order = sorted((c for c in kept if c not in beaten), key=lambda c: -(rows[c].get("speedup_vs_ar") or 0.0))
+    order = sorted((c for c in kept if c not in beaten), key=lambda c: -certify.proxy_speed(rows[c]))
     return order, low, sorted(beaten)
 
 
@@ -318,7 +322,8 @@ def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str,
         if not a.quiet:
             print(f"specdec tune: {name} stage, {len(configs) - 1} setting(s) + ar on {len(dataset.samples)} "
                   f"sample(s), {settings.max_new_tokens} tokens", file=sys.stderr, flush=True)
-        records = run(pair, dataset, configs, [], settings, folder, progress=not a.quiet, skip=skip)
+        records = run(pair, dataset, configs, [], settings, folder, progress=not a.quiet, skip=skip,
+                      label=f"tune {name}")
     rows = summarize(records, [c.to_dict() for c in configs], [s.id for s in dataset.samples], 1)["configs"]
     return rows, records
 
@@ -504,6 +509,7 @@ def _proxy_stage(pair, a, plan: _TunePlan, ar) -> dict[str, dict]:
     for cid, r in rows.items():
         if cid != cfgs.AR:
             r["divergence"] = certify.divergence(records, cid)
+            r["decode_speedup_vs_ar"] = certify.decode_speedup(records, cid)
     return rows
 
 
@@ -656,7 +662,7 @@ def _write_configs(a, plan: _TunePlan, results: dict[str, PolicyResult], record:
     return 0
 
 
-KEEP = ("tokens_per_second", "speedup_vs_ar", "tau", "quality", "quality_metric", "recovery", "paired", "agreement",
+KEEP = ("tokens_per_second", "speedup_vs_ar", "decode_speedup_vs_ar", "tau", "quality", "quality_metric", "recovery", "paired", "agreement",
         "divergence", "samples", "seconds")
 
 
