@@ -224,6 +224,10 @@ def test_proxy_order_by_speed_agreement_floor_and_dominance():
             "w": row(1.0, 0.8, 0.6)}  # w: slower than x, and diverges more
     assert tune.proxy_order(rows, 0.0) == (["y", "x", "z"], [], ["w"])
     assert tune.proxy_order(rows, 0.5) == (["x", "z"], ["y"], ["w"])
+    # within 10% of the fastest left, the setting that diverges on fewer problems goes first
+    assert tune.proxy_order(rows, 0.0, speed_tie=0.1) == (["y", "z", "x"], [], ["w"])  # x: 20% slower than y; z: within 10% of x
+    assert tune.proxy_order(rows, 0.0, speed_tie=0.25) == (["x", "y", "z"], [], ["w"])
+    assert tune.proxy_order(rows, 0.0, speed_tie=0.5) == (["z", "x", "y"], [], ["w"])
 
 
 def test_proxy_runs_k_auto_at_a_fixed_k_that_the_rule_can_use():
@@ -367,6 +371,7 @@ def test_samples_select_positions_per_dataset_and_per_category():
     (["--confidence", "0.3"], "--confidence must be a number in [0.5, 1.0)"),
     (["--proxy-k", "0"], "--proxy-k must be an integer >= 1"),
     (["--max-confirm", "0"], "--max-confirm must be an integer >= 1"),
+    (["--speed-tie", "1"], "--speed-tie must be a number in [0.0, 1.0)"),
     (["--max-confirm", "two"], "--max-confirm must be an integer >= 1"),
     (["--validate-samples", "5..1"], "bad --validate-samples '5..1'"),
     (["--policy", "mars,fly", "--write", "c.json"], "--write names one config file"),

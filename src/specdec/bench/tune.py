@@ -19,7 +19,8 @@ progress bar), in three run folders under ``--out`` (``confirm/`` first, for ``a
    on the task, before anything else runs; if even a setting that agreed with ``ar`` everywhere
    could not be certified on this split (:func:`specdec.bench.certify.best_case_budget`), tune
    stops there and says which budget the split can certify and how many problems the asked one
-   needs. After the proxy, each policy's settings, fastest proxy first, ``--confirm`` at a time:
+   needs. After the proxy, each policy's settings, fastest proxy first (within ``--speed-tie``
+   of the fastest left, fewest diverging problems first), ``--confirm`` at a time:
    a setting *qualifies* when the one-sided ``--confidence`` lower bound of its paired recovery
    against ``ar`` is ``>= 1 - --max-quality-loss``; the fastest qualifying setting (confirm-stage
    tokens/s) is the policy's pick. A setting stops part-way as soon as no outcome on the problems
@@ -110,6 +111,9 @@ def register(sub) -> None:
     s.add_argument("--proxy-tokens", default="32", metavar="M", help="new tokens in the proxy stage (default: 32)")
     s.add_argument("--proxy-k", default="4", metavar="K",
                    help="the fixed K a k=auto setting drafts at in the proxy stage (default: 4)")
+    s.add_argument("--speed-tie", default="0.05", metavar="R",
+                   help="proxy speeds within R (relative) of the fastest count as equal, and the setting that diverges "
+                        "from plain decoding on fewer problems is confirmed first (default: 0.05; 0 = by speed alone)")
     s.add_argument("--min-agreement", default="0", metavar="A",
                    help="drop settings whose proxy token agreement with plain decoding is below A (default: 0 = keep all)")
     s.add_argument("--confirm", default="2", metavar="N",
@@ -248,9 +252,13 @@ def parse_ks(text: str) -> list:
 
 
 # ------------------------------------------------------------------------------- the pick
-def proxy_order(rows: dict[str, dict], min_agreement: float) -> tuple[list[str], list[str], list[str]]:
-    """Setting ids by proxy speed (:func:`specdec.bench.certify.proxy_speed`, fastest first); those dropped for agreement below
-    ``min_agreement``; and those dominated by another setting (:func:`specdec.bench.certify.dominated`)."""
+def proxy_order(rows: dict[str, dict], min_agreement: float,
+                speed_tie: float = 0.0) -> tuple[list[str], list[str], list[str]]:
+    """Setting ids in confirm order; those dropped for agreement below ``min_agreement``; and those
+    dominated by another setting (:func:`specdec.bench.certify.dominated`). The order is by proxy
+    speed (:func:`specdec.bench.certify.proxy_speed`), fastest first, except that settings within
+    ``speed_tie`` (relative) of the fastest left count as equally fast: of those, the one that
+    diverges from ``ar`` on the fewest problems goes first (then the most token agreement)."""
     low, kept = [], {}
     for cid, r in rows.items():
         if cid == cfgs.AR:
@@ -261,8 +269,24 @@ def proxy_order(rows: dict[str, dict], min_agreement: float) -> tuple[list[str],
         else:
             kept[cid] = r
     beaten = certify.dominated(kept)
-    order = sorted((c for c in kept if c not in beaten), key=lambda c: -certify.proxy_speed(rows[c]))
+    left = sorted((c for c in kept if c not in beaten), key=lambda c: -certify.proxy_speed(rows[c]))
+    order = []
+    while left:
+        floor = certify.proxy_speed(rows[left[0]]) * (1.0 - speed_tie)
+        ties = [c for c in left if certify.proxy_speed(rows[c]) >= floor - 1e-12]
+        first = min(ties, key=lambda c: (_diverged(rows[c]), -_agreement(rows[c])))  # stable: faster wins ties
+        order.append(first)
+        left.remove(first)
     return order, low, sorted(beaten)
+
+
+def _diverged(row: dict) -> float:
+    d = (row.get("divergence") or {}).get("diverged")
+    return 1.0 if d is None else d
+
+
+def _agreement(row: dict) -> float:
+    return (row.get("agreement") or {}).get("token_agreement") or 0.0
 
 
 def pick(rows: dict[str, dict], confirmed: list[str], max_loss: float,
@@ -346,6 +370,7 @@ class _TunePlan:
     max_loss: float
     confidence: float
     min_agreement: float
+    speed_tie: float
     per_batch: int
     max_confirm: int | None  # settings confirmed per policy at most (None: all the proxy kept)
     settings: Any
@@ -402,6 +427,7 @@ def _plan_tune(a: argparse.Namespace) -> _TunePlan:
                             hi_open=True)
     confidence = check_number("--confidence", parse_float(a.confidence, "--confidence"), 0.5, 1.0, hi_open=True)
     min_agreement = check_number("--min-agreement", parse_float(a.min_agreement, "--min-agreement"), 0.0, 1.0)
+    speed_tie = check_number("--speed-tie", parse_float(a.speed_tie, "--speed-tie"), 0.0, 1.0, hi_open=True)
     per_batch = cfgs.parse_int(a.confirm, "--confirm")
     max_confirm = None if a.max_confirm is None else cfgs.parse_int(a.max_confirm, "--max-confirm")
     settings = parse_settings(a)
@@ -426,7 +452,7 @@ def _plan_tune(a: argparse.Namespace) -> _TunePlan:
     targets = {p.policy: (Path(a.write) if a.write else out / "config.json") if len(plans) == 1
                else out / f"config-{p.policy}.json" for p in plans}
     env = environment.describe()
-    plan = _TunePlan(positions, max_loss, confidence, min_agreement, per_batch, max_confirm, settings, proxy_settings,
+    plan = _TunePlan(positions, max_loss, confidence, min_agreement, speed_tie, per_batch, max_confirm, settings, proxy_settings,
                      plans, dataset, proxy_set, validation, overlap, out, targets, env)
     plan.by_id = {c.id: c for p in plans for c in p.settings}
     return plan
@@ -485,7 +511,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
             by_setting = {sid: proxy_rows[c.id] for sid, c in p.proxy_of.items()}
             r = results[p.policy]
             r.order, r.low_agreement, r.dominated = proxy_order({cfgs.AR: proxy_rows[cfgs.AR], **by_setting},
-                                                                plan.min_agreement)
+                                                                plan.min_agreement, plan.speed_tie)
         rows = _confirm_stage(pair, a, plan, ar, results, rows)
         if plan.validation is not None and validated(results, a.validate_closest):
             validate_rows = _validate_stage(pair, a, plan, ar, results)
@@ -704,7 +730,8 @@ def tune_record(a, plan: _TunePlan, pair, proxy_rows, rows, validate_rows, resul
         "confidence": plan.confidence, "dataset": a.dataset, "tuning_samples": [s.id for s in plan.dataset.samples],
         "validation_samples": [s.id for s in plan.validation.samples] if plan.validation is not None else [],
         "validation_overlap": plan.validation_overlap, "max_new_tokens": settings.max_new_tokens,
-        "proxy_tokens": plan.proxy_settings.max_new_tokens, "backend": pair.backend,
+        "proxy_tokens": plan.proxy_settings.max_new_tokens, "speed_tie": plan.speed_tie,
+        "max_confirm": plan.max_confirm, "early_stop": not a.no_early_stop, "backend": pair.backend,
         "cpu": env["hardware"]["cpu"], "cpu_flags": env["hardware"]["cpu_flags"], "git": env["git"],
         "feasibility": feasibility,
         "proxy": {cid: {k: r.get(k) for k in KEEP} for cid, r in proxy_rows.items()},
