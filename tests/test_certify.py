@@ -106,18 +106,23 @@ def test_divergence_over_records():
                                                      "tokens_before_divergence": None}
 
 
-def test_decode_speedup_takes_the_prefill_out():
-    def rec(config, sample, tokens, seconds, prefill, repeat=0):
+def test_decode_speedup_is_the_steady_state():
+    def rec(config, sample, tokens, seconds, prefill, ends=None, acc=None, repeat=0):
+        stats = {"prefill_seconds": prefill}
+        if ends is not None:
+            stats.update(round_ends=ends, accepted_per_round=acc)
         return {"config": config, "sample_id": sample, "repeat": repeat, "new_tokens": tokens, "seconds": seconds,
-                "stats": {"prefill_seconds": prefill}}
+                "stats": stats}
 
-    records = [rec("ar", "a", 32, 29.0, 25.0), rec("x", "a", 32, 27.0, 25.0),  # decode 4 s vs 2 s
-               rec("ar", "b", 32, 5.0, 1.0), rec("x", "b", 32, 3.0, 1.0),
-               rec("x", "c", 32, 1.0, 0.0),  # ar did not run c: not counted
-               rec("x", "a", 32, 99.0, 0.0, repeat=1)]  # only the first repeat
-    assert certify.decode_speedup(records, "x") == pytest.approx((64 / 4) / (64 / 8))
-    # with the prefill left in, the same runs look barely faster
-    assert (64 / 30) / (64 / 34) < 1.2
+    # round_ends: the first round (the prefills, a lazy draft prefill included) is left out
+    records = [rec("ar", "a", 4, 29.0, 25.0, [25.5, 26.0, 26.5, 27.0], [0, 0, 0, 0]),  # 3 tokens in 1.5 s
+               rec("x", "a", 9, 30.0, 25.0, [28.0, 28.5, 29.0], [2, 2, 2]),  # 6 tokens in 1.0 s
+               rec("x", "c", 9, 1.0, 0.0, [0.5, 0.7, 0.9], [2, 2, 2]),  # ar did not run c: not counted
+               rec("x", "a", 9, 99.0, 0.0, [1.0, 90.0, 99.0], [2, 2, 2], repeat=1)]  # only the first repeat
+    assert certify.decode_speedup(records, "x") == pytest.approx((6 / 1.0) / (3 / 1.5))
+    # without round_ends (a peer): the time after the prefill
+    records = [rec("ar", "a", 32, 29.0, 25.0), rec("x", "a", 32, 27.0, 25.0)]
+    assert certify.decode_speedup(records, "x") == pytest.approx((32 / 2) / (32 / 4))
     assert certify.decode_speedup(records, "y") is None
     assert certify.proxy_speed({"speedup_vs_ar": 0.9, "decode_speedup_vs_ar": 1.4}) == 1.4
     assert certify.proxy_speed({"speedup_vs_ar": 0.9}) == 0.9 and certify.proxy_speed({}) == 0.0

@@ -18,7 +18,7 @@ says what the split *can* resolve:
   whatever it does on the problems left (``ar``'s outcomes there known): the confirm stage stops a
   setting that cannot (curtailed sampling; a pick still needs the whole split).
 - :func:`divergence`: the proxy's measure, where each setting's tokens first differ from ``ar``'s;
-  :func:`decode_speedup`: its speed figure, without the prompt's prefill.
+  :func:`decode_speedup`: its speed figure, in the steady state (no prefill).
 """
 
 from __future__ import annotations
@@ -170,19 +170,24 @@ def divergence(records: Iterable[dict], config: str, ar: str = "ar") -> dict[str
 
 
 def decode_speedup(records: Iterable[dict], config: str, ar: str = "ar") -> float | None:
-    """Tokens/s of ``config`` over ``ar``'s with the prompt's prefill taken out of both (the
-    engine's ``prefill_seconds``: the target's and the draft's), on the samples both ran (first
-    repeat). At the proxy's few tokens a long prompt's prefill is most of a generation and the
-    same for every setting of a model drafter, so with it the ranking would be mostly noise."""
-    def decode(r: dict) -> tuple[float, float]:
-        pre = (r.get("stats") or {}).get("prefill_seconds") or 0.0
-        return float(r["new_tokens"]), max(float(r["seconds"]) - pre, 1e-9)
+    """Tokens/s of ``config`` over ``ar``'s in the steady state, on the samples both ran (first
+    repeat): the tokens after the first round over the time after it (the engine's
+    ``round_ends``; without them, the time after ``prefill_seconds``). The first round holds the
+    target's prefill and a model drafter's (it prefills on its first proposal); at the proxy's few
+    tokens a long prompt's prefill is most of a generation and the same for every setting, so with
+    it the ranking would be mostly noise."""
+    def steady(r: dict) -> tuple[float, float]:
+        st = r.get("stats") or {}
+        ends, acc = st.get("round_ends") or [], st.get("accepted_per_round") or []
+        if len(ends) >= 2 and acc:
+            return float(r["new_tokens"]) - (acc[0] + 1), max(ends[-1] - ends[0], 1e-9)
+        return float(r["new_tokens"]), max(float(r["seconds"]) - (st.get("prefill_seconds") or 0.0), 1e-9)
 
     mine: dict[str, tuple[float, float]] = {}
     ref: dict[str, tuple[float, float]] = {}
     for r in records:
         if int(r.get("repeat", 0)) == 0 and r["config"] in (config, ar):
-            (mine if r["config"] == config else ref)[r["sample_id"]] = decode(r)
+            (mine if r["config"] == config else ref)[r["sample_id"]] = steady(r)
     common = [s for s in mine if s in ref]
     if not common:
         return None

@@ -7,8 +7,8 @@ progress bar), in three run folders under ``--out`` (``confirm/`` first, for ``a
 
 1. **proxy** (cheap, prunes the grid; it runs after ``ar``'s confirm run, below): every setting of every policy's grid (each rule's declared
    ``tune_grid``, or ``--grid``; times ``--k``) and ``ar`` on ``--proxy-samples`` problems of the
-   tuning split at ``--proxy-tokens`` new tokens: speed relative to ``ar`` with the prompt's prefill
-   taken out (:func:`specdec.bench.certify.decode_speedup`), token agreement and
+   tuning split at ``--proxy-tokens`` new tokens: speed relative to ``ar`` in the steady state,
+   without the first round's prefills (:func:`specdec.bench.certify.decode_speedup`), token agreement and
    where the tokens first diverge from ``ar``'s (:func:`specdec.bench.certify.divergence`). A
    ``k=auto`` setting runs here at the fixed K ``--proxy-k`` (more for a FLy window that needs
    it): on a short request the controller can sit at K=0 after one unlucky probe, and a rule that
