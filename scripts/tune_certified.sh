@@ -18,11 +18,17 @@ CONFIDENCE=${CONFIDENCE:-0.95}
 MAX_CONFIRM=${MAX_CONFIRM:-1}
 OUT=${OUT:-benchmarks/tune-humaneval164-512-$KIND}
 mkdir -p "$OUT"
+START="$OUT/.started-c$CONFIDENCE"
+touch "$START"
 specdec tune --policy mars,fly,dropmatch,typical,fly+mars --backend llama.cpp --k 4 --grid fly_window=3 \
   --max-new-tokens 512 --max-quality-loss 0.02 --confidence "$CONFIDENCE" \
   --proxy-samples 8 --proxy-tokens 32 --confirm 1 --max-confirm "$MAX_CONFIRM" --validate-closest --out "$OUT" > "$OUT/picks-c$CONFIDENCE.jsonl" \
   2> >(tee "$OUT/tune-c$CONFIDENCE.log" >&2)
 rc=$?
-# tune.json and report.md are rewritten by each run: keep this confidence's copies
-for f in tune.json report.md; do [ -f "$OUT/$f" ] && cp "$OUT/$f" "$OUT/${f%.*}-c$CONFIDENCE.${f##*.}"; done
+# tune.json and report.md are rewritten by each run that finishes: keep this confidence's copies
+# (not when this run was stopped before writing them: the files there are another run's)
+for f in tune.json report.md; do
+  [ "$OUT/$f" -nt "$START" ] && cp "$OUT/$f" "$OUT/${f%.*}-c$CONFIDENCE.${f##*.}"
+done
+rm -f "$START"
 exit $rc
