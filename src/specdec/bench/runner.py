@@ -108,10 +108,8 @@ def run(
 ) -> list[dict]:
     """Run whatever is not finished yet; returns all records (loaded and new) of this run's
     samples. ``on_record`` is called after each line is durable (tests use it to inject crashes).
-    ``skip(config, records by key)``, asked before each generation, leaves it out when True
-    (nothing is recorded, so a rerun asks again): tune stops a setting that can no longer qualify.
-    ``label`` names the progress bar. Only the configurations with work left are warmed up, on
-    the shortest prompt among the samples with work left.
+    ``skip(config, records by key)`` leaves a generation out when True (nothing is recorded: a
+    rerun asks again; tune's stop rule). ``label`` names the progress bar.
     Unusable lines already in the folder are reported in one line on stderr and run again. The
     caller holds the folder's lock (:func:`specdec.bench.results.lock_out`). The models the run
     loads besides ``pair`` are kept in ``models`` (a new :class:`BenchModels` when not given)."""
@@ -133,10 +131,8 @@ def run(
     todo = [(s, rep, c) for s in dataset.samples for rep in range(settings.repeats) for c in everything
             if record_key(s.id, c.id, rep) not in existing]
     total = len(dataset.samples) * settings.repeats * len(everything)
-    if todo and settings.warmup:  # on the shortest prompt with work left: a long one's prefill teaches nothing more
-        first = min(dict.fromkeys(s.id for s, _, _ in todo), key=lambda sid: len(prompts[sid].text))
-        left = {c.id for _, _, c in todo}
-        warm_up(pair, prompts[first], [c for c in everything if c.id in left], settings, models, constraints.get(first))
+    if todo and settings.warmup:
+        _warm_up_left(pair, todo, prompts, everything, settings, models, constraints)
 
     bar, task = _progress(progress, total, total - len(todo), label)
     prompt_ids: dict[str, list[int]] = {}
@@ -186,6 +182,15 @@ def sample_constraints(dataset: Dataset) -> dict[str, Any]:
 
             out[s.id] = constraint_from(json_schema=s.constraint_schema)
     return out
+
+
+def _warm_up_left(pair, todo: list, prompts: dict[str, Prompt], everything: list[Config], settings: Settings,
+                  models: BenchModels, constraints: dict[str, Any]) -> None:
+    """:func:`warm_up` for the configurations with work left, on the shortest prompt with work
+    left (a long prompt's prefill teaches the caches nothing more)."""
+    first = min(dict.fromkeys(s.id for s, _, _ in todo), key=lambda sid: len(prompts[sid].text))
+    left = {c.id for _, _, c in todo}
+    warm_up(pair, prompts[first], [c for c in everything if c.id in left], settings, models, constraints.get(first))
 
 
 def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings, models: BenchModels,

@@ -106,7 +106,21 @@ def register(sub) -> None:
     g.add_argument("--validate-closest", action="store_true",
                    help="also validate the closest setting of each policy that has no pick (what it would lose)")
     add_sampling_args(g)
-    s = p.add_argument_group("search")
+    _add_search_args(p.add_argument_group("search"))
+    o = p.add_argument_group("output and execution")
+    o.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reruns resume in it)")
+    o.add_argument("--write", default=None, metavar="FILE",
+                   help="the config file to write, with one policy (default: OUT/config.json; OUT/config-POLICY.json "
+                        "each with several)")
+    add_execution_args(o)
+    from ..cliargs import add_model_args
+
+    add_model_args(p)
+    p.set_defaults(func=cmd_tune)
+
+
+def _add_search_args(s) -> None:
+    """The proxy and confirm stages' flags."""
     s.add_argument("--proxy-samples", default="20", metavar="N", help="tuning problems in the proxy stage (default: 20)")
     s.add_argument("--proxy-tokens", default="32", metavar="M", help="new tokens in the proxy stage (default: 32)")
     s.add_argument("--proxy-k", default="4", metavar="K",
@@ -122,16 +136,6 @@ def register(sub) -> None:
                    help="confirm at most N settings of each policy in all (default: every setting the proxy kept)")
     s.add_argument("--no-early-stop", action="store_true",
                    help="run every confirmed setting on the whole tuning split, even once it can no longer qualify")
-    o = p.add_argument_group("output and execution")
-    o.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reruns resume in it)")
-    o.add_argument("--write", default=None, metavar="FILE",
-                   help="the config file to write, with one policy (default: OUT/config.json; OUT/config-POLICY.json "
-                        "each with several)")
-    add_execution_args(o)
-    from ..cliargs import add_model_args
-
-    add_model_args(p)
-    p.set_defaults(func=cmd_tune)
 
 
 # ------------------------------------------------------------------------------- the grid
