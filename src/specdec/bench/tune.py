@@ -56,7 +56,7 @@ from . import certify
 from . import configs as cfgs
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
                       parse_float, parse_selection, parse_settings, run_settings, sandbox_setting)
-from .summary import verdicts
+from .summary import paired_quality, verdicts
 
 #: the tuning split when --samples is not given (HumanEval: the second half; the first half,
 #: 0..81, is the default validation split and holds bench's usual report set)
@@ -317,9 +317,7 @@ def stopper(sample_ids: list[str], max_loss: float, confidence: float):
         if len(ar) < len(wanted):
             return False
         mine = verdicts([r for r in records.values() if r["config"] == cfg.id and r["sample_id"] in wanted])
-        both = sum(v and ar[s] for s, v in mine.items())
-        gained = sum(v and not ar[s] for s, v in mine.items())
-        lost = sum(ar[s] and not v for s, v in mine.items())
+        both, gained, lost = certify.counts(paired_quality(mine, ar)) or (0, 0, 0)
         left = [ar[s] for s in wanted if s not in mine]
         return not certify.can_still_qualify(both, gained, lost, sum(left), len(left) - sum(left), max_loss,
                                              confidence)
