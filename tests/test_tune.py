@@ -66,8 +66,13 @@ def test_tune_writes_a_config_that_generate_and_bench_reproduce(tiny_dirs, tmp_p
     assert confirm_ids == set(record["tuning_samples"])
     v = cfg["tuned"]["validation"]
     assert v["samples"] == 3 and v["recovery"] == 1.0 and v["held"] and len(v["recovery_ci"]) == 2
+    assert v["time_speedup_vs_ar"] > 0 and v["length_vs_ar"] > 0
+    pick = mars["pick"]
     report = (out / "report.md").read_text()
     assert "| mars | " + chosen in report and "git {" not in report and "flags: [" not in report
+    # speed cells: the tokens/s ratio, then (in brackets) the time ratio on the same problems
+    assert f"| {pick['speedup_vs_ar']:.2f}x ({pick['time_speedup_vs_ar']:.2f}x) |" in report
+    assert "speed vs ar, tokens/s (time) (tuning)" in report
     # generate --config reproduces the pick's tokens on a tuning sample
     sample = load_dataset("fixture", None, ROBUST).samples[0]
     rec = next(json.loads(x) for x in (out / "confirm" / "results.jsonl").read_text().splitlines()
