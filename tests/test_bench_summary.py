@@ -199,7 +199,10 @@ def test_vs_lossless_pairs_each_lossy_rule_with_lossless_at_the_same_drafter_and
     assert got["mars/model/k5"]["speed_ratio"] == pytest.approx(1.1)
     rows["lossless/pld/k5"] = row("lossless/pld/k5", "lossless", "pld", 5, 1.2, 2.5, lossy=False)
     assert vs_lossless(rows)["typical/pld/k5"] == {"lossless": "lossless/pld/k5", "tau_ratio": None,
-                                                   "speed_ratio": pytest.approx(1.2)}
+                                                   "speed_ratio": pytest.approx(1.2), "time_ratio": None}
+    # a lossy rule writing twice as much at 1.2x the tokens/s takes longer: time_ratio 0.6
+    rows["typical/pld/k5"]["time_speedup_vs_ar"], rows["lossless/pld/k5"]["time_speedup_vs_ar"] = 0.6, 1.0
+    assert vs_lossless(rows)["typical/pld/k5"]["time_ratio"] == pytest.approx(0.6)
     # a lossless row on another backend is no reference for this backend's rules
     other = {"ar": rows["ar"], "mars/model/kauto": row("mars/model/kauto", "mars", "model", "auto", 1.0, 3.2),
              "lossless/model/kauto@transformers": {**row("lossless/model/kauto@transformers", "lossless", "model",

@@ -428,7 +428,9 @@ def vs_best_ar(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> str
 
 def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
     """For each lossy configuration, its gain over ``lossless`` run with the same drafter, K and
-    backend (when that configuration is in the run): tau ratio and speedup ratio."""
+    backend (when that configuration is in the run): tau ratio, tokens/s ratio (``speed_ratio``) and
+    ``time_ratio``, the ratio of their ``time_speedup_vs_ar`` (how much sooner the same samples
+    finish; below ``speed_ratio`` when the lossy rule writes longer answers)."""
     ref = {(r.get("drafter"), r.get("k"), r.get("backend")): r for r in rows.values()
            if r.get("kind") == "specdec" and r.get("policy") == "lossless" and not r.get("params")}
     out = {}
@@ -436,8 +438,9 @@ def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
         base = ref.get((r.get("drafter"), r.get("k"), r.get("backend")))
         if r.get("kind") != "specdec" or not r.get("lossy") or base is None:
             continue
-        tau, speed = (None if r.get(key) is None else _ratio(r[key], base.get(key)) for key in ("tau", "tokens_per_second"))
-        out[cid] = {"lossless": base["id"], "tau_ratio": tau, "speed_ratio": speed}
+        tau, speed, time_ratio = (None if r.get(key) is None or base.get(key) is None else _ratio(r[key], base[key])
+                                  for key in ("tau", "tokens_per_second", "time_speedup_vs_ar"))
+        out[cid] = {"lossless": base["id"], "tau_ratio": tau, "speed_ratio": speed, "time_ratio": time_ratio}
     return out
 
 
