@@ -152,6 +152,10 @@ def test_pick_is_the_fastest_certified_setting():
     assert tune.pick(rows, ["a", "b", "c"], 0.2) == "a"
     assert tune.pick(rows, ["a", "b", "c"], 0.2, confidence=0.5) == "a"
     assert tune.pick(rows, ["b", "c"], 0.10) == "c"
+    # where rows carry the time ratio, it ranks: c writes longer answers, so its higher tokens/s
+    # finishes the split later than b
+    rows["b"]["time_speedup_vs_ar"], rows["c"]["time_speedup_vs_ar"] = 1.4, 1.1
+    assert tune.pick(rows, ["b", "c"], 0.10) == "b"
 
 
 def test_pick_needs_the_whole_split():
