@@ -73,6 +73,11 @@ def test_tune_writes_a_config_that_generate_and_bench_reproduce(tiny_dirs, tmp_p
     # speed cells: the tokens/s ratio, then (in brackets) the time ratio on the same problems
     assert f"| {pick['speedup_vs_ar']:.2f}x ({pick['time_speedup_vs_ar']:.2f}x) |" in report
     assert "speed vs ar, tokens/s (time) (tuning)" in report
+    # --status with the run's flags: each stage's table from the folder, no model loaded
+    assert main([*argv, "--status"]) == 0
+    status = capsys.readouterr().out
+    assert "## proxy" in status and "## confirm" in status and "## validate" in status
+    assert f"| {chosen} | 3/3 |" in status and "| qualifies |" in status
     # generate --config reproduces the pick's tokens on a tuning sample
     sample = load_dataset("fixture", None, ROBUST).samples[0]
     rec = next(json.loads(x) for x in (out / "confirm" / "results.jsonl").read_text().splitlines()

@@ -67,6 +67,7 @@ EPILOG = """\
 examples:
   specdec tune --policy mars,fly --k 4 --out runs/tune           # tune on HumanEval 82..163, validate on 0..81
   specdec tune --policy mars --grid theta=0.9,0.95 --max-quality-loss 0.05 --confidence 0.9 --out runs/tune-mars
+  specdec tune --policy mars --grid theta=0.9,0.95 --max-quality-loss 0.05 --confidence 0.9 --out runs/tune-mars --status
   specdec generate --config runs/tune-mars/config.json "Write a function that ..."
 """
 
@@ -109,6 +110,10 @@ def register(sub) -> None:
     _add_search_args(p.add_argument_group("search"))
     o = p.add_argument_group("output and execution")
     o.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reruns resume in it)")
+    o.add_argument("--status", action="store_true",
+                   help="print where the run in --out stands (each stage's settings so far against plain decoding: "
+                        "problems run, lost/gained, recovery, speed, whether each can still qualify) and exit; give "
+                        "the run's own flags; loads no model, writes nothing, safe while the run goes")
     o.add_argument("--write", default=None, metavar="FILE",
                    help="the config file to write, with one policy (default: OUT/config.json; OUT/config-POLICY.json "
                         "each with several)")
@@ -489,6 +494,14 @@ def cmd_tune(a: argparse.Namespace) -> int:
     from ..cliargs import load_pair, startup_summary
 
     plan = _plan_tune(a)  # everything that needs no model, first
+    if a.status:
+        from .tune_status import status_markdown
+
+        splits = {"proxy": plan.proxy_set.samples, "confirm": plan.dataset.samples,
+                  "validate": plan.validation.samples if plan.validation is not None else []}
+        print(status_markdown(plan.out, {k: [x.id for x in v] for k, v in splits.items()}, plan.max_loss,
+                              plan.confidence), end="")
+        return 0
     for p in plan.policies:
         if p.skipped and not a.quiet:
             print(f"specdec tune: skipped (FLy's window cannot act at that K): {', '.join(p.skipped)}", file=sys.stderr)
