@@ -10,6 +10,10 @@ results.jsonl (finished samples only: those every configuration has a record of)
   math_reasoning; other Spec-Bench categories have no verdict and are left out, "–" if none),
   and the same without the tuning split of scripts/tune_loose_rules.sh (HumanEval/100..107,
   which the tuned thresholds were picked on);
+- time against ar: per configuration, tokens/s vs ar, time vs ar (ar's seconds over its own on the
+  same samples: the same work done sooner) and length vs ar (its tokens over ar's), computed from
+  the records with today's summary code, so folders made by older versions get it too. A lossy
+  rule that writes longer answers is faster in tokens/s than in time;
 - speed per invocation: a run resumed over several invocations may have run on different
   machines of the same kind (run.json's invocations); tokens/s and speedup vs ar over the samples
   each invocation finished, so a slower or faster machine shows instead of hiding in the pooled
@@ -44,6 +48,23 @@ def headline(folder: str, finished: int) -> None:
         print(f"| {c['id']} | {c['samples']} | {_f(c['tau'])} | {_f(c['tokens_per_second'])} | "
               f"{_f(c['speedup_vs_ar'], suffix='x')} | {_pct(c.get('quality'))} | "
               f"{_ci(c.get('recovery'), paired.get('recovery_ci'))} | {lost} |")
+    print()
+
+
+def time_table(recs: list, done: list, configs: list) -> None:
+    """Tokens/s, time and length against ar per configuration, on the samples all finished."""
+    from specdec.bench.summary import summarize
+
+    if "ar" not in configs:
+        return
+    keys = ("kind", "policy", "drafter", "k", "params")
+    first = {r["config"]: r for r in reversed(recs)}
+    rows = summarize(recs, [{"id": c, **{k: first[c].get(k) for k in keys}} for c in configs], done)["configs"]
+    print("Time against ar (the same samples; time vs ar = ar's seconds / this one's)")
+    print("| configuration | tokens/s vs ar | time vs ar | length vs ar |")
+    print("|---|---:|---:|---:|")
+    for c, r in rows.items():
+        print(f"| {c} | {r['speedup_vs_ar']:.2f}x | {r['time_speedup_vs_ar']:.2f}x | {r['length_vs_ar']:.2f}x |")
     print()
 
 
@@ -90,6 +111,7 @@ def main(folder: str) -> int:
     done = [s for s, rows in by_sample.items() if all(c in rows for c in configs)]
     rest = [s for s in done if s not in TUNING]
     headline(folder, len(done))
+    time_table(recs, done, configs)
     by_session(folder, by_sample, done, configs)
     print(f"{len(done)} samples finished by every configuration ({len(done) - len(rest)} of them in the tuning split)")
     print("| configuration | samples | hit the token limit | pass@1 (or math accuracy) | same without HumanEval/100-107 |")

@@ -146,6 +146,38 @@ def test_best_k_per_policy_and_pareto_front():
     assert pareto_front(rows) == ["lossless/model/k4", "mars/model/k4"]
 
 
+MARS = {"id": "mars/model/k4", "kind": "specdec", "policy": "mars", "drafter": "model", "k": 4, "params": {},
+        "lossy": True}
+
+
+def test_time_speedup_counts_longer_answers_as_slower():
+    # ar: 10 + 20 tokens in 1 + 2 s (10 tok/s). mars writes twice as much at 1.5x the tokens/s:
+    # the same problems take 4/3 as long, so it is slower where it counts
+    records = [rec("A", "ar", 0, 10, 1.0), rec("B", "ar", 0, 20, 2.0),
+               rec("A", MARS["id"], 0, 20, 4 / 3), rec("B", MARS["id"], 0, 40, 8 / 3),
+               rec("A", MARS["id"], 1, 20, 1.0), rec("B", MARS["id"], 1, 40, 2.0),
+               rec("A", "ar", 1, 10, 1.0), rec("B", "ar", 1, 20, 2.0)]
+    rows = summarize(records, [AR, MARS])["configs"]
+    ar, m = rows["ar"], rows[MARS["id"]]
+    assert (ar["time_speedup_vs_ar"], ar["length_vs_ar"]) == (1.0, 1.0)
+    assert m["speedup_vs_ar"] == pytest.approx(60 / (7 / 6 + 14 / 6) / 10)  # medians over the two repeats
+    assert m["length_vs_ar"] == pytest.approx(2.0)
+    assert m["time_speedup_vs_ar"] == pytest.approx(3 / (7 / 6 + 14 / 6))
+    assert m["time_speedup_min"] == pytest.approx(3 / 4) and m["time_speedup_max"] == pytest.approx(1.0)
+    assert m["speedup_min"] == pytest.approx(1.5) and m["speedup_max"] == pytest.approx(2.0)
+    report = render_report(minimal_summary({"configs": rows, "pareto_front": pareto_front(rows)}))
+    assert "| time vs ar (length vs ar) |" in report
+    assert f"| {m['time_speedup_vs_ar']:.2f}x (2.00x) |" in report
+
+
+def test_pareto_front_ranks_speed_by_time_when_rows_have_it():
+    rows = {"ar": {"speedup_vs_ar": 1.0, "time_speedup_vs_ar": 1.0, "quality": 0.5},
+            # higher tokens/s, slower in time, worse quality: dominated by ar
+            "mars": {"speedup_vs_ar": 1.2, "time_speedup_vs_ar": 0.6, "quality": 0.45},
+            "old": {"speedup_vs_ar": 1.1, "quality": 0.5}}  # no time figure: tokens/s stands in
+    assert pareto_front(rows) == ["old"]
+
+
 def test_vs_lossless_pairs_each_lossy_rule_with_lossless_at_the_same_drafter_and_k():
     def row(cid, policy, drafter, k, tau, tps, lossy=True, params=None):
         return {"id": cid, "kind": "specdec", "policy": policy, "drafter": drafter, "k": k, "tau": tau,
@@ -167,7 +199,10 @@ def test_vs_lossless_pairs_each_lossy_rule_with_lossless_at_the_same_drafter_and
     assert got["mars/model/k5"]["speed_ratio"] == pytest.approx(1.1)
     rows["lossless/pld/k5"] = row("lossless/pld/k5", "lossless", "pld", 5, 1.2, 2.5, lossy=False)
     assert vs_lossless(rows)["typical/pld/k5"] == {"lossless": "lossless/pld/k5", "tau_ratio": None,
-                                                   "speed_ratio": pytest.approx(1.2)}
+                                                   "speed_ratio": pytest.approx(1.2), "time_ratio": None}
+    # a lossy rule writing twice as much at 1.2x the tokens/s takes longer: time_ratio 0.6
+    rows["typical/pld/k5"]["time_speedup_vs_ar"], rows["lossless/pld/k5"]["time_speedup_vs_ar"] = 0.6, 1.0
+    assert vs_lossless(rows)["typical/pld/k5"]["time_ratio"] == pytest.approx(0.6)
     # a lossless row on another backend is no reference for this backend's rules
     other = {"ar": rows["ar"], "mars/model/kauto": row("mars/model/kauto", "mars", "model", "auto", 1.0, 3.2),
              "lossless/model/kauto@transformers": {**row("lossless/model/kauto@transformers", "lossless", "model",

@@ -540,3 +540,17 @@ def test_api_key_accepted(keyed):
         openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
     assert httpx.get(keyed.url + "/health").status_code == 200  # health and metrics stay open
     assert 'specdec_errors_total{status="401"}' in httpx.get(keyed.url + "/metrics").text
+
+
+def test_what_the_loaded_models_cannot_serve_is_a_400_before_the_stream(tiny_dirs):
+    """Without a draft model, a request for the model drafter is refused as a status (not an
+    error event after a 200 stream started), naming the speculative field; pld still serves."""
+    pair = specdec.load(str(tiny_dirs[0]), draft=None, dtype="float32", device="cpu", progress=False)
+    app = create_app(pair, {"drafter": "pld", "max_new_tokens": 4}, limits=Limits(max_tokens=64))
+    with serve_in_thread(app) as base:
+        for stream in (False, True):
+            r = post(base + COMP, {"prompt": "abc", "max_tokens": 4, "stream": stream,
+                                   "speculative": {"policy": "lossless", "drafter": "model"}})
+            err = assert_error(r, 400, "speculative")
+            assert "needs a draft model" in err["message"]
+        assert post(base + COMP, {"prompt": "abc", "max_tokens": 4, "stream": True}).status_code == 200

@@ -66,8 +66,18 @@ def test_tune_writes_a_config_that_generate_and_bench_reproduce(tiny_dirs, tmp_p
     assert confirm_ids == set(record["tuning_samples"])
     v = cfg["tuned"]["validation"]
     assert v["samples"] == 3 and v["recovery"] == 1.0 and v["held"] and len(v["recovery_ci"]) == 2
+    assert v["time_speedup_vs_ar"] > 0 and v["length_vs_ar"] > 0
+    pick = mars["pick"]
     report = (out / "report.md").read_text()
     assert "| mars | " + chosen in report and "git {" not in report and "flags: [" not in report
+    # speed cells: the tokens/s ratio, then (in brackets) the time ratio on the same problems
+    assert f"| {pick['speedup_vs_ar']:.2f}x ({pick['time_speedup_vs_ar']:.2f}x) |" in report
+    assert "speed vs ar, tokens/s (time) (tuning)" in report
+    # --status with the run's flags: each stage's table from the folder, no model loaded
+    assert main([*argv, "--status"]) == 0
+    status = capsys.readouterr().out
+    assert "## proxy" in status and "## confirm" in status and "## validate" in status
+    assert f"| {chosen} | 3/3 |" in status and "| qualifies |" in status
     # generate --config reproduces the pick's tokens on a tuning sample
     sample = load_dataset("fixture", None, ROBUST).samples[0]
     rec = next(json.loads(x) for x in (out / "confirm" / "results.jsonl").read_text().splitlines()
@@ -147,6 +157,10 @@ def test_pick_is_the_fastest_certified_setting():
     assert tune.pick(rows, ["a", "b", "c"], 0.2) == "a"
     assert tune.pick(rows, ["a", "b", "c"], 0.2, confidence=0.5) == "a"
     assert tune.pick(rows, ["b", "c"], 0.10) == "c"
+    # where rows carry the time ratio, it ranks: c writes longer answers, so its higher tokens/s
+    # finishes the split later than b
+    rows["b"]["time_speedup_vs_ar"], rows["c"]["time_speedup_vs_ar"] = 1.4, 1.1
+    assert tune.pick(rows, ["b", "c"], 0.10) == "b"
 
 
 def test_pick_needs_the_whole_split():

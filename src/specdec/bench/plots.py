@@ -76,14 +76,15 @@ def _speed_quality(plt, rows, summary):
     pts = []
     for cid, row in rows.items():
         x = row.get("recovery") if axis == "recovery" else (row.get("agreement") or {}).get("token_agreement")
-        y = row.get("speedup_vs_ar")
+        y = row.get("time_speedup_vs_ar", row.get("speedup_vs_ar"))
         if x is None or y is None:
             continue
         pts.append((cid, x, y, row))
     seen = set()
     for i, (cid, x, y, row) in enumerate(pts, 1):
         marker, color, name = STYLES[_style_of(row)]
-        yerr = _bar(y, row.get("speedup_min"), row.get("speedup_max"))
+        yerr = (_bar(y, row.get("time_speedup_min"), row.get("time_speedup_max")) if "time_speedup_vs_ar" in row
+                else _bar(y, row.get("speedup_min"), row.get("speedup_max")))
         xerr = _bar(x, *recovery_ci(row)) if axis == "recovery" else None
         ax.errorbar([x], [y], xerr=xerr, yerr=yerr, fmt=marker, color=color, ms=7, capsize=3, zorder=3,
                     label=name if name not in seen else None)
@@ -100,7 +101,7 @@ def _speed_quality(plt, rows, summary):
     ax.set_xlim(max(0.0, min(xs) - pad), max(xs) + pad)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.set_xlabel(label + ("; bars: 95% CI, paired by sample" if axis == "recovery" else ""))
-    ax.set_ylabel("speedup over ar (tokens/s ratio; bars: spread over repeats)")
+    ax.set_ylabel("speedup over ar (ar's time / this one's on the same samples; bars: spread over repeats)")
     ax.set_title("Speed vs quality")
     ax.grid(alpha=0.3)
     key = "\n".join(f"{i}  {cid}" for i, (cid, _, _, _) in enumerate(pts, 1))

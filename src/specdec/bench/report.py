@@ -97,26 +97,30 @@ def _results(summary: dict) -> list[str]:
     lines = ["", "## Results", ""]
     metric = next((r.get("quality_metric") for r in rows.values() if r.get("quality_metric")), None)
     qname = metric or "quality"
-    lines.append(f"| configuration | tau | tokens/s (min–max) | speedup vs ar (min–max) | {qname} | "
+    lines.append(f"| configuration | tau | tokens/s (min–max) | speedup vs ar (min–max) | time vs ar (length vs ar) | {qname} | "
                  "recovery [95% CI] | exact match vs ar | token agreement | zero-accept rounds | draft / verify time | lossy |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
     front = set(summary.get("pareto_front") or [])
     for cid, r in rows.items():
         ag = r.get("agreement") or {}
         rec = _ci(r.get("recovery"), (r.get("paired") or {}).get("recovery_ci"))
         tps = f"{_f(r.get('tokens_per_second'), '.1f')} ({_f(r.get('tokens_per_second_min'), '.1f')}–{_f(r.get('tokens_per_second_max'), '.1f')})"
         sp = f"{_f(r.get('speedup_vs_ar'), '.2f', 'x')} ({_f(r.get('speedup_min'), '.2f')}–{_f(r.get('speedup_max'), '.2f')})"
+        tv = f"{_f(r.get('time_speedup_vs_ar'), '.2f', 'x')} ({_f(r.get('length_vs_ar'), '.2f', 'x')})"
         dv = (f"{_pct(r.get('draft_share'))} / {_pct(r.get('verify_share'))}"
               if r.get("draft_share") is not None else "–")
         name = f"**{cid}**" if cid in front else cid
         if r.get("kind") == "peer":
             name += " (llama.cpp)" if str(r.get("policy")).startswith("llama-cpp") else " (transformers)"
         lines.append(
-            f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {_pct(r.get('quality'))} | {rec} | "
+            f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {tv} | {_pct(r.get('quality'))} | {rec} | "
             f"{_pct(ag.get('exact_match'))} | {_pct(ag.get('token_agreement'))} | {_pct(r.get('zero_accept_share'))} | "
             f"{dv} | {'yes' if r.get('lossy') else 'no'} |"
         )
-    lines += ["", f"Bold: on the speed–quality Pareto front ({', '.join(summary.get('pareto_front') or []) or 'none'})."]
+    lines += ["", "Time vs ar: plain decoding's seconds over this configuration's on the same samples (how much "
+              "sooner the same work finishes); it differs from the tokens/s speedup when a rule writes more or "
+              "less (length vs ar: its tokens over plain decoding's).",
+              "", f"Bold: on the speed–quality Pareto front ({', '.join(summary.get('pareto_front') or []) or 'none'})."]
     return lines
 
 
@@ -160,12 +164,13 @@ def _vs_lossless(summary: dict) -> list[str]:
         gains = vs_lossless(rows)
     if gains:
         lines += ["", "### Loose rules vs lossless at the same drafter and K", "",
-                  "| configuration | lossless reference | tau gain | speed gain | exact match vs ar |",
-                  "|---|---|---:|---:|---:|"]
+                  "| configuration | lossless reference | tau gain | speed gain (tokens/s) | time gain | exact match vs ar |",
+                  "|---|---|---:|---:|---:|---:|"]
         for cid, g in gains.items():
             tau_gain = "–" if g["tau_ratio"] is None else f"{100 * (g['tau_ratio'] - 1):+.1f}%"
-            speed_gain = "–" if g["speed_ratio"] is None else f"{100 * (g['speed_ratio'] - 1):+.1f}%"
-            lines.append(f"| {cid} | {g['lossless']} | {tau_gain} | {speed_gain} | "
+            speed_gain, time_gain = ("–" if g.get(key) is None else f"{100 * (g[key] - 1):+.1f}%"
+                                     for key in ("speed_ratio", "time_ratio"))
+            lines.append(f"| {cid} | {g['lossless']} | {tau_gain} | {speed_gain} | {time_gain} | "
                          f"{_pct((rows[cid].get('agreement') or {}).get('exact_match'))} |")
     return lines
 

@@ -4,6 +4,11 @@
   the generate call); tokens likewise. ``tokens_per_second`` = sum of tokens / sum of times.
 - ``speedup_vs_ar`` = tokens/s of the configuration / tokens/s of ``ar``, both over the samples
   both have finished, measured in the same run. Spread: the same ratio per repeat index, min/max.
+- ``time_speedup_vs_ar`` = ``ar``'s seconds / the configuration's, summed over the same samples:
+  how much sooner the same work finishes. It differs from ``speedup_vs_ar`` when a rule changes
+  how much is written (a lossy rule's answers may be longer or shorter than plain decoding's):
+  ``length_vs_ar`` = the configuration's tokens / ``ar``'s on those samples (1 for a lossless rule).
+  Spread: ``time_speedup_min``/``max`` per repeat index, as for ``speedup_vs_ar``.
 - ``tau`` = 1 + accepted / verify passes over all its generations (``ar`` = 1; peers: generated
   tokens / target forward passes). Per-position acceptance and the zero-accept share pool counts.
 - ``quality``: HumanEval pass@1 (mean of passed), else Spec-Bench math_reasoning accuracy;
@@ -80,8 +85,8 @@ def _speed(by_sample: dict[str, dict[int, dict]], samples: Iterable[str]) -> tup
     return tokens, seconds, _ratio(tokens, seconds)
 
 
-def _tps_by_repeat(by_sample: dict[str, dict[int, dict]], samples: list[str]) -> dict[int, float]:
-    """tokens/s per repeat index, over the samples that have that repeat."""
+def _totals_by_repeat(by_sample: dict[str, dict[int, dict]], samples: list[str]) -> dict[int, tuple[float, float]]:
+    """(tokens, seconds) per repeat index that every one of the samples has (and took time)."""
     out = {}
     repeats = sorted({r for s in samples for r in by_sample[s]})
     for rep in repeats:
@@ -89,8 +94,13 @@ def _tps_by_repeat(by_sample: dict[str, dict[int, dict]], samples: list[str]) ->
             tok = sum(by_sample[s][rep]["new_tokens"] for s in samples)
             sec = sum(by_sample[s][rep]["seconds"] for s in samples)
             if sec > 0:
-                out[rep] = tok / sec
+                out[rep] = (tok, sec)
     return out
+
+
+def _tps_by_repeat(by_sample: dict[str, dict[int, dict]], samples: list[str]) -> dict[int, float]:
+    """tokens/s per repeat index, over the samples that have that repeat."""
+    return {rep: tok / sec for rep, (tok, sec) in _totals_by_repeat(by_sample, samples).items()}
 
 
 def _quality(recs: list[dict]) -> dict[str, Any]:
@@ -262,19 +272,28 @@ def same_backend_speedups(rows: dict[str, dict], recs_by_cfg: dict[str, list[dic
 
 def _speedup_figures(by_sample: dict, ar_by_sample: dict, samples: list[str], common: list[str], tps: float | None,
                      is_ar: bool) -> dict[str, Any]:
-    """``speedup_vs_ar`` (on the samples both finished) with its min/max over repeats, and the
-    configuration's tokens/s min/max over repeats (module docstring)."""
+    """``speedup_vs_ar`` (on the samples both finished) and ``time_speedup_vs_ar``, each with its
+    min/max over repeats, ``length_vs_ar``, and the configuration's tokens/s min/max over repeats
+    (module docstring)."""
     out: dict[str, Any] = {}
-    speedup = spread = None
+    speedup = spread = time_speedup = time_spread = length = None
     if common:
-        _, _, c_tps = _speed(by_sample, common)
-        _, _, a_tps = _speed(ar_by_sample, common)
+        c_tokens, c_seconds, c_tps = _speed(by_sample, common)
+        a_tokens, a_seconds, a_tps = _speed(ar_by_sample, common)
         speedup = _ratio(c_tps or 0.0, a_tps or 0.0)
-        c_rep, a_rep = _tps_by_repeat(by_sample, common), _tps_by_repeat(ar_by_sample, common)
-        ratios = [c_rep[r] / a_rep[r] for r in c_rep if r in a_rep and a_rep[r]]
+        time_speedup, length = _ratio(a_seconds, c_seconds), _ratio(c_tokens, a_tokens)
+        c_rep, a_rep = _totals_by_repeat(by_sample, common), _totals_by_repeat(ar_by_sample, common)
+        pairs = [(c_rep[r], a_rep[r]) for r in c_rep if r in a_rep and a_rep[r][0]]
+        ratios = [(c[0] / c[1]) / (a[0] / a[1]) for c, a in pairs]
         spread = (min(ratios), max(ratios)) if ratios else None
+        t_ratios = [a[1] / c[1] for c, a in pairs]
+        time_spread = (min(t_ratios), max(t_ratios)) if t_ratios else None
     out["speedup_vs_ar"] = 1.0 if is_ar and common else speedup
     out["speedup_min"], out["speedup_max"] = (spread if spread and not is_ar else (out["speedup_vs_ar"],) * 2)
+    out["time_speedup_vs_ar"] = 1.0 if is_ar and common else time_speedup
+    out["time_speedup_min"], out["time_speedup_max"] = (time_spread if time_spread and not is_ar
+                                                        else (out["time_speedup_vs_ar"],) * 2)
+    out["length_vs_ar"] = 1.0 if is_ar and common else length
     reps = _tps_by_repeat(by_sample, samples)
     out["tokens_per_second_min"] = min(reps.values()) if reps else tps
     out["tokens_per_second_max"] = max(reps.values()) if reps else tps
@@ -409,7 +428,9 @@ def vs_best_ar(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> str
 
 def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
     """For each lossy configuration, its gain over ``lossless`` run with the same drafter, K and
-    backend (when that configuration is in the run): tau ratio and speedup ratio."""
+    backend (when that configuration is in the run): tau ratio, tokens/s ratio (``speed_ratio``) and
+    ``time_ratio``, the ratio of their ``time_speedup_vs_ar`` (how much sooner the same samples
+    finish; below ``speed_ratio`` when the lossy rule writes longer answers)."""
     ref = {(r.get("drafter"), r.get("k"), r.get("backend")): r for r in rows.values()
            if r.get("kind") == "specdec" and r.get("policy") == "lossless" and not r.get("params")}
     out = {}
@@ -417,8 +438,9 @@ def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
         base = ref.get((r.get("drafter"), r.get("k"), r.get("backend")))
         if r.get("kind") != "specdec" or not r.get("lossy") or base is None:
             continue
-        tau, speed = (None if r.get(key) is None else _ratio(r[key], base.get(key)) for key in ("tau", "tokens_per_second"))
-        out[cid] = {"lossless": base["id"], "tau_ratio": tau, "speed_ratio": speed}
+        tau, speed, time_ratio = (None if r.get(key) is None or base.get(key) is None else _ratio(r[key], base[key])
+                                  for key in ("tau", "tokens_per_second", "time_speedup_vs_ar"))
+        out[cid] = {"lossless": base["id"], "tau_ratio": tau, "speed_ratio": speed, "time_ratio": time_ratio}
     return out
 
 
@@ -455,13 +477,15 @@ def quality_axis(row: dict) -> tuple[float | None, str]:
 
 
 def pareto_front(rows: dict[str, dict]) -> list[str]:
-    """Configuration ids not dominated in (speedup, quality): no other is at least as good on
-    both and better on one."""
+    """Configuration ids not dominated in (speed, quality): no other is at least as good on
+    both and better on one. Speed is ``time_speedup_vs_ar`` (the same work done sooner), else
+    ``speedup_vs_ar``: a rule that writes longer answers is not faster for its higher tokens/s."""
     pts = []
     for cid, row in rows.items():
         q, _ = quality_axis(row)
-        if row.get("speedup_vs_ar") is not None and q is not None:
-            pts.append((cid, row["speedup_vs_ar"], q))
+        speed = row.get("time_speedup_vs_ar", row.get("speedup_vs_ar"))
+        if speed is not None and q is not None:
+            pts.append((cid, speed, q))
     front = []
     for cid, s, q in pts:
         dominated = any((s2 >= s and q2 >= q) and (s2 > s or q2 > q) for c2, s2, q2 in pts if c2 != cid)

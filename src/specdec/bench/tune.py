@@ -67,6 +67,7 @@ EPILOG = """\
 examples:
   specdec tune --policy mars,fly --k 4 --out runs/tune           # tune on HumanEval 82..163, validate on 0..81
   specdec tune --policy mars --grid theta=0.9,0.95 --max-quality-loss 0.05 --confidence 0.9 --out runs/tune-mars
+  specdec tune --policy mars --grid theta=0.9,0.95 --max-quality-loss 0.05 --confidence 0.9 --out runs/tune-mars --status
   specdec generate --config runs/tune-mars/config.json "Write a function that ..."
 """
 
@@ -109,6 +110,10 @@ def register(sub) -> None:
     _add_search_args(p.add_argument_group("search"))
     o = p.add_argument_group("output and execution")
     o.add_argument("--out", required=True, metavar="DIR", help="output folder (created; reruns resume in it)")
+    o.add_argument("--status", action="store_true",
+                   help="print where the run in --out stands (each stage's settings so far against plain decoding: "
+                        "problems run, lost/gained, recovery, speed, whether each can still qualify) and exit; give "
+                        "the run's own flags; loads no model, writes nothing, safe while the run goes")
     o.add_argument("--write", default=None, metavar="FILE",
                    help="the config file to write, with one policy (default: OUT/config.json; OUT/config-POLICY.json "
                         "each with several)")
@@ -295,12 +300,14 @@ def _agreement(row: dict) -> float:
 
 def pick(rows: dict[str, dict], confirmed: list[str], max_loss: float,
          confidence: float = certify.CONFIDENCE, n: int | None = None) -> str | None:
-    """The fastest confirmed setting (confirm-stage tokens/s) whose paired recovery is certified
-    within the budget (:func:`specdec.bench.certify.qualifies`) on all ``n`` problems of the split
-    (a setting stopped early never is), or None."""
+    """The fastest confirmed setting whose paired recovery is certified within the budget
+    (:func:`specdec.bench.certify.qualifies`) on all ``n`` problems of the split (a setting stopped
+    early never is), or None. Fastest: the highest confirm-stage ``time_speedup_vs_ar`` (the split
+    done soonest; a setting writing longer answers is not faster for its tokens/s), else tokens/s."""
     ok = [c for c in confirmed if certify.qualifies(rows[c].get("paired"), max_loss, confidence)
           and (n is None or (rows[c].get("paired") or {}).get("n") == n)]
-    return max(ok, key=lambda c: rows[c].get("tokens_per_second") or 0.0) if ok else None
+    return max(ok, key=lambda c: (rows[c].get("time_speedup_vs_ar") or 0.0, rows[c].get("tokens_per_second") or 0.0)) \
+        if ok else None
 
 
 # ------------------------------------------------------------------------------- the command
@@ -487,6 +494,14 @@ def cmd_tune(a: argparse.Namespace) -> int:
     from ..cliargs import load_pair, startup_summary
 
     plan = _plan_tune(a)  # everything that needs no model, first
+    if a.status:
+        from .tune_status import status_markdown
+
+        splits = {"proxy": plan.proxy_set.samples, "confirm": plan.dataset.samples,
+                  "validate": plan.validation.samples if plan.validation is not None else []}
+        print(status_markdown(plan.out, {k: [x.id for x in v] for k, v in splits.items()}, plan.max_loss,
+                              plan.confidence), end="")
+        return 0
     for p in plan.policies:
         if p.skipped and not a.quiet:
             print(f"specdec tune: skipped (FLy's window cannot act at that K): {', '.join(p.skipped)}", file=sys.stderr)
@@ -644,7 +659,8 @@ def validated(results: dict[str, PolicyResult], closest: bool) -> list[str]:
 def _validation_figures(row: dict, plan: _TunePlan) -> dict:
     bound = certify.paired_bound(row.get("paired"), plan.confidence)
     rec = row.get("recovery")
-    return {"samples": row.get("samples"), "speedup_vs_ar": row.get("speedup_vs_ar"), "recovery": rec,
+    return {"samples": row.get("samples"), "speedup_vs_ar": row.get("speedup_vs_ar"),
+            "time_speedup_vs_ar": row.get("time_speedup_vs_ar"), "length_vs_ar": row.get("length_vs_ar"), "recovery": rec,
             "recovery_ci": (row.get("paired") or {}).get("recovery_ci"), "bound": bound,
             "held": certify.clears(rec, plan.max_loss), "certified": certify.clears(bound, plan.max_loss),
             "paired": row.get("paired")}
@@ -690,7 +706,7 @@ def _write_configs(a, plan: _TunePlan, results: dict[str, PolicyResult], record:
     return 0
 
 
-KEEP = ("tokens_per_second", "speedup_vs_ar", "decode_speedup_vs_ar", "tau", "quality", "quality_metric", "recovery", "paired", "agreement",
+KEEP = ("tokens_per_second", "speedup_vs_ar", "time_speedup_vs_ar", "length_vs_ar", "decode_speedup_vs_ar", "tau", "quality", "quality_metric", "recovery", "paired", "agreement",
         "divergence", "samples", "seconds")
 
 
@@ -706,6 +722,7 @@ def tune_record(a, plan: _TunePlan, pair, proxy_rows, rows, validate_rows, resul
             row = rows[r.pick]
             pick_info = {
                 "setting": r.pick, "speedup_vs_ar": row.get("speedup_vs_ar"),
+                "time_speedup_vs_ar": row.get("time_speedup_vs_ar"), "length_vs_ar": row.get("length_vs_ar"),
                 "tokens_per_second": row.get("tokens_per_second"), "ar_tokens_per_second": ar.get("tokens_per_second"),
                 "tau": row.get("tau"), "quality": row.get("quality"), "ar_quality": ar.get("quality"),
                 "quality_metric": row.get("quality_metric"), "recovery": row.get("recovery"),
@@ -757,6 +774,13 @@ def _rec(rec, ci) -> str:
     return f"{rec:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
 
 
+def _speed(row: dict | None) -> str:
+    """Tokens/s over ar's, and (in brackets) ar's time over this setting's on the same problems."""
+    if not row:
+        return "–"
+    return f"{_f(row.get('speedup_vs_ar'))}x ({_f(row.get('time_speedup_vs_ar'))}x)"
+
+
 def table_rows(record: dict) -> list[list[str]]:
     """One row per policy: pick, speed vs ar and recovery (95% CI; one-sided bound) on the
     tuning split, the same on the validation split, and whether the budget held there."""
@@ -770,12 +794,12 @@ def table_rows(record: dict) -> list[list[str]]:
             run = (f", stopped at {c['problems_run']}/{len(record['tuning_samples'])}" if c.get("stopped_early")
                    else "")
             out.append([policy, "none qualifies" + (f" (closest {c['setting']}{run})" if c.get("setting") else ""),
-                        _f(conf.get("speedup_vs_ar")) + ("x" if conf else ""),
+                        _speed(conf),
                         _rec(c.get("recovery"), paired.get("recovery_ci")), _f(c.get("bound"), ".3f"),
                         f"{_f(c.get('certifies'), '.3f')} (needs ~{c.get('problems_needed') or '∞'} problems)"
                         if c else "–", *_validation_cells(c.get("validation"))])
             continue
-        out.append([policy, pk["setting"], _f(pk["speedup_vs_ar"]) + "x",
+        out.append([policy, pk["setting"], _speed(pk),
                     _rec(pk["recovery"], (pk.get("paired_vs_ar") or {}).get("recovery_ci")),
                     _f(pk["recovery_bound"], ".3f"),
                     "–" if pk["recovery_bound"] is None else f"{max(0.0, 1 - pk['recovery_bound']):.3f}",
@@ -788,11 +812,11 @@ def _validation_cells(v: dict | None) -> list[str]:
     if not v:
         return ["–", "–", "–"]
     held = ("yes" if v["held"] else "**no**") + (", certified" if v.get("certified") else "")
-    return [_f(v.get("speedup_vs_ar")) + "x", _rec(v.get("recovery"), v.get("recovery_ci")), held]
+    return [_speed(v), _rec(v.get("recovery"), v.get("recovery_ci")), held]
 
 
-HEADER = ["policy", "pick", "speed vs ar (tuning)", "recovery, tuning [95% CI]", "lower bound",
-          "certified within", "speed vs ar (validation)", "recovery, validation [95% CI]", "budget held (validation)"]
+HEADER = ["policy", "pick", "speed vs ar, tokens/s (time) (tuning)", "recovery, tuning [95% CI]", "lower bound",
+          "certified within", "speed vs ar, tokens/s (time) (validation)", "recovery, validation [95% CI]", "budget held (validation)"]
 
 
 def _words(x) -> str:
@@ -818,6 +842,9 @@ def report_markdown(record: dict) -> str:
         lines += [f["message"] + ".", ""]
     lines += ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(record)]
+    lines += ["", "Speed: tokens/s over plain decoding's; in brackets, plain decoding's time over the setting's on "
+              "the same problems (how much sooner the same problems finish: lower than the tokens/s ratio when "
+              "the setting writes longer answers)."]
     lines += [""] + [f"- {p}: {d['why_none']}" for p, d in record["policies"].items() if d.get("why_none")]
     return "\n".join(lines).rstrip() + "\n"
 

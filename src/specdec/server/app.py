@@ -34,7 +34,7 @@ from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from .params import SAMPLING, Limits, build
 from .responses import Shaper, sse
 from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from .structured import available_kinds, compile_for
+from .structured import available_kinds, servable
 from .worker import Busy, Job, Worker
 
 __all__ = ["Limits", "create_app", "default_settings"]
@@ -197,12 +197,12 @@ class Served:
             raise APIError(500, "internal error; see the server log") from None
 
     async def _submit(self, body: CompletionRequest | ChatRequest) -> Job:
-        """Validate ``body`` and queue it. A structured-output constraint is compiled for the
-        tokenizer first (cached; in the tokenizer's thread), so that a constraint that cannot serve
-        is a 400 before anything is queued or streamed, not an error event in a 200 stream."""
+        """Validate ``body`` and queue it. What the loaded models cannot serve (a structured-output
+        constraint, compiled for the tokenizer here, cached; a drafter or rule the backend or the
+        missing draft model cannot serve) is refused first, in the tokenizer's thread, so that it is
+        a 400 before anything is queued or streamed, not an error event in a 200 stream."""
         req = build(body, self.defaults, self.limits)
-        if req.constraint_param is not None:
-            await self.tokenizer_thread(compile_for, self.pair.engine, req.config, req.constraint_param)
+        await self.tokenizer_thread(servable, self.pair.engine, req.config, req.constraint_param)
         job = Job(req, stream=body.stream, loop=asyncio.get_running_loop())
         try:
             self.worker.submit(job)

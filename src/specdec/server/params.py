@@ -225,7 +225,7 @@ def _config(kwargs: dict, wanted: Requested | None) -> DecodeConfig:
 def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) -> GenRequest:
     """Validate a request against the server's defaults and limits (raises :class:`APIError`). A
     structured-output constraint is checked here but compiled for the tokenizer by the app
-    (:func:`~specdec.server.structured.compile_for`), off the event loop."""
+    (:func:`~specdec.server.structured.servable`), off the event loop."""
     chat = isinstance(req, ChatRequest)
     _unsupported(req, chat)
     prompt = _messages(req) if chat else _prompt(req)

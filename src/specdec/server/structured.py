@@ -17,7 +17,7 @@ Three spellings, on both endpoints (``docs/server.md``):
 
 At most one constraint per request: two are a 400 naming both fields. :func:`requested` checks
 everything that needs no tokenizer (llguidance installed, JSON, schema, regex, grammar, choices,
-sizes); :func:`compile_for` compiles the constraint for the served tokenizer (cached), which the
+sizes); :func:`servable` compiles the constraint for the served tokenizer (cached), which the
 app runs before the request is queued, so that even a streaming request gets its 400 as a status,
 never as an error event after a 200.
 """
@@ -151,11 +151,19 @@ def requested(req) -> Requested | None:
     return None if constraint is None else Requested(param, constraint)
 
 
-def compile_for(engine, config, param: str) -> None:
-    """Compile ``config``'s constraint for ``engine``'s tokenizer (cached, so the generation reuses
-    it); a constraint that cannot serve (no token admitted, no tokenizer or end-of-sequence id) is
-    an :class:`APIError` 400 naming ``param``."""
+def servable(engine, config, param: str | None) -> None:
+    """Refuse, as an :class:`APIError` 400, a request ``engine`` cannot serve, before it is queued:
+    a constraint that cannot serve (no token admitted, no tokenizer or end-of-sequence id; named by
+    ``param``, the request's constraint field, None without one), compiled for the tokenizer here
+    (cached, so the generation reuses it); then what :meth:`specdec.engine.Engine.check_config`
+    refuses (a drafter that needs the draft model the server did not load, token trees a backend
+    cannot score, a rule that needs hidden states it lacks; ``speculative``)."""
+    if param is not None:
+        try:
+            engine.guide_for(config)
+        except SpecdecError as exc:
+            raise APIError(400, named(str(exc), param), param) from None
     try:
-        engine.guide_for(config)
+        engine.check_config(config)
     except SpecdecError as exc:
-        raise APIError(400, named(str(exc), param), param) from None
+        raise APIError(400, str(exc), "speculative") from None
