@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import certify
+from .report import _f
 from .results import ResultsFile
 from .summary import AR_ID, summarize, verdicts
 
@@ -37,10 +38,6 @@ def configs_of(records: list[dict]) -> list[dict]:
     for r in records:
         seen.setdefault(r["config"], {"id": r["config"], **{k: r.get(k) for k in CONFIG_KEYS}})
     return sorted(seen.values(), key=lambda c: c["id"] != AR_ID)
-
-
-def _f(x, spec=".2f", suffix="") -> str:
-    return "–" if x is None else format(x, spec) + suffix
 
 
 def _state(row: dict, ar: dict[str, bool], split: list[str], mine: dict[str, bool], stage: str,
