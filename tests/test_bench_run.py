@@ -157,6 +157,36 @@ def test_resume_with_a_key_only_line_and_a_truncated_line(tiny_pair, tmp_path, m
     assert victim in keys and cut["key"] in keys
 
 
+def test_records_carry_the_machine_speed_and_a_resume_elsewhere_says_so(tiny_pair, tmp_path, monkeypatch, capsys):
+    """Each record made by a run holds that run's one-token step time; resuming on a machine of
+    another speed (or a folder made before speeds were recorded) prints one line, and the summary
+    then times only the samples made at one speed."""
+    from specdec.bench import runner as runner_module
+    from specdec.bench.summary import summarize
+
+    dataset = load_dataset("fixture")
+    configs = cfgs.build_configs("ar,lossless", "pld", 2)
+    settings = Settings(max_new_tokens=4, warmup=False, sandbox_timeout=5)
+    run(tiny_pair, dataset, configs[:1], [], settings, tmp_path, progress=False)  # ar only, at the real speed
+    recs = lines(tmp_path / "results.jsonl")
+    assert all(isinstance(r["step_ms"], float) and r["step_ms"] > 0 for r in recs)
+    capsys.readouterr()
+    monkeypatch.setattr(runner_module, "machine_step_ms", lambda pair: 1000.0)  # "a machine much slower"
+    records = run(tiny_pair, dataset, configs, [], settings, tmp_path, progress=False)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "takes 1000 ms" in err and f"{len(recs)} at" in err, err
+    made = [r for r in lines(tmp_path / "results.jsonl") if r["config"] != "ar"]
+    assert made and all(r["step_ms"] == 1000.0 for r in made)
+    row = summarize(records, [c.to_dict() for c in configs])["configs"][configs[1].id]
+    assert row["samples"] == len(dataset.samples) and row["speed_samples"] == 0
+    assert row["time_speedup_vs_ar"] is None and row["paired"] is not None
+    # records from before the probe existed are named as such
+    assert runner_module.speed_warning([{"config": "ar"}], 60.0).endswith("quality uses them all")
+    assert "1 before machine speeds were recorded" in runner_module.speed_warning([{}], 60.0)
+    assert runner_module.speed_warning([{"step_ms": 61.0}], 60.0) is None
+    assert runner_module.speed_warning([{"step_ms": 61.0}], None) is None
+
+
 def test_skip_leaves_generations_out_and_warm_up_covers_only_work_left(tiny_pair, tmp_path, monkeypatch):
     """``skip`` (tune's stop rule) is asked before each generation and records nothing when it says
     so; a resumed run warms up only the configurations that still have work."""

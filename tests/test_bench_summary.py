@@ -357,3 +357,40 @@ def test_report_names_each_peer_by_its_library():
         s["configs"][pid] = {**s["configs"][LOSSY["id"]], "id": pid, "kind": "peer", "policy": pid}
         assert f"| {pid} ({lib}) |" in render_report(minimal_summary(s))
         del s["configs"][pid]
+
+
+@pytest.mark.parametrize("steps, same", [
+    ((None, None), True),  # made before speeds were recorded: only with each other
+    ((None, 60.0), False),
+    ((60.0, 66.0, 72.0), True),  # within 1.25x
+    ((60.0, 93.0), False),  # the two machines a resumed tune run met: 60 and 93 ms
+    ((3.0, 4.0), True),  # a tiny model's jitter: within SPEED_NOISE_MS
+    ((2.0, 9.0), False),
+])
+def test_same_speed(steps, same):
+    assert summary_module.same_speed([{"step_ms": s} for s in steps]) is same
+
+
+def test_speed_pairs_only_samples_timed_at_one_machine_speed():
+    # ar ran A, B, C on a machine at 100 ms a step; the rule ran A and B there (half ar's time), then
+    # the folder was resumed on a machine twice as fast, where it ran C: C's time is no evidence
+    def at(r, step):
+        return {**r, "step_ms": step}
+
+    records = [at(rec(s, "ar", 0, 10, 2.0, passed=True), 100.0) for s in "ABC"]
+    records += [at(rec("A", MARS["id"], 0, 10, 1.0, passed=True), 100.0),
+                at(rec("B", MARS["id"], 0, 10, 1.0, passed=False), 100.0),
+                at(rec("C", MARS["id"], 0, 10, 0.25, passed=True), 50.0)]
+    rows = summarize(records, [AR, MARS])["configs"]
+    m = rows[MARS["id"]]
+    assert m["samples"] == 3 and m["speed_samples"] == 2
+    assert m["time_speedup_vs_ar"] == pytest.approx(2.0) and m["speedup_vs_ar"] == pytest.approx(2.0)  # not 12/2.25
+    assert m["paired"]["n"] == 3 and m["paired"]["lost"] == 1  # quality uses every sample
+    assert rows["ar"]["speed_samples"] == 3
+    report = render_report(minimal_summary({"configs": rows, "pareto_front": pareto_front(rows)}))
+    assert f"{MARS['id']} on 2 of 3" in report
+    from specdec.bench.report import speed_basis
+    assert speed_basis(m) == " on 2/3" and speed_basis(rows["ar"]) == ""
+    # the tune's steady-state speed pairs the same way
+    from specdec.bench.certify import decode_speedup
+    assert decode_speedup(records, MARS["id"]) == pytest.approx(2.0)

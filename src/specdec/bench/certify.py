@@ -27,7 +27,7 @@ import math
 import statistics
 from typing import Any, Iterable
 
-from .summary import bonett_price_ratio
+from .summary import bonett_price_ratio, same_speed
 
 #: the default one-sided confidence of a tuned pick
 CONFIDENCE = 0.95
@@ -171,7 +171,8 @@ def divergence(records: Iterable[dict], config: str, ar: str = "ar") -> dict[str
 
 def decode_speedup(records: Iterable[dict], config: str, ar: str = "ar") -> float | None:
     """Tokens/s of ``config`` over ``ar``'s in the steady state, on the samples both ran (first
-    repeat): the tokens after the first round over the time after it (the engine's
+    repeat, timed at one machine speed: :func:`specdec.bench.summary.same_speed`): the tokens after
+    the first round over the time after it (the engine's
     ``round_ends``; without them, the time after ``prefill_seconds``). The first round holds the
     target's prefill and a model drafter's (it prefills on its first proposal); at the proxy's few
     tokens a long prompt's prefill is most of a generation and the same for every setting, so with
@@ -183,15 +184,18 @@ def decode_speedup(records: Iterable[dict], config: str, ar: str = "ar") -> floa
             return float(r["new_tokens"]) - (acc[0] + 1), max(ends[-1] - ends[0], 1e-9)
         return float(r["new_tokens"]), max(float(r["seconds"]) - (st.get("prefill_seconds") or 0.0), 1e-9)
 
-    mine: dict[str, tuple[float, float]] = {}
-    ref: dict[str, tuple[float, float]] = {}
+    mine: dict[str, dict] = {}
+    ref: dict[str, dict] = {}
     for r in records:
         if int(r.get("repeat", 0)) == 0 and r["config"] in (config, ar):
-            (mine if r["config"] == config else ref)[r["sample_id"]] = steady(r)
-    common = [s for s in mine if s in ref]
+            (mine if r["config"] == config else ref)[r["sample_id"]] = r
+    common = [s for s in mine if s in ref and same_speed((mine[s], ref[s]))]
     if not common:
         return None
-    tps = [sum(d[s][0] for s in common) / sum(d[s][1] for s in common) for d in (mine, ref)]
+    tps = []
+    for d in (mine, ref):
+        parts = [steady(d[s]) for s in common]
+        tps.append(sum(p[0] for p in parts) / sum(p[1] for p in parts))
     return tps[0] / tps[1] if tps[1] else None
 
 

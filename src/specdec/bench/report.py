@@ -91,6 +91,13 @@ def _header(summary: dict) -> list[str]:
     return lines
 
 
+def speed_basis(row: dict) -> str:
+    """`` on n/N`` when a row's speed rests on fewer samples than its quality (some were timed at
+    another machine speed: :func:`specdec.bench.summary.same_speed`), else nothing."""
+    n, total = row.get("speed_samples"), row.get("samples")
+    return f" on {n}/{total}" if n is not None and total and n < total else ""
+
+
 def _results(summary: dict) -> list[str]:
     """The main table: one row per configuration (bold: on the speed-quality Pareto front)."""
     rows = summary["configs"]
@@ -121,6 +128,11 @@ def _results(summary: dict) -> list[str]:
               "sooner the same work finishes); it differs from the tokens/s speedup when a rule writes more or "
               "less (length vs ar: its tokens over plain decoding's).",
               "", f"Bold: on the speed–quality Pareto front ({', '.join(summary.get('pareto_front') or []) or 'none'})."]
+    partly = [f"{cid} on {r['speed_samples']} of {r['samples']}" for cid, r in rows.items()
+              if r.get("speed_samples") is not None and r.get("samples") and r["speed_samples"] < r["samples"]]
+    if partly:
+        lines += ["", "Speed figures on fewer samples than quality (the rest were timed on a machine of another "
+                  f"speed than plain decoding's, e.g. a run resumed elsewhere): {'; '.join(partly)}."]
     return lines
 
 

@@ -8,6 +8,9 @@ anything is timed. Every finished (sample, configuration, repeat) is scored and 
 ``results.jsonl`` at once; finished keys are skipped on a rerun. A sample that carries a JSON
 schema (``json-extraction``) is decoded under it by every configuration; its constraint is
 compiled for the pair's tokenizer before the clock starts, so no configuration pays for it.
+Every record made by one invocation carries that invocation's machine speed (``step_ms``,
+:func:`machine_step_ms`); resuming a folder made at another speed says so in one line, and the
+summary times a sample's records against each other only when they share a speed.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..errors import SpecdecError
 from ..request import BENCH_SEED, DEFAULTS
@@ -28,6 +31,7 @@ from .peers import run_peer
 from .prompts import Prompt, build_prompt
 from .quality import Scorer, agreement
 from .results import ResultsFile, record_key
+from .summary import same_speed
 
 
 @dataclass
@@ -131,8 +135,7 @@ def run(
     todo = [(s, rep, c) for s in dataset.samples for rep in range(settings.repeats) for c in everything
             if record_key(s.id, c.id, rep) not in existing]
     total = len(dataset.samples) * settings.repeats * len(everything)
-    if todo and settings.warmup:
-        _warm_up_left(pair, todo, prompts, everything, settings, models, constraints)
+    step_ms = _get_ready(pair, todo, prompts, everything, settings, models, constraints, existing.values())
 
     bar, task = _progress(progress, total, total - len(todo), label)
     prompt_ids: dict[str, list[int]] = {}
@@ -149,6 +152,7 @@ def run(
                     rec = _peer_record(pair, cfg, sample, rep, prompt, prompt_ids[sample.id], settings, models)
                 else:
                     rec = _our_record(pair, cfg, sample, rep, prompt, settings, models, constraints.get(sample.id))
+                rec["step_ms"] = step_ms
                 rec["quality"] = scorer.score(sample, rec["text"], rec.get("finish_reason"))
                 _add_agreement(rec, existing.get(record_key(sample.id, "ar", rep)))
                 results.append(rec)
@@ -161,6 +165,51 @@ def run(
         results.close()
     wanted = {s.id for s in dataset.samples}
     return [r for r in existing.values() if r["sample_id"] in wanted]
+
+
+def _get_ready(pair, todo: list, prompts: dict[str, Prompt], everything: list[Config], settings: Settings,
+               models: BenchModels, constraints: dict[str, Any], existing: Iterable[dict]) -> float | None:
+    """Before the first timed generation: the warm-up, then this machine's speed (None with nothing
+    to do), with a line on stderr when the folder's results were timed at another."""
+    if not todo:
+        return None
+    if settings.warmup:
+        _warm_up_left(pair, todo, prompts, everything, settings, models, constraints)
+    step_ms = machine_step_ms(pair)
+    warning = speed_warning(existing, step_ms)
+    if warning:
+        print(f"specdec: {warning}", file=sys.stderr, flush=True)
+    return step_ms
+
+
+def machine_step_ms(pair) -> float:
+    """This machine's speed as the run starts: milliseconds of one plain decoding step of the
+    target (best of a few, :func:`specdec.costmodel.time_step`), stored in every record the run
+    writes as ``step_ms``, so a folder resumed on a slower or faster machine is not timed across
+    the two (:func:`specdec.bench.summary.same_speed`). About a second on a CPU."""
+    from ..costmodel import time_step
+
+    return round(1000.0 * time_step(pair.target), 3)
+
+
+def speed_warning(existing: Iterable[dict], step_ms: float | None) -> str | None:
+    """One line when the folder's records were timed at another machine speed than ``step_ms``
+    (or before speeds were recorded), else None."""
+    if step_ms is None:
+        return None
+    others = [r.get("step_ms") for r in existing]
+    unprobed = sum(1 for s in others if s is None)
+    off = sorted(float(s) for s in others if s is not None and not same_speed([{"step_ms": s}, {"step_ms": step_ms}]))
+    if not unprobed and not off:
+        return None
+    where = []
+    if off:
+        where.append(f"{len(off)} at {off[0]:.0f}-{off[-1]:.0f} ms" if off[0] != off[-1] else f"{len(off)} at {off[0]:.0f} ms")
+    if unprobed:
+        where.append(f"{unprobed} before machine speeds were recorded")
+    return (f"this machine's one-token target pass takes {step_ms:.0f} ms; of the folder's {len(others)} results, "
+            f"{' and '.join(where)}: speed figures pair only generations timed at one speed, quality uses "
+            "them all")
 
 
 def _add_agreement(rec: dict, ar: dict | None) -> None:

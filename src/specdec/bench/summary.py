@@ -9,6 +9,12 @@
   how much is written (a lossy rule's answers may be longer or shorter than plain decoding's):
   ``length_vs_ar`` = the configuration's tokens / ``ar``'s on those samples (1 for a lossless rule).
   Spread: ``time_speedup_min``/``max`` per repeat index, as for ``speedup_vs_ar``.
+- Machine speed: a folder resumed on another machine holds generations timed at two speeds. Each
+  record carries ``step_ms``, the target's one-token pass timed when its run started (the runner's
+  probe); speed ratios (the three above, ``speedup_vs_best_ar``, ``decode_speedup_vs_ar``) pair a
+  sample's records only when every ``step_ms`` among them is within ``SPEED_TOLERANCE`` of the
+  others, or within ``SPEED_NOISE_MS`` (records without one, made before the probe, pair only with each other):
+  ``speed_samples`` counts the samples behind them. Quality uses every sample.
 - ``tau`` = 1 + accepted / verify passes over all its generations (``ar`` = 1; peers: generated
   tokens / target forward passes). Per-position acceptance and the zero-accept share pool counts.
 - ``quality``: HumanEval pass@1 (mean of passed), else Spec-Bench math_reasoning accuracy;
@@ -56,6 +62,12 @@ from ..stats import tau_of
 AR_ID = "ar"
 #: the per-record verdict behind each quality metric
 OUTCOME_KEY = {"pass@1": "passed", "math_accuracy": "correct", "json_validity": "json_valid"}
+#: records whose machine speeds (``step_ms``) differ more than this factor are not timed against each
+#: other (the probe's own jitter on one machine is a few percent)
+SPEED_TOLERANCE = 1.25
+#: milliseconds: step times closer than this are one speed whatever their ratio (a tiny model's step
+#: is a few milliseconds, where the clock's and the scheduler's jitter is the whole difference)
+SPEED_NOISE_MS = 5.0
 #: two-sided 95%: the normal quantile at 0.975
 Z95 = statistics.NormalDist().inv_cdf(0.975)
 
@@ -73,6 +85,23 @@ def _per_sample(recs: list[dict]) -> dict[str, dict[int, dict]]:
     for r in recs:
         out[r["sample_id"]][int(r["repeat"])] = r
     return out
+
+
+def same_speed(recs: Iterable[dict]) -> bool:
+    """Whether ``recs`` were timed at one machine speed (module docstring): their ``step_ms`` within
+    ``SPEED_TOLERANCE`` of each other, or none of them with one."""
+    steps = [r.get("step_ms") for r in recs]
+    known = [float(s) for s in steps if s is not None]
+    if not known:
+        return True
+    if len(known) < len(steps) or min(known) <= 0:
+        return False
+    return max(known) <= SPEED_TOLERANCE * min(known) or max(known) - min(known) <= SPEED_NOISE_MS
+
+
+def timed_common(mine: dict[str, dict[int, dict]], theirs: dict[str, dict[int, dict]]) -> list[str]:
+    """The samples (``_per_sample`` maps) both have, whose records were all timed at one machine speed."""
+    return [s for s in mine if s in theirs and same_speed([*mine[s].values(), *theirs[s].values()])]
 
 
 def _speed(by_sample: dict[str, dict[int, dict]], samples: Iterable[str]) -> tuple[float, float, float | None]:
@@ -206,7 +235,9 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
     tokens, seconds, tps = _speed(by_sample, samples)
     out: dict[str, Any] = {"samples": len(samples), "generations": len(recs), "new_tokens": tokens,
                            "seconds": seconds, "tokens_per_second": tps}
-    out.update(_speedup_figures(by_sample, ar_by_sample, samples, common, tps, is_ar))
+    timed = timed_common(by_sample, ar_by_sample)
+    out["speed_samples"] = len(timed)
+    out.update(_speedup_figures(by_sample, ar_by_sample, samples, timed, tps, is_ar))
     stats = [r.get("stats") or {} for r in recs]
     out.update(_acceptance_figures(recs, stats, is_ar))
     out.update(_engine_figures(stats))
@@ -263,7 +294,7 @@ def same_backend_speedups(rows: dict[str, dict], recs_by_cfg: dict[str, list[dic
         if row.get("structured") is None or base is None:
             continue
         mine, theirs = _per_sample(recs_by_cfg.get(cid, [])), _per_sample(recs_by_cfg.get(base, []))
-        common = [s for s in mine if s in theirs]
+        common = timed_common(mine, theirs)
         if common:
             row["structured"]["speedup_vs_ar_same_backend"] = _ratio(_speed(mine, common)[2] or 0.0,
                                                                      _speed(theirs, common)[2] or 0.0)
@@ -418,7 +449,7 @@ def vs_best_ar(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> str
         mine = _per_sample(recs_by_cfg.get(cid, []))
         for ar in ars:
             theirs = _per_sample(recs_by_cfg.get(ar, []))
-            common = [s for s in mine if s in theirs]
+            common = timed_common(mine, theirs)
             if common:
                 ratios.append(_ratio(_speed(mine, common)[2] or 0.0, _speed(theirs, common)[2] or 0.0))
         ratios = [r for r in ratios if r is not None]

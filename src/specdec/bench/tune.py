@@ -56,6 +56,7 @@ from . import certify
 from . import configs as cfgs
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
                       parse_float, parse_selection, parse_settings, run_settings, sandbox_setting)
+from .report import speed_basis
 from .summary import paired_quality, verdicts
 
 #: the tuning split when --samples is not given (HumanEval: the second half; the first half,
@@ -659,7 +660,7 @@ def validated(results: dict[str, PolicyResult], closest: bool) -> list[str]:
 def _validation_figures(row: dict, plan: _TunePlan) -> dict:
     bound = certify.paired_bound(row.get("paired"), plan.confidence)
     rec = row.get("recovery")
-    return {"samples": row.get("samples"), "speedup_vs_ar": row.get("speedup_vs_ar"),
+    return {"samples": row.get("samples"), "speed_samples": row.get("speed_samples"), "speedup_vs_ar": row.get("speedup_vs_ar"),
             "time_speedup_vs_ar": row.get("time_speedup_vs_ar"), "length_vs_ar": row.get("length_vs_ar"), "recovery": rec,
             "recovery_ci": (row.get("paired") or {}).get("recovery_ci"), "bound": bound,
             "held": certify.clears(rec, plan.max_loss), "certified": certify.clears(bound, plan.max_loss),
@@ -707,7 +708,7 @@ def _write_configs(a, plan: _TunePlan, results: dict[str, PolicyResult], record:
 
 
 KEEP = ("tokens_per_second", "speedup_vs_ar", "time_speedup_vs_ar", "length_vs_ar", "decode_speedup_vs_ar", "tau", "quality", "quality_metric", "recovery", "paired", "agreement",
-        "divergence", "samples", "seconds")
+        "divergence", "samples", "speed_samples", "seconds")
 
 
 def tune_record(a, plan: _TunePlan, pair, proxy_rows, rows, validate_rows, results, feasibility) -> dict:
@@ -721,7 +722,7 @@ def tune_record(a, plan: _TunePlan, pair, proxy_rows, rows, validate_rows, resul
         if r.pick is not None:
             row = rows[r.pick]
             pick_info = {
-                "setting": r.pick, "speedup_vs_ar": row.get("speedup_vs_ar"),
+                "setting": r.pick, "speed_samples": row.get("speed_samples"), "speedup_vs_ar": row.get("speedup_vs_ar"),
                 "time_speedup_vs_ar": row.get("time_speedup_vs_ar"), "length_vs_ar": row.get("length_vs_ar"),
                 "tokens_per_second": row.get("tokens_per_second"), "ar_tokens_per_second": ar.get("tokens_per_second"),
                 "tau": row.get("tau"), "quality": row.get("quality"), "ar_quality": ar.get("quality"),
@@ -778,7 +779,8 @@ def _speed(row: dict | None) -> str:
     """Tokens/s over ar's, and (in brackets) ar's time over this setting's on the same problems."""
     if not row:
         return "–"
-    return f"{_f(row.get('speedup_vs_ar'))}x ({_f(row.get('time_speedup_vs_ar'))}x)"
+    return f"{_f(row.get('speedup_vs_ar'))}x ({_f(row.get('time_speedup_vs_ar'))}x){speed_basis(row)}"
+
 
 
 def table_rows(record: dict) -> list[list[str]]:

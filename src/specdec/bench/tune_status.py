@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import certify
-from .report import _f
+from .report import _f, speed_basis
 from .results import ResultsFile
 from .summary import AR_ID, summarize, verdicts
 
@@ -91,7 +91,7 @@ def stage_table(records: list[dict], split: list[str], stage: str, max_loss: flo
             f"| {cid} | {len(mine)}/{len(split)} | {sum(mine.values())} | {lost_gained} | {rec} | "
             f"{_f(certify.paired_bound(row.get('paired'), confidence), '.3f')} | "
             f"{_f(row.get('speedup_vs_ar'), '.2f', 'x')} | "
-            f"{_f(row.get('time_speedup_vs_ar'), '.2f', 'x')} ({_f(row.get('length_vs_ar'), '.2f', 'x')}) | "
+            f"{_f(row.get('time_speedup_vs_ar'), '.2f', 'x')} ({_f(row.get('length_vs_ar'), '.2f', 'x')}){speed_basis(row)} | "
             f"{_state(row, ar, split, mine, stage, max_loss, confidence)} |")
     return lines
 
