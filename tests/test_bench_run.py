@@ -174,7 +174,7 @@ def test_records_carry_the_machine_speed_and_a_resume_elsewhere_says_so(tiny_pai
     monkeypatch.setattr(runner_module, "machine_step_ms", lambda pair: 1000.0)  # "a machine much slower"
     records = run(tiny_pair, dataset, configs, [], settings, tmp_path, progress=False)
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "takes 1000 ms" in err and f"{len(recs)} at" in err, err
+    assert err.count("\n") == 1 and "takes 1000 ms" in err and f"folder's {len(recs)} results were made at" in err, err
     made = [r for r in lines(tmp_path / "results.jsonl") if r["config"] != "ar"]
     assert made and all(r["step_ms"] == 1000.0 for r in made)
     row = summarize(records, [c.to_dict() for c in configs])["configs"][configs[1].id]
@@ -182,7 +182,9 @@ def test_records_carry_the_machine_speed_and_a_resume_elsewhere_says_so(tiny_pai
     assert row["time_speedup_vs_ar"] is None and row["paired"] is not None
     # records from before the probe existed are named as such
     assert runner_module.speed_warning([{"config": "ar"}], 60.0).endswith("quality uses them all")
-    assert "1 before machine speeds were recorded" in runner_module.speed_warning([{}], 60.0)
+    assert "the folder's 1 results were made before machine speeds" in runner_module.speed_warning([{}], 60.0)
+    assert "of the folder's 3 results, 1 were made at 93 ms and 1 were made before" in runner_module.speed_warning(
+        [{}, {"step_ms": 93.0}, {"step_ms": 61.0}], 60.0)
     assert runner_module.speed_warning([{"step_ms": 61.0}], 60.0) is None
     assert runner_module.speed_warning([{"step_ms": 61.0}], None) is None
 

@@ -204,12 +204,16 @@ def speed_warning(existing: Iterable[dict], step_ms: float | None) -> str | None
         return None
     where = []
     if off:
-        where.append(f"{len(off)} at {off[0]:.0f}-{off[-1]:.0f} ms" if off[0] != off[-1] else f"{len(off)} at {off[0]:.0f} ms")
+        speeds = f"{off[0]:.0f} ms" if round(off[0]) == round(off[-1]) else f"{off[0]:.0f}-{off[-1]:.0f} ms"
+        where.append((len(off), f"at {speeds}"))
     if unprobed:
-        where.append(f"{unprobed} before machine speeds were recorded")
-    return (f"this machine's one-token target pass takes {step_ms:.0f} ms; of the folder's {len(others)} results, "
-            f"{' and '.join(where)}: speed figures pair only generations timed at one speed, quality uses "
-            "them all")
+        where.append((unprobed, "before machine speeds were recorded"))
+    if len(where) == 1 and where[0][0] == len(others):
+        which = f"the folder's {len(others)} results were made {where[0][1]}"
+    else:
+        which = f"of the folder's {len(others)} results, " + " and ".join(f"{n} were made {w}" for n, w in where)
+    return (f"this machine's one-token target pass takes {step_ms:.0f} ms; {which}: speed figures pair only "
+            "generations timed at one speed, quality uses them all")
 
 
 def _add_agreement(rec: dict, ar: dict | None) -> None:

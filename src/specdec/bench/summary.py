@@ -12,9 +12,9 @@
 - Machine speed: a folder resumed on another machine holds generations timed at two speeds. Each
   record carries ``step_ms``, the target's one-token pass timed when its run started (the runner's
   probe); speed ratios (the three above, ``speedup_vs_best_ar``, ``decode_speedup_vs_ar``) pair a
-  sample's records only when every ``step_ms`` among them is within ``SPEED_TOLERANCE`` of the
-  others, or within ``SPEED_NOISE_MS`` (records without one, made before the probe, pair only with each other):
-  ``speed_samples`` counts the samples behind them. Quality uses every sample.
+  sample's records only when every ``step_ms`` among them is within ``SPEED_TOLERANCE`` (or
+  ``SPEED_NOISE_MS``) of the others; records without one, made before the probe, pair only with
+  each other. ``speed_samples`` counts the samples behind them. Quality uses every sample.
 - ``tau`` = 1 + accepted / verify passes over all its generations (``ar`` = 1; peers: generated
   tokens / target forward passes). Per-position acceptance and the zero-accept share pool counts.
 - ``quality``: HumanEval pass@1 (mean of passed), else Spec-Bench math_reasoning accuracy;
@@ -89,7 +89,7 @@ def _per_sample(recs: list[dict]) -> dict[str, dict[int, dict]]:
 
 def same_speed(recs: Iterable[dict]) -> bool:
     """Whether ``recs`` were timed at one machine speed (module docstring): their ``step_ms`` within
-    ``SPEED_TOLERANCE`` of each other, or none of them with one."""
+    ``SPEED_TOLERANCE`` or ``SPEED_NOISE_MS`` of each other, or none of them with one."""
     steps = [r.get("step_ms") for r in recs]
     known = [float(s) for s in steps if s is not None]
     if not known:
