@@ -116,6 +116,8 @@ def test_torn_and_corrupt_lines_are_discarded(tmp_path):
     ({**record(), "token_ids": [1, "2"]}, "'token_ids' holds a non-integer"),
     ({**record(), "key": "b|ar|0"}, "does not match its sample_id"),
     ({k: v for k, v in record().items() if k != "stats"}, "no 'stats'"),
+    ({**record(), "step_ms": "60"}, "'step_ms' is '60'"),
+    ({**record(), "step_ms": 0}, "'step_ms' is 0"),
 ])
 def test_each_line_is_validated(tmp_path, bad, why):
     path = tmp_path / "results.jsonl"

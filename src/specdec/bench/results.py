@@ -107,6 +107,10 @@ def line_problem(rec: Any) -> str | None:
         return "'token_ids' holds a non-integer"
     if rec["key"] != record_key(rec["sample_id"], rec["config"], rec["repeat"]):
         return f"key {rec['key']!r} does not match its sample_id, config and repeat"
+    step = rec.get("step_ms")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, _NUMBER) or not math.isfinite(step)
+                             or step <= 0):
+        return f"'step_ms' is {step!r}, not a positive number of milliseconds"
     if rec.get("agreement") is not None and not isinstance(rec["agreement"], dict):
         return "'agreement' is not an object"
     return None
