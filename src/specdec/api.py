@@ -80,7 +80,9 @@ def resolve_draft(target: str, draft: str | None) -> str | None:
     """The draft model :func:`load` loads: ``"auto"`` is the bundled draft for the bundled target
     and none otherwise; anything else as given (None: no draft model)."""
     if draft == _AUTO:
-        return DEFAULT_DRAFT if target == DEFAULT_TARGET else None
+        from .backends.gguf_formats import split_format
+
+        return DEFAULT_DRAFT if split_format(target)[0] == DEFAULT_TARGET else None
     return draft
 
 
@@ -204,12 +206,15 @@ def load(
     """Load a target and (optionally) a draft model.
 
     target/draft: a bundled name (``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``), a Hugging Face
-    model folder, a ``.gguf`` file or a hub id.
+    model folder, a ``.gguf`` file or a hub id. On llama.cpp a GGUF source may end in ``@bf16``,
+    ``@f16``, ``@q8_0``, ``@q4_0`` or ``@iq4_nl``: a copy of its weights in that format, made once
+    and cached (:mod:`specdec.backends.gguf_formats`; a copy of 4-bit weights is not the original
+    checkpoint). On a CPU a 16-bit target verifies drafts far more cheaply than a 4-bit one.
     ``draft="auto"`` picks the bundled draft for the bundled target and no draft otherwise;
     ``draft=None`` loads none (only ``drafter="pld"`` and ``policy="ar"`` work then).
 
     backend: ``auto`` (llama.cpp for a GGUF model on a CPU when llama-cpp-python is installed:
-    measured 3-5x faster there; transformers otherwise), ``llama.cpp`` (GGUF files, as stored:
+    measured 1.8-2.8x faster end to end on the CPUs measured; transformers otherwise), ``llama.cpp`` (GGUF files, as stored:
     their own quantization, llama.cpp's kernels, the machine's cores) or ``transformers`` (GGUF
     files are dequantized once into a cached bf16 folder). ``Pair.backend_why`` and the CLI's
     startup line say which was chosen and why.
@@ -253,9 +258,13 @@ def _is_gguf(source: str | None) -> bool:
     """Whether a model source is a GGUF file (bundled models are), without loading anything."""
     from pathlib import Path
 
+    from .backends.gguf_formats import split_format
     from .bundled import BUNDLED
 
     if source is None:
+        return True
+    source, fmt = split_format(source)
+    if fmt is not None:
         return True
     if source in BUNDLED or str(source).endswith(".gguf"):
         return True
@@ -284,17 +293,31 @@ def choose_backend(backend: str, target: str, draft: str | None, device: torch.d
                                    "use backend 'transformers'")
         return "llama.cpp", "asked for"
     if backend == "transformers":
+        _no_format_copies(target, draft)
         return "transformers", "asked for"
     if device.type != "cpu":
+        _no_format_copies(target, draft)
         return "transformers", f"auto: a {device.type} device"
     if not (_is_gguf(target) and _is_gguf(draft)):
         return "transformers", "auto: not a GGUF model"
     if explicit:
+        _no_format_copies(target, draft)
         return "transformers", f"auto: {', '.join(explicit)} given (transformers options)"
     if not available("llama.cpp"):
+        _no_format_copies(target, draft)
         return "transformers", ("auto: llama-cpp-python is not installed (pip install 'specdec[llama]' runs GGUF "
-                                "models on llama.cpp's kernels, measured 3-5x faster on a CPU)")
+                                "models on llama.cpp's kernels, measured 1.8-2.8x faster end to end on a CPU)")
     return "llama.cpp", "auto: GGUF models on a CPU, llama-cpp-python installed"
+
+
+def _no_format_copies(*sources: str | None) -> None:
+    """``model@format`` names a llama.cpp copy of a GGUF file; the transformers backend has dtypes instead."""
+    from .backends.gguf_formats import split_format
+
+    for source in sources:
+        if split_format(source)[1] is not None:
+            raise SpecdecError(f"{source!r}: a GGUF weight-format copy ('@...') runs on the llama.cpp backend "
+                               "(pip install 'specdec[llama]', backend 'llama.cpp'); on transformers use dtype=")
 
 
 def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, recalibrate: bool, progress: bool,

@@ -43,6 +43,18 @@ instead of choosing between nothing and a block too long to pay. While it drafts
 windowed estimate learns nothing, so after ``probe_every`` such rounds one round drafts the best
 ``K > W``, with the same doubling backoff.
 
+K is chosen only where the target's pass over ``K + 1`` tokens was measured (the cost tables time
+every width from 1 to 17, then 24 and 32): on a CPU the curve is jagged (llama.cpp's repacked 4-bit
+kernels take rows in fours, so 4 and 8 tokens are cheap and 5 or 9 are not), and an interpolated
+width would be a guess.
+
+The draft model's reading is priced too. Before a round drafts, the drafter's backlog (the tokens
+its model has not read yet: the prompt's window at the first draft, the text generated since at a
+catch-up; :meth:`specdec.drafters.Drafter.backlog`) costs the draft table's prefill seconds; a
+round drafts only when the time drafting is expected to save over the tokens still to come
+(``max_new_tokens`` less those written, as the request allows) exceeds that price. So a short answer
+on a machine where drafting barely pays never prefills the draft, and a long one does.
+
 One controller lives per (policy, drafter, greedy or sampled) on an engine and keeps its estimates
 across requests (warm start).
 """
@@ -50,6 +62,7 @@ across requests (warm start).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k, mark_stale, tokens_per_second
 
@@ -81,6 +94,9 @@ PROBE_EVERY = 16
 COST_EMA = 0.2
 #: halvings when solving for the break-even acceptance: 2^-20 of the range, far below any noise
 BISECT_STEPS = 20
+#: a drafter backlog of at most this many tokens is the normal round's feed (the last round's bonus
+#: token, and the last draft when all were kept): it is part of the per-draft-token cost, not priced apart
+STEADY_FEED = 2
 
 
 @dataclass
@@ -126,8 +142,14 @@ class KController:
     """Chooses K each round and learns from the round (see the module docstring)."""
 
     def __init__(self, target: CostTable, draft_step: float, k_max: int = K_MAX, probe_every: int = PROBE_EVERY,
-                 ema: float = COST_EMA, window: int = 0):
+                 ema: float = COST_EMA, window: int = 0, draft_prefill: Callable[[int], float] | None = None):
         self.target = target
+        #: the only K > 0 chosen: those whose verify pass (K + 1 tokens) the target's table measured
+        self.allowed = frozenset(w - 1 for w in target.widths if w >= 2)
+        #: seconds for the draft model to read n tokens of backlog (None: drafting reads nothing, as prompt lookup)
+        self.draft_prefill = draft_prefill
+        #: rounds that did not draft because the backlog's reading would cost more than drafting saves
+        self.backlog_declined = 0
         self.draft_step = max(0.0, float(draft_step))  # seconds per draft token, before any round
         self.k_max = max(0, int(k_max))
         self.window = max(0, int(window))  # the policy's lookahead: blocks of at most this many drafts leave it inert
@@ -151,8 +173,32 @@ class KController:
     def draft_cost(self) -> float:
         return self.draft_step if self.draft_seconds_per_token is None else self.draft_seconds_per_token
 
-    def choose(self, room: int) -> int:
-        """The K for the next round, at most ``room`` (what max_new_tokens and the context allow)."""
+    def choose(self, room: int, backlog: int = 0) -> int:
+        """The K for the next round, at most ``room`` (what max_new_tokens and the context allow),
+        when the drafter must first read ``backlog`` tokens (:meth:`worth_reading`)."""
+        k = self._choose(room)
+        if k > 0 and not self.worth_reading(k, backlog, room + 1):
+            self.backlog_declined += 1
+            return 0
+        return k
+
+    def worth_reading(self, k: int, backlog: int, remaining: int) -> bool:
+        """Whether drafting ``k`` this round, and on for the ``remaining`` tokens, saves more time
+        than the draft model's reading of ``backlog`` tokens costs (always, for a backlog of at most
+        ``STEADY_FEED`` or a drafter that reads nothing). A round chosen as a probe (no better than a
+        plain step at the current estimates) is judged at near-perfect acceptance: that is what it
+        looks for."""
+        if backlog <= STEADY_FEED or self.draft_prefill is None:
+            return True
+        plain = tokens_per_second(self.verify_cost, self.draft_cost, [], 0)
+        rates = self.acceptance.rates(k) if not self.window else self._rates(k)[int(k > self.window)]
+        rate = tokens_per_second(self.verify_cost, self.draft_cost, rates, k)
+        if rate <= plain:
+            rate = tokens_per_second(self.verify_cost, self.draft_cost, [OPTIMISTIC_ACCEPTANCE] * k, k)
+        saved = remaining / plain - remaining / rate
+        return saved > self.draft_prefill(backlog)
+
+    def _choose(self, room: int) -> int:
         k_max = min(self.k_max, max(0, room))
         k = self._best(k_max, allow_zero=True)
         if k == 0 and k_max > 0:
@@ -182,7 +228,7 @@ class KController:
         """Whether some K > 0 beats a plain step at near-perfect acceptance (``OPTIMISTIC_ACCEPTANCE``)
         with the current cost estimates."""
         rates = [OPTIMISTIC_ACCEPTANCE] * max(1, k_max)
-        return best_k(self.verify_cost, self.draft_cost, rates, k_max) > 0
+        return best_k(self.verify_cost, self.draft_cost, rates, k_max, allowed=self.allowed) > 0
 
     def _rates(self, k_max: int) -> tuple[list[float], list[float]]:
         """Per-position rates for blocks up to the window (inner) and past it (windowed, never below
@@ -192,15 +238,18 @@ class KController:
 
     def _best_long(self, k_max: int, windowed: list[float]) -> int:
         """The best K past the window (``k_max > window``) under the windowed rates."""
-        return best_k(self.verify_cost, self.draft_cost, windowed, k_max, k_min=self.window + 1, allow_zero=False)
+        return best_k(self.verify_cost, self.draft_cost, windowed, k_max, k_min=self.window + 1, allow_zero=False,
+                      allowed=self.allowed)
 
     def _best(self, k_max: int, allow_zero: bool) -> int:
         """The best K in ``0..k_max`` (``1..k_max`` without zero): without a window, one estimate for
         every K; with one, the inner estimate up to the window and the windowed one past it."""
         if not self.window:
-            return best_k(self.verify_cost, self.draft_cost, self.acceptance.rates(k_max), k_max, allow_zero=allow_zero)
+            return best_k(self.verify_cost, self.draft_cost, self.acceptance.rates(k_max), k_max, allow_zero=allow_zero,
+                          allowed=self.allowed)
         inner, windowed = self._rates(k_max)
-        short = best_k(self.verify_cost, self.draft_cost, inner, min(k_max, self.window), allow_zero=allow_zero)
+        short = best_k(self.verify_cost, self.draft_cost, inner, min(k_max, self.window), allow_zero=allow_zero,
+                       allowed=self.allowed)
         if k_max <= self.window:
             return short
         long = self._best_long(k_max, windowed)
@@ -247,6 +296,17 @@ def draft_step_estimate(needs_model: bool, target: CostTable, draft: CostTable |
     if not needs_model:
         return 0.0
     return draft.forward(1) if draft is not None else target.forward(1) * UNMEASURED_DRAFT_STEP
+
+
+def draft_prefill_estimate(needs_model: bool, target: CostTable,
+                           draft: CostTable | None) -> Callable[[int], float] | None:
+    """Seconds for the drafter's model to read ``n`` tokens: the draft model's measured prefill
+    rate, ``UNMEASURED_DRAFT_STEP`` of the target's without one; None for a drafter without a model."""
+    if not needs_model:
+        return None
+    if draft is not None:
+        return draft.prefill
+    return lambda n: target.prefill(n) * UNMEASURED_DRAFT_STEP
 
 
 def breakeven_acceptance(verify, draft_step: float, k_max: int) -> float | None:

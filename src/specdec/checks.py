@@ -51,8 +51,15 @@ class Spec:
     lo_open: bool = False
     hi_open: bool = False
     choices: tuple[str, ...] | None = None
+    #: words a numeric option also takes (e.g. ``"auto"``), beside its range
+    words: tuple[str, ...] = ()
 
     def check(self, where: str, value: Any) -> Any:
+        if self.words and isinstance(value, str):
+            if value in self.words:
+                return value
+            raise SpecdecError(f"{where} must be {' or '.join(map(repr, self.words))} or a number {span(self.lo, self.hi)}, "
+                               f"got {value!r}")
         if self.choices is not None:
             if value not in self.choices:
                 raise SpecdecError(f"{where} must be one of {', '.join(self.choices)}, got {value!r}")
@@ -62,11 +69,17 @@ class Spec:
                              None if self.hi is None else int(self.hi))
         return check_number(where, value, self.lo, self.hi, self.lo_open, self.hi_open)
 
+    def parse(self, text: str) -> Any:
+        """A command-line value: one of ``words`` as is, else the option's kind (argparse's ``type``)."""
+        return text if text in self.words else self.kind(text)
+
 
 def option(default: Any, *, help: str, kind: type | None = None, lo: float | None = None, hi: float | None = None,
-           lo_open: bool = False, hi_open: bool = False, choices: tuple[str, ...] | None = None) -> Field:
-    """A dataclass field declaring an option: default, range or choices, help."""
-    spec = Spec(kind or type(default), help, lo, hi, lo_open, hi_open, choices)
+           lo_open: bool = False, hi_open: bool = False, choices: tuple[str, ...] | None = None,
+           words: tuple[str, ...] = ()) -> Field:
+    """A dataclass field declaring an option: default, range or choices, words it takes beside a
+    number (``words``), help."""
+    spec = Spec(kind or type(default), help, lo, hi, lo_open, hi_open, choices, tuple(words))
     return field(default=default, metadata={"spec": spec})
 
 

@@ -180,6 +180,29 @@ def cost_header(tables) -> str:
     return f"   {'model':22s} {'dtype':14s} " + " ".join(f"{w:>7d}" for w in widths) + "   (ms per pass over N tokens)"
 
 
+def curve_lines(curves: list) -> list[str]:
+    """Cost tables ``[(label, table)]`` side by side, a row per measured width: milliseconds per pass
+    over N tokens and its ratio to one token (where the ratio stays well under N, verifying N - 1
+    drafts costs less than N - 1 plain steps: speculation can pay)."""
+    if not curves:
+        return []
+    widths = sorted({w for _, t in curves for w in t.widths})
+    head = "tokens " + "".join(f"{label:>24s}" for label, _ in curves)
+    lines = [head, "       " + "".join(f"{'ms (x one token)':>24s}" for _ in curves)]
+    for w in widths:
+        cells = []
+        for _, t in curves:
+            if w in t.widths:
+                s = t.seconds[t.widths.index(w)]
+                cells.append(f"{s * 1e3:>14.0f} ({s / t.seconds[0]:5.2f}x)")
+            else:
+                cells.append(f"{'-':>24s}")
+        lines.append(f"{w:>6d} " + "".join(cells))
+    prefills = [f"{label}: prefill {t.prefill(t.context) * 1e3 / t.context:.1f} ms/token" for label, t in curves]
+    lines.append("(" + "; ".join(prefills) + ")")
+    return lines
+
+
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from .costmodel import model_fingerprint
 
@@ -191,14 +214,14 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     engine = f"{fp['backend']} {fp['backend_version']}" if "backend" in fp else f"torch {fp['torch']}"
     print(f"machine: {where}; flags {flags}; {engine}, {fp['threads']} threads, {fp['device']}")
     print(f"backend: {pair.backend} ({pair.backend_why})")
+    curves = []
     for role, lm in (("target", pair.target), ("draft", pair.draft)):
         cands = [t for t in pair.costs.candidates.get(role, {}).values() if t is not None]
         if lm is None or not cands:
             continue
-        print(f"{role}:")
-        print(cost_header(cands))
-        for row in cost_rows(cands, chosen=lm.variant):
-            print(row)
+        curves += [(f"{role} {t.dtype}{'*' if t.dtype == lm.variant and len(cands) > 1 else ''}", t) for t in cands]
+    for line in curve_lines(curves):
+        print(line)
     if pair.costs.why:
         print(f"dtype auto: {pair.costs.why}")
     shown = [t for c in pair.costs.candidates.values() for t in c.values() if t is not None]

@@ -23,7 +23,7 @@ import torch
 
 from .constrain import Guide, make_guide
 from .drafters import Draft, Drafter, drafter_class, make_drafter
-from .autok import KController, draft_step_estimate
+from .autok import STEADY_FEED, KController, draft_prefill_estimate, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores
@@ -37,10 +37,6 @@ from .verify.tree import TreeRound, tree_depth
 #: sequence ends inside the last ``n_new`` tokens, else None.
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
-#: a round whose drafter fed its model at most this many context tokens drafted steadily (the last
-#: round's bonus token, and the last draft when all were kept); more means a prefill or a catch-up
-#: after K=0 rounds, whose time says nothing about the cost per draft token, so k=auto skips it
-STEADY_FEED = 2
 #: k=auto controllers kept per engine, one per distinct (policy, parameters, drafter, sampling mode);
 #: the least recently used goes first (a server sees any number of distinct request parameters)
 MAX_CONTROLLERS = 64
@@ -103,10 +99,13 @@ class Engine:
         else:
             while len(self.controllers) >= MAX_CONTROLLERS:
                 self.controllers.popitem(last=False)
-            step = draft_step_estimate(drafter_class(cfg.drafter).needs_model, self.target_costs, self.draft_costs)
+            needs_model = drafter_class(cfg.drafter).needs_model
+            step = draft_step_estimate(needs_model, self.target_costs, self.draft_costs)
             k_max = max(1, self.target_costs.widths[-1] - 1)
             window = lookahead_of(cfg.parsed)  # blocks no longer than the lookahead leave it inert
-            self.controllers[key] = KController(self.target_costs, step, k_max=max(k_max, window + 1), window=window)
+            self.controllers[key] = KController(
+                self.target_costs, step, k_max=max(k_max, window + 1), window=window,
+                draft_prefill=draft_prefill_estimate(needs_model, self.target_costs, self.draft_costs))
         return self.controllers[key]
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
@@ -245,7 +244,7 @@ class Engine:
         if run.depth_limit:  # k=auto leaves the depth to the tree's own pruning
             return max(0, min(run.depth_limit if run.auto else cfg.k, room - 1))
         if run.control is not None:
-            return run.control.choose(room - 1)
+            return run.control.choose(room - 1, backlog=run.drafter.backlog(run.context))
         fixed = max(FALLBACK_K, lookahead_of(run.policy) + 1) if run.auto else cfg.k  # k=auto, no cost table
         return max(0, min(fixed, room - 1))
 

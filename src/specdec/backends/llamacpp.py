@@ -89,7 +89,25 @@ def default_threads() -> int:
 # ------------------------------------------------------------------------------ sources
 def gguf_path(source: str, progress: bool = True) -> Path:
     """The GGUF file of a model source: a bundled name (assembled once from its chunk packages), a
-    ``.gguf`` path, or a folder holding exactly one ``.gguf``. Anything else is a one-line error."""
+    ``.gguf`` path, or a folder holding exactly one ``.gguf``; any of them with ``@<format>``
+    (``qwen2.5-coder-1.5b@bf16``): a copy in that weight format, made once
+    (:mod:`specdec.backends.gguf_formats`). Anything else is a one-line error."""
+    from .gguf_formats import formatted, split_format
+
+    base, fmt = split_format(source)
+    path = _gguf_source(base, progress)
+    if fmt is None:
+        return path
+    return formatted(path, fmt, log=_stderr if progress else (lambda line: None))
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+
+
+def _gguf_source(source: str, progress: bool) -> Path:
     from ..models import locate
 
     kind, path = locate(source) if not (Path(str(source)).expanduser().is_dir()) else ("dir", Path(source).expanduser())
@@ -174,7 +192,8 @@ class LlamaCppModel(Model):
         self.backend_version = version()
         trained = int(L.llama_model_n_ctx_train(self._model)) or DEFAULT_CTX
         cp = L.llama_context_default_params()
-        cp.n_ctx = int(n_ctx or min(trained, DEFAULT_CTX))
+        # at least MAX_SEQ: llama.cpp reserves an output row per sequence id and aborts below that
+        cp.n_ctx = max(int(n_ctx or min(trained, DEFAULT_CTX)), MAX_SEQ)
         cp.n_batch = cp.n_ubatch = BATCH
         cp.n_seq_max = MAX_SEQ  # sequence ids a batch may use (token trees: one per path)
         cp.kv_unified = True  # one KV buffer for every sequence: token trees share the context's cells

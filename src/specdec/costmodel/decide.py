@@ -9,7 +9,7 @@ target and draft dtypes that make a reference request fastest).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Collection, Mapping, Sequence
 
 from .table import CostTable
 
@@ -45,12 +45,14 @@ def tokens_per_second(verify: Callable[[int], float], draft_step: float, rates: 
 
 
 def best_k(verify: Callable[[int], float], draft_step: float, rates: Sequence[float], k_max: int,
-           k_min: int = 1, allow_zero: bool = True) -> int:
+           k_min: int = 1, allow_zero: bool = True, allowed: Collection[int] | None = None) -> int:
     """The draft length ``K`` in ``{0} + k_min..k_max`` with the most expected tokens per second:
     ``expected_tokens(rates, K) / (K * draft_step + verify(K + 1))``. ``verify(w)`` is the target's
     pass over ``w`` tokens; ``K = 0`` is a plain decoding step (``1 / verify(1)``), left out with
-    ``allow_zero=False`` (then at least ``k_min``). Ties go to the smaller K."""
-    ks = ([0] if allow_zero else []) + list(range(max(1, k_min), max(0, k_max) + 1))
+    ``allow_zero=False`` (then at least ``k_min``). ``allowed``: the only K > 0 to consider (those
+    whose pass width ``K + 1`` was measured; None: every K). Ties go to the smaller K."""
+    ks = ([0] if allow_zero else []) + [k for k in range(max(1, k_min), max(0, k_max) + 1)
+                                        if allowed is None or k in allowed]
     best, best_rate = None, -1.0
     for k in ks:
         rate = tokens_per_second(verify, draft_step, rates, k)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
 
-#: bumped when tables change meaning, so older ones are measured again (2: logits everywhere + prefill; 3: kernels)
-FORMAT = 3
+#: bumped when tables change meaning, so older ones are measured again (2: logits everywhere + prefill; 3: kernels;
+#: 4: every width 1..17, as k=auto now picks only measured widths)
+FORMAT = 4
 
 
 @dataclass

@@ -18,8 +18,9 @@ from typing import Sequence
 
 import torch
 
-#: verify passes of K + 1 tokens for K up to 31, doubling to catch where a pass stops costing ~one token
-WIDTHS = (1, 2, 4, 8, 16, 32)
+#: verify passes of K + 1 tokens: every width up to 17 (k=auto picks only measured widths, and CPU
+#: curves are jagged: llama.cpp's 4-bit kernels take rows in fours), then 24 and 32 for long blocks
+WIDTHS = tuple(range(1, 18)) + (24, 32)
 #: timings per width, in interleaved rounds (a slow spell hits every width alike): two slow ones leave the median
 REPEATS = 5
 #: seconds: a width slower than this is timed MIN_REPEATS times only (noise is small against it; rounds cost seconds)
@@ -66,16 +67,22 @@ def _spread(xs: Sequence[float]) -> float:
 
 
 def suspect_widths(widths: Sequence[int], seconds: Sequence[float]) -> set[int]:
-    """The widths whose timings contradict a neighbour's: a wider pass cheaper than the narrower
-    one by more than ``MONOTONE_TOLERANCE``, or dearer than proportional to the width by more than
-    ``PROPORTIONAL_TOLERANCE`` (e.g. one width 6x its neighbours' trend). Both of the pair are
-    suspects (which one is off is not known yet); differences under ``NOISE_FLOOR`` are ignored."""
+    """The widths whose timings contradict a neighbour's: a pass dearer than the next narrower one
+    by more than proportional to the width times ``PROPORTIONAL_TOLERANCE`` (e.g. one width 6x its
+    neighbours' trend), or cheaper by more than ``MONOTONE_TOLERANCE`` than a pass of at most half
+    its width (the widest such). Neighbours closer than that may legitimately be cheaper: on a CPU
+    kernels take rows in groups (8 tokens can cost less than 7). Both of the pair are suspects
+    (which one is off is not known yet); differences under ``NOISE_FLOOR`` are ignored."""
     bad: set[int] = set()
     for (wa, sa), (wb, sb) in zip(zip(widths, seconds), zip(widths[1:], seconds[1:])):
-        cheaper = sb < sa * (1 - MONOTONE_TOLERANCE) and sa - sb > NOISE_FLOOR
-        dearer = sb > sa * (wb / wa) * PROPORTIONAL_TOLERANCE and sb - sa > NOISE_FLOOR
-        if cheaper or dearer:
+        if sb > sa * (wb / wa) * PROPORTIONAL_TOLERANCE and sb - sa > NOISE_FLOOR:
             bad |= {wa, wb}
+    for j, (wb, sb) in enumerate(zip(widths, seconds)):
+        halves = [i for i in range(j) if widths[i] * 2 <= wb]
+        if halves:
+            wa, sa = widths[halves[-1]], seconds[halves[-1]]
+            if sb < sa * (1 - MONOTONE_TOLERANCE) and sa - sb > NOISE_FLOOR:
+                bad |= {wa, wb}
     return bad
 
 

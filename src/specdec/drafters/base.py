@@ -55,7 +55,7 @@ class Drafter(ABC):
 
     Class methods: :meth:`check` (constraints across options), :meth:`build` (an instance over the
     draft model), :meth:`depth_limit` (tree drafters). Instance methods: :meth:`start`,
-    :meth:`propose`, :meth:`commit`.
+    :meth:`propose`, :meth:`commit`, :meth:`backlog`.
 
     Structured output: ``guide`` is set by the engine before every :meth:`start`: None, or the
     grammar's state after the committed text (:class:`specdec.constrain.Guide`). A drafter should
@@ -100,6 +100,12 @@ class Drafter(ABC):
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
         """Up to ``k`` tokens that might follow ``context`` (a tree drafter: nodes up to depth ``k``)."""
+
+    def backlog(self, context: Sequence[int]) -> int:
+        """Context tokens the drafter must feed its model before its next draft token (a prefill,
+        or a catch-up after rounds that did not draft): what k=auto weighs against drafting. 0 for
+        drafters without a model."""
+        return 0
 
     @abstractmethod
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:

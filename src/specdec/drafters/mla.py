@@ -17,12 +17,12 @@ import numpy as np
 import torch
 
 from ..checks import check_options, option, options_of
-from ..backends.base import Model, common_prefix
+from ..backends.base import Model
 from ..sampling import SamplingParams, next_token, probabilities
 from ..verify.base import Lossless, Round
 from .base import Draft
 from .lookup import LookupDrafter, lookup
-from .model import ModelDrafter, min_confidence_option
+from .model import ModelDrafter, min_confidence_option, window_option
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class LookupModelOptions:
     ngram_min: int = option(1, lo=1, help="prompt lookup: shortest n-gram to match")
     lookup_tokens: int = option(6, lo=1, help="model+pld: tokens prompt lookup proposes per draft-model pass")
     min_confidence: float = min_confidence_option()
+    draft_window: int = window_option()
 
 
 class LookupModelDrafter(ModelDrafter):
@@ -42,10 +43,11 @@ class LookupModelDrafter(ModelDrafter):
     Options = LookupModelOptions
 
     def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), ngram_max: int = 4,
-                 ngram_min: int = 1, lookup_tokens: int = 6, min_confidence: float = 0.0):
+                 ngram_min: int = 1, lookup_tokens: int = 6, min_confidence: float = 0.0,
+                 draft_window: int | str = "auto"):
         check_options(f"drafter {self.name!r}", LookupModelOptions, {"lookup_tokens": lookup_tokens})
         self.check(ngram_max=ngram_max, ngram_min=ngram_min)
-        super().__init__(lm, stop_ids, min_confidence)
+        super().__init__(lm, stop_ids, min_confidence, draft_window)
         self.ngram_max, self.ngram_min, self.lookup_tokens = ngram_max, ngram_min, lookup_tokens
         self.inner = Lossless()
         self.lookups = 0  # draft-model passes that verified a lookup proposal
@@ -66,7 +68,8 @@ class LookupModelDrafter(ModelDrafter):
         the tokens kept are the masked draft model's own continuation."""
         tokens: list[int] = []
         raw: list[torch.Tensor] = []  # [V] per token: the draft's logits it was chosen from
-        fed = len(context) - min(common_prefix(self.lm.linear_tokens, list(context)), len(context) - 1)
+        fed = self.backlog(context)
+        seen = self.view(context)  # what the draft model reads; prompt lookup searches the whole context
         while len(tokens) < k:
             ctx = list(context) + tokens
             want = k - len(tokens)
@@ -74,7 +77,7 @@ class LookupModelDrafter(ModelDrafter):
                            self.ngram_min) if want > 1 else []
             if self.guide is not None:
                 guess = guess[: self.guide.valid_prefix(guess)]
-            logits = self.lm.logits_for(ctx + guess, len(guess) + 1)  # [g+1, V]
+            logits = self.lm.logits_for(seen + tokens + guess, len(guess) + 1)  # [g+1, V]
             if self.guide is not None:
                 logits = self.guide.restrict(logits, guess)
             if guess:

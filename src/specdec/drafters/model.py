@@ -19,6 +19,55 @@ def guided(guide):
     return contextlib.nullcontext() if guide is None else guide.trial()
 
 
+#: ``draft_window="auto"``: the draft model sees this many of the prompt's last tokens. Measured:
+#: the bundled draft's greedy agreement with the bundled target on HumanEval and Spec-Bench against
+#: the window (docs/speculation-on-cpus.md, "The draft's window")
+AUTO_WINDOW = 256
+
+
+def window_option():
+    return option("auto", kind=int, lo=1, words=("auto", "all"),
+                  help="model, model+pld, tree: the draft model sees only the prompt's last N tokens (and all "
+                       f"generated text), so it never prefills a long prompt; auto: N={AUTO_WINDOW}, all: the "
+                       "whole prompt")
+
+
+def window_start(prompt_tokens: int, window: int | str) -> int:
+    """The first prompt position the draft model sees with ``draft_window=window``: the last
+    ``window`` tokens of a ``prompt_tokens``-token prompt (``"all"``: from 0; ``"auto"``:
+    ``AUTO_WINDOW``). The draft numbers its positions from there, as if its text began there."""
+    if window == "all":
+        return 0
+    size = AUTO_WINDOW if window == "auto" else int(window)
+    return max(0, int(prompt_tokens) - size)
+
+
+class Windowed:
+    """A drafter whose model reads a window of the context (``draft_window``): everything from
+    :attr:`offset` on, set by :meth:`start` from the prompt's length. Positions before it are
+    never fed to the draft model, so a long prompt costs the draft only the window's prefill."""
+
+    lm: Model
+    draft_window: int | str = "auto"
+    offset = 0
+
+    def start(self, prompt: Sequence[int]) -> None:
+        """Forget the last generation and place the window. The draft model is prefilled lazily, by
+        the first proposal: a generation that never drafts (k=auto at K=0) never pays it."""
+        self.lm.reset()
+        self.offset = window_start(len(prompt), self.draft_window)
+
+    def view(self, context: Sequence[int]) -> list[int]:
+        """The part of ``context`` the draft model reads."""
+        return list(context[self.offset:])
+
+    def backlog(self, context: Sequence[int]) -> int:
+        """Tokens of the window the draft model has not read yet (a prefill, or a catch-up after
+        rounds that did not draft), fed before its next draft token."""
+        view = self.view(context)
+        return len(view) - min(common_prefix(self.lm.linear_tokens, view), len(view) - 1)
+
+
 def min_confidence_option():
     return option(0.0, lo=0, hi=1, hi_open=True,
                   help="model, model+pld: stop a draft after a token the draft gave less than this probability, "
@@ -28,9 +77,10 @@ def min_confidence_option():
 @dataclass(frozen=True)
 class ModelOptions:
     min_confidence: float = min_confidence_option()
+    draft_window: int = window_option()
 
 
-class ModelDrafter(Drafter):
+class ModelDrafter(Windowed, Drafter):
     """Runs the draft model autoregressively for up to ``k`` tokens (greedy at T=0, else sampled
     with the same temperature/top-k/top-p, keeping each step's distribution as ``q``).
 
@@ -38,29 +88,29 @@ class ModelDrafter(Drafter):
     ``min_confidence > 0``, after a token the draft itself gave less than that probability
     (softmax at temperature 1): later drafts are unlikely to survive, so the round verifies now.
     This is transformers' ``assistant_confidence_threshold`` idea; it lets ``k`` be large.
+
+    The draft model reads a window (``draft_window``, :class:`Windowed`): the prompt's last tokens
+    and everything generated. Which tokens it proposes never changes what the lossless rules output.
     """
 
     name = "model"
     needs_model = True
     Options = ModelOptions
 
-    def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), min_confidence: float = 0.0):
-        check_options(f"drafter {self.name!r}", ModelOptions, {"min_confidence": min_confidence})
+    def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), min_confidence: float = 0.0,
+                 draft_window: int | str = "auto"):
+        check_options(f"drafter {self.name!r}", ModelOptions,
+                      {"min_confidence": min_confidence, "draft_window": draft_window})
         self.lm = lm
         self.stop_ids = stop_ids
         self.min_confidence = float(min_confidence)
+        self.draft_window = draft_window
 
     def unsure(self, logits: torch.Tensor, token: int) -> bool:
         """True when the draft gave ``token`` less than ``min_confidence`` (off at 0)."""
         if self.min_confidence <= 0:
             return False
         return float(torch.softmax(logits, dim=-1)[token]) < self.min_confidence
-
-    def start(self, prompt: Sequence[int]) -> None:
-        """Forget the last generation. The prompt is prefilled lazily, by the first :meth:`propose`
-        (``logits_for`` feeds what the cache lacks): a generation that never drafts (k=auto at K=0)
-        never pays the draft's prefill."""
-        self.lm.reset()
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
@@ -73,8 +123,8 @@ class ModelDrafter(Drafter):
     def _propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
-        fed = len(context) - min(common_prefix(self.lm.linear_tokens, context), len(context) - 1)
-        logits = self.lm.logits_for(context, 1)[0]  # [V]
+        fed = self.backlog(context)
+        logits = self.lm.logits_for(self.view(context), 1)[0]  # [V]
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
@@ -97,4 +147,5 @@ class ModelDrafter(Drafter):
         return Draft(tokens, torch.stack(rows) if rows else None, torch.stack(raw), fed=fed)
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
-        self.lm.truncate(min(common_prefix(self.lm.linear_tokens, context), len(context) - 1))
+        view = self.view(context)
+        self.lm.truncate(min(common_prefix(self.lm.linear_tokens, view), len(view) - 1))

@@ -35,12 +35,14 @@ from ..errors import SpecdecError
 from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, probabilities
 from .base import Draft, Drafter
+from .model import Windowed, window_option
 
 
 @dataclass(frozen=True)
 class TreeOptions:
     tree_nodes: int = option(8, lo=1, hi=256, help="tree: most draft tokens per round (the target scores tree_nodes + 1)")
     tree_width: int = option(2, lo=1, hi=64, help="tree: most children per node, and nodes expanded per depth")
+    draft_window: int = window_option()
 
 
 @dataclass
@@ -53,7 +55,7 @@ class _Node:
     fed: int = -1  # its node index in the draft model's open tree, once fed
 
 
-class TreeDrafter(Drafter):
+class TreeDrafter(Windowed, Drafter):
     """Grows a token tree with the draft model (module docstring). ``Draft.parents`` gives the
     shape: node ``i`` hangs under node ``parents[i]`` (-1: under the context's last token), parents
     first; ``Draft.probs`` is None (point-mass proposals) and ``Draft.logits[i]`` is the draft's raw
@@ -64,8 +66,10 @@ class TreeDrafter(Drafter):
     grows_trees = True  # the engine verifies its drafts as a tree, and k is the depth limit
     Options = TreeOptions
 
-    def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), tree_nodes: int = 8, tree_width: int = 2):
+    def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), tree_nodes: int = 8, tree_width: int = 2,
+                 draft_window: int | str = "auto"):
         self.lm = lm
+        self.draft_window = draft_window
         self.stop_ids = stop_ids
         self.tree_nodes, self.tree_width = int(tree_nodes), int(tree_width)
         if self.tree_width > lm.vocab_limit:
@@ -79,7 +83,7 @@ class TreeDrafter(Drafter):
         return tree_nodes
 
     def start(self, prompt: Sequence[int]) -> None:
-        self.lm.reset()
+        super().start(prompt)
         self._base = None
 
     def _ranking(self, logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -94,7 +98,7 @@ class TreeDrafter(Drafter):
         with the state after its node's path, so children are allowed tokens only (a forbidden token
         has probability 0 and is never a child: disallowed branches are never grown)."""
         with contextlib.nullcontext() if self.guide is None else self.guide.walk() as walk:
-            return self._grow(context, k, params, walk)
+            return self._grow(self.view(context), k, params, walk)
 
     def _masked(self, walk, nodes: list[_Node], node: int, row: torch.Tensor) -> torch.Tensor:
         """``row`` (the draft's logits after ``node``; -1: after the context) masked by the grammar."""
@@ -152,7 +156,7 @@ class TreeDrafter(Drafter):
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         """Keep the draft cache's entries along the committed path (gathered), drop the rest."""
-        lm = self.lm
+        lm, context = self.lm, self.view(context)
         if lm.tree is not None and self._base is not None and list(context[: len(self._base)]) == self._base:
             path, node = [], -1
             for token in context[len(self._base):]:

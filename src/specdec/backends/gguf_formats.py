@@ -1,0 +1,92 @@
+"""GGUF weight formats on the llama.cpp backend: ``<model>@<format>`` is a copy of a GGUF model's
+weights in another format, made once by llama.cpp's own quantizer and cached.
+
+Why: on a CPU the weight format decides whether speculation can pay. A one-token pass streams
+the weights (memory-bound) and a pass over many tokens is compute-bound; 4-bit weights reach the
+compute limit at about 2 tokens, 16-bit ones at about 8 (docs/speculation-on-cpus.md). So a
+16-bit or 8-bit copy of the bundled 4-bit target verifies K drafts for far less than K steps.
+
+A copy made from a 4-bit file holds the 4-bit weights dequantized (``bf16``, ``f16``) or
+re-quantized (``q8_0``, ``q4_0``, ``iq4_nl``): it is *not* the original full-precision checkpoint.
+Its outputs differ from the 4-bit file's by the re-rounding (none for the 16-bit formats, beyond
+llama.cpp's arithmetic), and it is named as what it is: ``qwen2.5-coder-1.5b@bf16``.
+
+Copies live under ``$SPECDEC_HOME/gguf/<file stem>-<file key>-<format>/<file stem>-<format>.gguf``,
+keyed by the source file's identity (:func:`specdec.backends.llamacpp.file_key`), built atomically.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+from typing import Callable
+
+from ..errors import SpecdecError
+
+#: format name -> (llama_ftype value, every tensor in that type ("pure"), what it is, for people).
+#: The 4-bit ones are pure: llama.cpp's Q4_K_M mixes types per tensor, these do not.
+FORMATS: dict[str, tuple[int, bool, str]] = {
+    "bf16": (32, False, "bfloat16"),
+    "f16": (1, False, "float16"),
+    "q8_0": (7, False, "8-bit (Q8_0)"),
+    "q4_0": (2, True, "4-bit (Q4_0, every tensor)"),
+    "iq4_nl": (25, True, "4-bit (IQ4_NL, every tensor)"),
+}
+SEPARATOR = "@"
+
+
+def split_format(source: str | None) -> tuple[str | None, str | None]:
+    """``"name@bf16"`` -> ``("name", "bf16")``; a source without a known format suffix is returned
+    whole with None. An unknown suffix after ``@`` on a name that is not an existing path is a
+    one-line error naming the formats."""
+    if source is None or SEPARATOR not in str(source):
+        return source, None
+    base, _, fmt = str(source).rpartition(SEPARATOR)
+    if Path(str(source)).expanduser().exists():  # a path that happens to hold '@'
+        return source, None
+    if fmt.lower() not in FORMATS:
+        raise SpecdecError(f"{source!r}: unknown weight format {fmt!r} after '@'; choose one of {', '.join(FORMATS)}")
+    if not base:
+        raise SpecdecError(f"{source!r}: no model before '@{fmt}'")
+    return base, fmt.lower()
+
+
+def copy_path(source_file: Path, fmt: str) -> Path:
+    """Where the ``fmt`` copy of ``source_file`` is cached."""
+    from ..convert import specdec_home
+    from .llamacpp import file_key
+
+    return (specdec_home() / "gguf" / f"{source_file.stem}-{file_key(source_file)}-{fmt}"
+            / f"{source_file.stem}-{fmt}.gguf")
+
+
+def formatted(source_file: Path, fmt: str, log: Callable[[str], None] = lambda line: None) -> Path:
+    """The ``fmt`` copy of the GGUF file ``source_file``, made on first use (llama.cpp's
+    ``llama_model_quantize``, ``allow_requantize``; seconds to a minute) and cached."""
+    from ..convert import build_atomically, check_folder
+    from .llamacpp import default_threads, lib
+
+    dest = copy_path(source_file, fmt)
+    if dest.parent.is_dir() and check_folder(dest.parent) is None:
+        return dest
+    dest.parent.parent.mkdir(parents=True, exist_ok=True)
+    ftype, pure, what = FORMATS[fmt]
+    log(f"specdec: making a {what} copy of {source_file.name} (once; the weights as stored there, re-rounded, "
+        f"not the original checkpoint) under {dest.parent}")
+
+    def build(tmp: Path) -> None:
+        L = lib()
+        params = L.llama_model_quantize_default_params()
+        params.nthread = default_threads()
+        params.ftype = ftype
+        params.allow_requantize = True
+        params.pure = pure
+        out = tmp / dest.name
+        rc = L.llama_model_quantize(str(source_file).encode(), str(out).encode(), ctypes.byref(params))
+        if rc != 0 or not out.is_file():
+            raise SpecdecError(f"{source_file}: llama.cpp could not make a {what} copy (status {rc})")
+        return {"source": str(source_file), "format": fmt, "made_by": "llama_model_quantize (allow_requantize)",
+                "note": f"a {what} copy of the source file's weights, not the original checkpoint"}
+
+    build_atomically(dest.parent, build)
+    return dest

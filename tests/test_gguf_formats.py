@@ -1,0 +1,84 @@
+"""``model@format`` on the llama.cpp backend: a copy of a GGUF file's weights in another format
+(made once by llama.cpp's quantizer, cached), and a 16-bit target verifying a 4-bit draft's
+proposals losslessly. Tiny GGUF files written by the tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.backends.gguf_formats import FORMATS, split_format
+from specdec.engine import DecodeConfig, Engine
+from specdec.errors import SpecdecError
+from specdec.testing import byte_tokenizer, save_tiny_gguf, tiny_model
+
+
+def test_split_format_table(tmp_path):
+    assert split_format("qwen2.5-coder-1.5b@bf16") == ("qwen2.5-coder-1.5b", "bf16")
+    assert split_format("m.gguf@Q8_0") == ("m.gguf", "q8_0")
+    assert split_format("qwen2.5-coder-1.5b") == ("qwen2.5-coder-1.5b", None)
+    assert split_format(None) == (None, None)
+    odd = tmp_path / "a@b.gguf"
+    odd.write_bytes(b"")
+    assert split_format(str(odd)) == (str(odd), None)  # an existing path is taken as it is
+    for bad in ("m.gguf@q3", "@bf16"):
+        with pytest.raises(SpecdecError) as err:
+            split_format(bad)
+        assert "\n" not in str(err.value)
+    assert set(FORMATS) == {"bf16", "f16", "q8_0", "q4_0", "iq4_nl"}
+
+
+def test_transformers_refuses_a_format_copy():
+    import torch
+
+    from specdec.api import choose_backend
+
+    with pytest.raises(SpecdecError, match="llama.cpp backend"):
+        choose_backend("transformers", "qwen2.5-coder-1.5b@bf16", None, torch.device("cpu"), {})
+
+
+def test_the_bundled_draft_goes_with_a_copy_of_the_bundled_target():
+    from specdec.api import resolve_draft
+
+    assert resolve_draft("qwen2.5-coder-1.5b@q8_0", "auto") == "qwen2.5-coder-0.5b"
+
+
+@pytest.fixture(scope="module")
+def tiny_files(tmp_path_factory):
+    pytest.importorskip("llama_cpp")
+    root = tmp_path_factory.mktemp("formats")
+    tok = byte_tokenizer()
+    kw = dict(layers=1, hidden=64, initializer_range=0.2)
+    target = tiny_model(31, **kw)
+    return (save_tiny_gguf(target, tok, root / "target.gguf"),
+            save_tiny_gguf(tiny_model(32, **kw), tok, root / "draft.gguf"))
+
+
+def test_copies_are_made_once_and_cached(tiny_files):
+    from specdec.backends.llamacpp import LlamaCppModel, gguf_path
+
+    target, _ = tiny_files
+    made = {}
+    for fmt in ("bf16", "q8_0", "q4_0"):
+        path = gguf_path(f"{target}@{fmt}", progress=False)
+        made[fmt] = path
+        assert path.is_file() and path != target and fmt in path.name
+        mtime = path.stat().st_mtime_ns
+        assert gguf_path(f"{target}@{fmt}", progress=False) == path and path.stat().st_mtime_ns == mtime
+    types = {fmt: LlamaCppModel(p, fmt, n_ctx=64, threads=1).variant for fmt, p in made.items()}
+    assert types == {"bf16": "gguf:BF16", "q8_0": "gguf:Q8_0", "q4_0": "gguf:Q4_0"}
+
+
+@pytest.mark.parametrize("target_fmt,draft_fmt", [("bf16", "q4_0"), ("f16", "iq4_nl"), ("q8_0", "q4_0")])
+def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, draft_fmt):
+    from specdec.backends.llamacpp import LlamaCppModel, gguf_path
+
+    t_path, d_path = tiny_files
+    target = LlamaCppModel(gguf_path(f"{t_path}@{target_fmt}", progress=False), "t", n_ctx=256, threads=2)
+    draft = LlamaCppModel(gguf_path(f"{d_path}@{draft_fmt}", progress=False), "d", n_ctx=256, threads=2)
+    engine = Engine(target, draft, eos_ids=[])
+    for prompt in (list(b"def fib(n):"), list(b"Hello, world. Hello, ")):
+        ar = engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=20)).token_ids
+        for drafter in ("model", "model+pld"):
+            out = engine.generate(prompt, DecodeConfig(policy="lossless", drafter=drafter, k=3, max_new_tokens=20,
+                                                       drafter_params={"draft_window": 4}))
+            assert out.token_ids == ar, (target_fmt, draft_fmt, drafter)
