@@ -54,7 +54,8 @@ def tiny_files(tmp_path_factory):
 
 
 def test_copies_are_made_once_and_cached(tiny_files):
-    from specdec.backends.llamacpp import LlamaCppModel, gguf_path
+    from specdec.backends.gguf_formats import model_file as gguf_path
+    from specdec.backends.llamacpp import LlamaCppModel
 
     target, _ = tiny_files
     made = {}
@@ -70,7 +71,8 @@ def test_copies_are_made_once_and_cached(tiny_files):
 
 @pytest.mark.parametrize("target_fmt,draft_fmt", [("bf16", "q4_0"), ("f16", "iq4_nl"), ("q8_0", "q4_0")])
 def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, draft_fmt):
-    from specdec.backends.llamacpp import LlamaCppModel, gguf_path
+    from specdec.backends.gguf_formats import model_file as gguf_path
+    from specdec.backends.llamacpp import LlamaCppModel
 
     t_path, d_path = tiny_files
     target = LlamaCppModel(gguf_path(f"{t_path}@{target_fmt}", progress=False), "t", n_ctx=256, threads=2)

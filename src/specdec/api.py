@@ -322,7 +322,8 @@ def _no_format_copies(*sources: str | None) -> None:
 
 def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, recalibrate: bool, progress: bool,
                 log: Callable[[str], None], context_length: int | None) -> Pair:
-    from .backends.llamacpp import LlamaCppModel, gguf_path, gguf_tokenizer
+    from .backends.gguf_formats import model_file as gguf_path
+    from .backends.llamacpp import LlamaCppModel, gguf_tokenizer
     from .calibrate import llama_table
 
     t_path = gguf_path(target, progress=progress)

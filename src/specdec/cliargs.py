@@ -98,7 +98,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None, help=f"seed for sampling (default: {shown(d['seed'])})")
     for name, (spec, owners) in drafter_flags().items():
         defaults = ", ".join(f"{d} for {o}" for o, d in owners)
-        g.add_argument(f"--{name.replace('_', '-')}", type=spec.parse, default=None,
+        g.add_argument(f"--{name.replace('_', '-')}", type=spec.parse if spec.words else spec.kind, default=None,
                        help=f"{spec.help} (default: {defaults})")
     r = p.add_argument_group(
         "loose rules (lossy: output may differ from the target's; combine with '+', e.g. --policy fly+mars)")

@@ -11,7 +11,7 @@ re-quantized (``q8_0``, ``q4_0``, ``iq4_nl``): it is *not* the original full-pre
 Its outputs differ from the 4-bit file's by the re-rounding (none for the 16-bit formats, beyond
 llama.cpp's arithmetic), and it is named as what it is: ``qwen2.5-coder-1.5b@bf16``.
 
-Copies live under ``$SPECDEC_HOME/gguf/<file stem>-<file key>-<format>/<file stem>-<format>.gguf``,
+Copies live under ``$SPECDEC_HOME/gguf-formats/<file stem>-<file key>-<format>/<file stem>-<format>.gguf``,
 keyed by the source file's identity (:func:`specdec.backends.llamacpp.file_key`), built atomically.
 """
 
@@ -51,12 +51,28 @@ def split_format(source: str | None) -> tuple[str | None, str | None]:
     return base, fmt.lower()
 
 
+def model_file(source: str, progress: bool = True) -> Path:
+    """The GGUF file llama.cpp loads for a model source (:func:`specdec.backends.llamacpp.gguf_path`),
+    or for ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
+    from .llamacpp import gguf_path
+
+    base, fmt = split_format(source)
+    path = gguf_path(base, progress=progress)
+    return path if fmt is None else formatted(path, fmt, log=_stderr if progress else (lambda line: None))
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr, flush=True)
+
+
 def copy_path(source_file: Path, fmt: str) -> Path:
     """Where the ``fmt`` copy of ``source_file`` is cached."""
     from ..convert import specdec_home
     from .llamacpp import file_key
 
-    return (specdec_home() / "gguf" / f"{source_file.stem}-{file_key(source_file)}-{fmt}"
+    return (specdec_home() / "gguf-formats" / f"{source_file.stem}-{file_key(source_file)}-{fmt}"
             / f"{source_file.stem}-{fmt}.gguf")
 
 

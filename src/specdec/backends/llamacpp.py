@@ -89,25 +89,8 @@ def default_threads() -> int:
 # ------------------------------------------------------------------------------ sources
 def gguf_path(source: str, progress: bool = True) -> Path:
     """The GGUF file of a model source: a bundled name (assembled once from its chunk packages), a
-    ``.gguf`` path, or a folder holding exactly one ``.gguf``; any of them with ``@<format>``
-    (``qwen2.5-coder-1.5b@bf16``): a copy in that weight format, made once
-    (:mod:`specdec.backends.gguf_formats`). Anything else is a one-line error."""
-    from .gguf_formats import formatted, split_format
-
-    base, fmt = split_format(source)
-    path = _gguf_source(base, progress)
-    if fmt is None:
-        return path
-    return formatted(path, fmt, log=_stderr if progress else (lambda line: None))
-
-
-def _stderr(line: str) -> None:
-    import sys
-
-    print(line, file=sys.stderr, flush=True)
-
-
-def _gguf_source(source: str, progress: bool) -> Path:
+    ``.gguf`` path, or a folder holding exactly one ``.gguf``. Anything else is a one-line error.
+    (``model@format`` copies: :func:`specdec.backends.gguf_formats.model_file`.)"""
     from ..models import locate
 
     kind, path = locate(source) if not (Path(str(source)).expanduser().is_dir()) else ("dir", Path(source).expanduser())
