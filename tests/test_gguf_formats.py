@@ -84,3 +84,51 @@ def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, dra
             out = engine.generate(prompt, DecodeConfig(policy="lossless", drafter=drafter, k=3, max_new_tokens=20,
                                                        drafter_params={"draft_window": 4}))
             assert out.token_ids == ar, (target_fmt, draft_fmt, drafter)
+
+
+def test_draft_auto_takes_the_fastest_format_that_keeps_agreement(tiny_files, monkeypatch):
+    """``draft="auto"``'s format choice (specdec.draft_formats): every candidate is measured, the
+    pick is the cheapest one-token pass among those agreeing with the target as often as the
+    shipped file (less AGREEMENT_SLACK), and agreements are cached by the files' identities."""
+    from specdec import draft_formats
+    from specdec.backends.gguf_formats import model_file
+    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.costmodel import CostTable
+
+    t_path, d_path = tiny_files
+    target = LlamaCppModel(t_path, "t", n_ctx=512, threads=2)
+    step = {"draft.gguf": 0.030, "draft-q4_0.gguf": 0.020, "draft-iq4_nl.gguf": 0.025}  # made-up costs
+
+    def load(source):
+        return LlamaCppModel(model_file(source, progress=False), source, n_ctx=512, threads=2)
+
+    def table(lm):
+        s = step[lm.path.name]
+        return CostTable(lm.name, lm.variant, [1, 2], [s, 2 * s], context=32)
+
+    agreements = {"draft.gguf": 0.50, "draft-q4_0.gguf": 0.45, "draft-iq4_nl.gguf": 0.495}
+    monkeypatch.setattr(draft_formats, "agreement", lambda t, d, ids: agreements[d.path.name])
+    choice, lm, t = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None)
+    assert choice.source == f"{d_path}@iq4_nl" and lm.path.name == "draft-iq4_nl.gguf" and t.forward(1) == 0.025
+    assert "as shipped 30 ms / 0.50" in choice.why
+    cached = draft_formats._read_cache()
+    assert sorted(cached.values()) == [0.45, 0.495, 0.5]
+
+    def fail(*a):
+        raise AssertionError("agreement measured again")
+
+    monkeypatch.setattr(draft_formats, "agreement", fail)
+    again, *_ = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None)
+    assert again == choice
+
+
+def test_agreement_counts_positions_where_both_models_pick_the_same_token(tiny_files):
+    from specdec import draft_formats
+    from specdec.backends.llamacpp import LlamaCppModel
+
+    t_path, d_path = tiny_files
+    target = LlamaCppModel(t_path, "t", n_ctx=512, threads=2)
+    ids = list(b"def add(a, b):\n    return a + b\n")
+    assert draft_formats.agreement(target, LlamaCppModel(t_path, "t2", n_ctx=512, threads=2), ids) == 1.0
+    other = draft_formats.agreement(target, LlamaCppModel(d_path, "d", n_ctx=512, threads=2), ids)
+    assert 0.0 <= other < 1.0

@@ -55,6 +55,8 @@ class Costs:
     draft: CostTable | None = None
     why: str | None = None
     candidates: dict = field(default_factory=dict)
+    #: llama.cpp, ``draft="auto"``: which weight format of the draft was chosen, and why
+    draft_why: str | None = None
 
 
 class Stream:
@@ -237,6 +239,7 @@ def load(
     if log is None:
         log = _stderr if progress else (lambda line: None)
     dev = resolve_device(device)
+    draft_auto = draft == _AUTO
     draft = resolve_draft(target, draft)
     explicit = {k: v for k, v in (("dtype", dtype), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant))
                 if v != "auto"}
@@ -247,6 +250,7 @@ def load(
 
             check_int("context_length", context_length, lo=16)
         return _load_llama(target, draft, why, calibrate=calibrate, recalibrate=recalibrate, progress=progress,
+                           draft_auto=draft_auto and draft == DEFAULT_DRAFT,
                            log=log, context_length=context_length)
     if context_length is not None:
         raise SpecdecError("context_length applies to the llama.cpp backend; transformers models use their own")
@@ -321,7 +325,9 @@ def _no_format_copies(*sources: str | None) -> None:
 
 
 def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, recalibrate: bool, progress: bool,
-                log: Callable[[str], None], context_length: int | None) -> Pair:
+                log: Callable[[str], None], context_length: int | None, draft_auto: bool = False) -> Pair:
+    """llama.cpp models. ``draft_auto``: the bundled draft was chosen by ``draft="auto"``, so its weight
+    format is chosen too, by measurement (:mod:`specdec.draft_formats`), when calibrating."""
     from .backends.gguf_formats import model_file as gguf_path
     from .backends.llamacpp import LlamaCppModel, gguf_tokenizer
     from .calibrate import llama_table
@@ -333,17 +339,33 @@ def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, re
     if d_path is not None:
         check_same_vocabulary(tokenizer, gguf_tokenizer(d_path, progress=progress), target, draft)
     t = LlamaCppModel(t_path, target, vocab_limit=vocab, n_ctx=context_length)
-    d = LlamaCppModel(d_path, draft, vocab_limit=vocab, n_ctx=context_length) if d_path is not None else None
+    draft_auto = draft_auto and (calibrate or recalibrate)
+    d = None
+    if d_path is not None and not draft_auto:
+        d = LlamaCppModel(d_path, draft, vocab_limit=vocab, n_ctx=context_length)
     for m in (t, d):
         if m is not None and m.vocab_size < vocab:
             raise SpecdecError(f"{m.name}: the model scores {m.vocab_size} tokens, fewer than the tokenizer's {vocab}")
     t_table = d_table = None
+    draft_why = None
     if calibrate or recalibrate:
         t_table = llama_table(t, remeasure=recalibrate, log=log)
-        d_table = llama_table(d, remeasure=recalibrate, log=log) if d is not None else None
+        if draft_auto:
+            from .draft_formats import choose
+
+            def load_draft(source: str):
+                return LlamaCppModel(gguf_path(source, progress=progress), source, vocab_limit=vocab,
+                                     n_ctx=context_length)
+
+            choice, d, d_table = choose(t, tokenizer, draft, load_draft,
+                                        lambda lm: llama_table(lm, remeasure=recalibrate, log=log), log)
+            draft, draft_why = choice.source, choice.why
+        elif d is not None:
+            d_table = llama_table(d, remeasure=recalibrate, log=log)
         if t_table is None:
             log(f"specdec: warning: no cost model, so k=auto is k={FALLBACK_K}")
-    costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}})
+    costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}},
+                  draft_why=draft_why)
     if why.startswith("auto") and t_table is not None and (d is None or d_table is not None):
         other = _transformers_measured(target, draft)
         if other is not None:
