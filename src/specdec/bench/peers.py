@@ -41,13 +41,14 @@ def peer_draft(pair, quant: str, models: BenchModels):
 
 
 def gguf_of(source: str) -> str:
-    """The GGUF file of a target: a bundled model's (assembled once) or a ``.gguf`` path."""
-    from ..bundled import BUNDLED, gguf_file
+    """The GGUF file of a target: a bundled model's (assembled once) or a ``.gguf`` path, either with
+    ``@format`` (the copy in that weight format, :mod:`specdec.backends.gguf_formats`)."""
+    from ..backends.gguf_formats import model_file, split_format
+    from ..bundled import BUNDLED
 
-    if source in BUNDLED:
-        return str(gguf_file(source, progress=False))
-    if str(source).endswith(".gguf"):
-        return str(source)
+    base = split_format(source)[0]
+    if base in BUNDLED or str(base).endswith(".gguf"):
+        return str(model_file(source, progress=False))
     raise SpecdecError(f"peer llama-cpp needs a GGUF target (a bundled model or a .gguf file), not {source!r}")
 
 
