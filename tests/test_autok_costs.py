@@ -47,6 +47,19 @@ def test_drafting_waits_for_a_backlog_worth_reading(backlog, remaining, drafts):
     assert c.backlog_declined == (0 if drafts else 1)
 
 
+def test_the_expected_answer_length_is_learned_from_finished_answers():
+    c = controller()
+    assert c.choose(999, backlog=300) > 0  # nothing learned yet: what max_new_tokens allows (1000)
+    for _ in range(20):
+        c.finished(12)  # answers have been ~12 tokens long
+    assert abs(c.expected_length - 12) < 1e-6
+    assert c.choose(999, backlog=300) == 0  # 12 tokens cannot repay 3 s of draft prefill
+    assert c.choose(999, backlog=20) > 0  # 0.2 s can be
+    for _ in range(20):
+        c.finished(800)
+    assert c.choose(999, backlog=300) > 0
+
+
 def test_a_drafter_without_a_model_reads_nothing():
     c = KController(bandwidth_bound(), 0.0, k_max=31, draft_prefill=None)
     assert c.choose(9, backlog=10_000) > 0

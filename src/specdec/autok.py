@@ -51,9 +51,12 @@ width would be a guess.
 The draft model's reading is priced too. Before a round drafts, the drafter's backlog (the tokens
 its model has not read yet: the prompt's window at the first draft, the text generated since at a
 catch-up; :meth:`specdec.drafters.Drafter.backlog`) costs the draft table's prefill seconds; a
-round drafts only when the time drafting is expected to save over the tokens still to come
-(``max_new_tokens`` less those written, as the request allows) exceeds that price. So a short answer
-on a machine where drafting barely pays never prefills the draft, and a long one does.
+round drafts only when the time drafting is expected to save over the tokens still to come exceeds
+that price. The tokens still to come are the expected answer length: the mean length of this
+controller's recent answers (:meth:`KController.finished`), taken as memoryless (a geometric length
+with that mean has that much left at any point), and never more than ``max_new_tokens`` allows;
+before any answer has finished, what ``max_new_tokens`` allows. So short answers on a machine where
+drafting barely pays never prefill the draft, and long ones do.
 
 One controller lives per (policy, drafter, greedy or sampled) on an engine and keeps its estimates
 across requests (warm start).
@@ -88,6 +91,8 @@ DRIFT_ROUNDS = 32
 ROUND_RATIO_CLAMP = (0.1, 10.0)
 #: the default longest block: the cost tables measure passes up to 32 tokens, K drafts + 1 bonus
 K_MAX = 31
+#: weight of each finished answer in the moving average of answer lengths (~3 answers of memory)
+LENGTH_EMA = 0.3
 #: rounds at K=0 before the first probe (then doubling up to MAX_PROBE_INTERVAL)
 PROBE_EVERY = 16
 #: weight of each round in the exponential moving averages of observed costs (~5 rounds of memory)
@@ -150,6 +155,8 @@ class KController:
         self.draft_prefill = draft_prefill
         #: rounds that did not draft because the backlog's reading would cost more than drafting saves
         self.backlog_declined = 0
+        #: moving average of the lengths of this controller's finished answers (None: none yet)
+        self.expected_length: float | None = None
         self.draft_step = max(0.0, float(draft_step))  # seconds per draft token, before any round
         self.k_max = max(0, int(k_max))
         self.window = max(0, int(window))  # the policy's lookahead: blocks of at most this many drafts leave it inert
@@ -177,12 +184,21 @@ class KController:
         """The K for the next round, at most ``room`` (what max_new_tokens and the context allow),
         when the drafter must first read ``backlog`` tokens (:meth:`worth_reading`)."""
         k = self._choose(room)
-        if k > 0 and not self.worth_reading(k, backlog, room + 1):
+        remaining = room + 1 if self.expected_length is None else min(room + 1, self.expected_length)
+        if k > 0 and not self.worth_reading(k, backlog, remaining):
             self.backlog_declined += 1
             return 0
         return k
 
-    def worth_reading(self, k: int, backlog: int, remaining: int) -> bool:
+    def finished(self, tokens: int) -> None:
+        """An answer of ``tokens`` tokens ended (by a stop or the length limit): it updates the
+        expected answer length."""
+        if tokens <= 0:
+            return
+        prev = self.expected_length
+        self.expected_length = float(tokens) if prev is None else prev + LENGTH_EMA * (tokens - prev)
+
+    def worth_reading(self, k: int, backlog: int, remaining: float) -> bool:
         """Whether drafting ``k`` this round, and on for the ``remaining`` tokens, saves more time
         than the draft model's reading of ``backlog`` tokens costs (always, for a backlog of at most
         ``STEADY_FEED`` or a drafter that reads nothing). A round chosen as a probe (no better than a
