@@ -121,6 +121,36 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
     return drafter, policy
 
 
+#: keywords a request takes besides the drafters' options and the rules' parameters
+REQUEST_KEYWORDS = ("max_tokens", "response_format", "json_schema", "regex", "choice", "grammar")
+
+
+def known_options() -> set[str]:
+    """Every keyword some request can take: the fields, drafter options, rule parameters (bare and
+    prefixed by their rule, ``theta`` and ``mars_theta``) and structured output."""
+    from .verify.policy import RULES, rule_params
+
+    names = set(DEFAULTS) | set(ALL_DRAFTER_OPTIONS) | set(REQUEST_KEYWORDS)
+    for rule in RULES:
+        for param in rule_params(rule):
+            names |= {param, f"{rule}_{param}"}
+    return names
+
+
+def check_known(options: Mapping[str, Any]) -> None:
+    """A keyword no request takes (``do_sample``, ``max_lenght``) is a one-line error naming it and
+    the closest known keyword; a known one that this policy or drafter does not take is left to
+    their own checks."""
+    import difflib
+
+    known = known_options()
+    for name in options:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise SpecdecError(f"unknown option {name!r}{hint} (options: docs/api.md)")
+
+
 def overlay(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
     """Loose request options ``given`` over ``base`` (a config file's under the flags, the server's
     defaults under a request's ``speculative`` object, vLLM's engine default under a request's
@@ -183,6 +213,12 @@ class DecodeConfig:
         'specdec[structured]'``): ``response_format`` as OpenAI's (``{"type": "json_object"}`` or
         ``{"type": "json_schema", "json_schema": {"schema": {...}}}``), ``json_schema`` (a dict or its
         JSON text), ``regex``, ``choice`` (a list of strings) or ``grammar`` (a Lark grammar)."""
+        if "max_tokens" in options:  # vLLM's and OpenAI's name for the budget
+            given = options.pop("max_tokens")
+            if max_new_tokens != DEFAULTS["max_new_tokens"] and max_new_tokens != given:
+                raise SpecdecError("give max_new_tokens or max_tokens (its vLLM/OpenAI name), not both")
+            max_new_tokens = given
+        check_known(options)
         drafter_params, policy_params = split_options(options)
         sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
         constraint = None

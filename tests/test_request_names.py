@@ -1,0 +1,39 @@
+"""The names users bring from vLLM and transformers: ``max_tokens`` is ``max_new_tokens``, and a
+keyword no request takes is named as unknown, with the closest known one."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.errors import SpecdecError
+from specdec.request import DEFAULTS, make_config
+
+
+def test_max_tokens_is_max_new_tokens():
+    assert make_config(max_tokens=17).max_new_tokens == 17
+    assert make_config(max_tokens=17, max_new_tokens=17).max_new_tokens == 17
+    assert make_config().max_new_tokens == DEFAULTS["max_new_tokens"]
+    with pytest.raises(SpecdecError, match="not both"):
+        make_config(max_tokens=17, max_new_tokens=20)
+    with pytest.raises(SpecdecError, match="max_new_tokens"):
+        make_config(max_tokens=0)
+
+
+@pytest.mark.parametrize("name,hint", [("max_new_token", "max_new_tokens"), ("temprature", "temperature"),
+                                       ("draft_windows", "draft_window"), ("ngram_mx", "ngram_max")])
+def test_an_unknown_keyword_names_the_closest_known_one(name, hint):
+    with pytest.raises(SpecdecError) as err:
+        make_config(**{name: 1})
+    msg = str(err.value)
+    assert f"unknown option {name!r}" in msg and f"did you mean {hint!r}" in msg and "\n" not in msg
+
+
+def test_an_unknown_keyword_without_a_close_one():
+    with pytest.raises(SpecdecError) as err:
+        make_config(do_sample=True)
+    assert "unknown option 'do_sample'" in str(err.value) and "did you mean" not in str(err.value)
+
+
+def test_a_known_parameter_of_another_rule_keeps_its_own_message():
+    with pytest.raises(SpecdecError, match="takes no parameters"):
+        make_config(policy="lossless", theta=0.5)
