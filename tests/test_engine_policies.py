@@ -75,7 +75,7 @@ def test_lookup_accelerated_draft_equals_the_draft_model():
 def test_bad_drafter_options(pair):
     from specdec.errors import SpecdecError
 
-    with pytest.raises(SpecdecError, match="takes min_confidence, got"):
+    with pytest.raises(SpecdecError, match="takes min_confidence, draft_window, got"):
         pair.generate("hi", drafter="model", ngram_max=3)
     with pytest.raises(SpecdecError, match="lookup_tokens must be"):
         pair.generate("hi", drafter="model+pld", lookup_tokens=0)

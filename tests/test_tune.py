@@ -303,7 +303,7 @@ def _write(path, data):
 
 @pytest.mark.parametrize("data, message", [
     ({"format": FORMAT, "decode": {"policy": "mars", "theta": 2.0}}, "mars theta must be a number in"),
-    ({"format": FORMAT, "decode": {"policy": "mars", "bogus": 1}}, "has no parameter 'bogus'"),
+    ({"format": FORMAT, "decode": {"policy": "mars", "bogus": 1}}, "unknown option 'bogus'"),
     ({"format": FORMAT, "decode": {"policy": "warp"}}, "warp"),
     ({"format": FORMAT, "decode": {"policy": "mars", "k": 0}}, "k \\(draft length\\)"),
     ({"format": FORMAT, "decode": {}}, "'decode' must be a non-empty object"),

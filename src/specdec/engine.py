@@ -204,8 +204,12 @@ class Engine:
                 yield run.out
             if run.out.finish_reason is not None:
                 break
+        self._finish(run)
+
+    def _finish(self, run: "_Run") -> None:
+        """The generation ended: k=auto learns how long answers run; the memory peak is recorded."""
         if run.control is not None and run.out.finish_reason in ("stop", "length"):
-            run.control.finished(len(run.out.token_ids))  # k=auto learns how long answers run
+            run.control.finished(len(run.out.token_ids))
         run.out.stats.peak_rss_mb = peak_rss_mb()
 
     def _start(self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None) -> "_Run":

@@ -106,6 +106,9 @@ class Model(ABC):
 
     backend: str = "?"
     capabilities: Capabilities = Capabilities()
+    #: the verify widths the cost model times (None: every width 1..17, then 24 and 32,
+    #: :data:`specdec.costmodel.WIDTHS`; a backend with smooth curves may declare fewer)
+    calibration_widths: tuple[int, ...] | None = None
 
     def __init__(self, name: str, vocab_size: int, vocab_limit: int | None, max_length: int | None,
                  device: torch.device, variant: str):

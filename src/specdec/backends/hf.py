@@ -43,6 +43,9 @@ class HFModel(Model):
 
     backend = BACKEND
     capabilities = Capabilities(trees=True, hidden=True)
+    #: the verify widths its cost table times: PyTorch's curves are smooth, so every width up to 9, then
+    #: coarser (k=auto picks K only where K + 1 was timed; wide eager passes cost seconds on a CPU)
+    calibration_widths = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)
 
     def __init__(self, model: torch.nn.Module, name: str = "model", vocab_limit: int | None = None):
         self.model = model.eval()

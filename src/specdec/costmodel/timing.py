@@ -98,7 +98,7 @@ def repair(widths: Sequence[int], seconds: Sequence[float]) -> list[float]:
     return out
 
 
-def measure(lm, widths: Sequence[int] = WIDTHS, repeats: int = REPEATS) -> Measured:
+def measure(lm, widths: Sequence[int] | None = None, repeats: int = REPEATS) -> Measured:
     """Time ``lm`` (a :class:`specdec.backends.Model`): a prefill pass of the widest width builds
     a KV cache of that many tokens; each width is then fed on top of it as a verify pass (logits
     at every position) and cropped away again: ``repeats`` interleaved rounds (``MIN_REPEATS`` for
@@ -106,6 +106,8 @@ def measure(lm, widths: Sequence[int] = WIDTHS, repeats: int = REPEATS) -> Measu
     neighbour (:func:`suspect_widths`) are timed afresh, ``MAX_REMEASURE`` times at most; then
     the table is :func:`repair`-ed and the report says so. Leaves the cache empty.
     Returns ``(widths, seconds, context, prefill_seconds)`` with a ``report`` (:class:`Measured`)."""
+    if widths is None:  # the model's backend may declare its own (Model.calibration_widths)
+        widths = getattr(lm, "calibration_widths", None) or WIDTHS
     widths = sorted({int(w) for w in widths if int(w) >= 1} | {1})
     g = torch.Generator().manual_seed(0)
     top = widths[-1]
