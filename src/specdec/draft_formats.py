@@ -15,7 +15,8 @@ made once per machine and pair and cached:
 3. among the candidates whose agreement is within :data:`AGREEMENT_SLACK` of the shipped file's, the
    one with the cheapest one-token pass wins (the shipped file on a tie).
 
-Agreements are cached in ``$SPECDEC_HOME/costs/draft-formats.json`` by the two files' identities.
+Agreements are cached in ``$SPECDEC_HOME/costs/draft-formats.json`` by the two files' identities
+and weight formats.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def choose(target, tokenizer, base: str, load: Callable[[str], object], table: C
         if t is None:
             lm.close()
             continue
-        key = f"{tkey}|{file_key(lm.path)}"
+        key = f"{tkey}|{target.variant}|{file_key(lm.path)}|{lm.variant}"  # same-size copies share a file key
         if key not in cache:
             cache[key] = round(agreement(target, lm, ids), 4)
             _write_cache(cache)
