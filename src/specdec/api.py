@@ -347,7 +347,7 @@ def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, re
         if m is not None and m.vocab_size < vocab:
             raise SpecdecError(f"{m.name}: the model scores {m.vocab_size} tokens, fewer than the tokenizer's {vocab}")
     t_table = d_table = None
-    draft_why = None
+    draft_name, draft_why = draft, None  # the chosen copy's name (``draft`` stays the source for transformers)
     if calibrate or recalibrate:
         t_table = llama_table(t, remeasure=recalibrate, log=log)
         if draft_auto:
@@ -359,7 +359,7 @@ def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, re
 
             choice, d, d_table = choose(t, tokenizer, draft, load_draft,
                                         lambda lm: llama_table(lm, remeasure=recalibrate, log=log), log)
-            draft, draft_why = choice.source, choice.why
+            draft_name, draft_why = choice.source, choice.why
         elif d is not None:
             d_table = llama_table(d, remeasure=recalibrate, log=log)
         if t_table is None:
@@ -381,7 +381,7 @@ def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, re
                                           log=log)
             why = (f"auto: GGUF models on a CPU; measured on this machine, llama.cpp {mine.seconds:.1f}s against "
                    f"transformers {other.seconds:.1f}s for a reference request")
-    return Pair(t, tokenizer, d, names=(target, draft), costs=costs, backend_why=why)
+    return Pair(t, tokenizer, d, names=(target, draft_name), costs=costs, backend_why=why)
 
 
 def _transformers_measured(target: str, draft: str | None):

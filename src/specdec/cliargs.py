@@ -176,7 +176,7 @@ def startup_summary(pair) -> str:
     line = f"specdec: backend {where}; target {target}, draft {draft} on {pair.target.device}, weights {weights:.0f} MiB"
     if pair.costs.why:
         line += f"; dtype auto: {pair.costs.why}"
-    if getattr(pair.costs, "draft_why", None):
+    if pair.costs.draft_why:
         line += f"; draft auto: {pair.costs.draft_why}"
     if pair.costs.target is not None:
         line += f"; target pass 1/8/16 tokens {pair.costs.target.ms()} ms"
