@@ -7,18 +7,20 @@
 #
 #   bash scripts/bench_cpu_formats.sh                  # q4_k_m (as shipped), q8_0, bf16
 #   FORMATS="f16" DATASETS="humaneval" bash scripts/bench_cpu_formats.sh
+#   POLICIES="ar,lossless,lossless:drafter=model+pld" FORMATS=q4_k_m DATASETS=spec-bench bash scripts/bench_cpu_formats.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=$(grep -qw avx512_bf16 /proc/cpuinfo && echo avx512bf16 || echo avx2)
 FORMATS=${FORMATS:-"q4_k_m q8_0 bf16"}
 DATASETS=${DATASETS:-"humaneval spec-bench"}
+POLICIES=${POLICIES:-"ar,lossless"}
 for dataset in $DATASETS; do
   limit=20; [ "$dataset" = spec-bench ] && limit=2
   for fmt in $FORMATS; do
     target=qwen2.5-coder-1.5b; [ "$fmt" != q4_k_m ] && target="qwen2.5-coder-1.5b@$fmt"
     out="benchmarks/cpu-formats-${dataset}${limit}-256-${fmt}-${kind}"
     echo "== $dataset, target $target -> $out" >&2
-    specdec bench --dataset "$dataset" --limit "$limit" --max-new-tokens 256 --policies ar,lossless \
+    specdec bench --dataset "$dataset" --limit "$limit" --max-new-tokens 256 --policies "$POLICIES" \
       --backend llama.cpp --target "$target" --out "$out" --no-plots
   done
 done
