@@ -96,5 +96,25 @@ def test_short_answers_never_prefill_the_draft(new, drafts):
     assert len(out.token_ids) == new
     if drafts:
         assert out.stats.drafted > 0 and draft.forward_calls > 0
+        assert out.stats.backlog_declined == 0
     else:
         assert out.stats.k_chosen == [0] * new and draft.forward_calls == 0
+        # each plain step was the backlog's doing (drafting alone would pay on this target), and the
+        # answer's stats say so, with the backlog the draft would have read last (the prompt and the
+        # tokens written before that round)
+        assert out.stats.backlog_declined == new and out.stats.declined_backlog == 250 + new - 1
+
+
+def test_the_note_names_the_draft_s_reading_when_it_was_the_reason():
+    from specdec.cli import decoding_notes
+    from types import SimpleNamespace
+
+    target, draft = tiny_pair()
+    engine = Engine(target, draft, eos_ids=[], target_costs=bandwidth_bound(), draft_costs=draft_table())
+    out = engine.generate(list(range(3, 253)), DecodeConfig(policy="lossless", drafter="model", k="auto",
+                                                            max_new_tokens=6, drafter_params={"draft_window": "all"}))
+    pair = SimpleNamespace(costs=SimpleNamespace(target=bandwidth_bound(), draft=draft_table()))
+    (note,) = decoding_notes(out.stats, pair)
+    assert "K=0) in 6 of 6 rounds" in note
+    assert "drafting would pay" in note and "first have to read 255 tokens (~2.6 s)" in note
+    assert "--draft-window" in note

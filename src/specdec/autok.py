@@ -155,6 +155,8 @@ class KController:
         self.draft_prefill = draft_prefill
         #: rounds that did not draft because the backlog's reading would cost more than drafting saves
         self.backlog_declined = 0
+        #: whether the last :meth:`choose` declined for that reason (the engine counts it per answer)
+        self.declined = False
         #: moving average of the lengths of this controller's finished answers (None: none yet)
         self.expected_length: float | None = None
         self.draft_step = max(0.0, float(draft_step))  # seconds per draft token, before any round
@@ -185,7 +187,8 @@ class KController:
         when the drafter must first read ``backlog`` tokens (:meth:`worth_reading`)."""
         k = self._choose(room)
         remaining = room + 1 if self.expected_length is None else min(room + 1, self.expected_length)
-        if k > 0 and not self.worth_reading(k, backlog, remaining):
+        self.declined = k > 0 and not self.worth_reading(k, backlog, remaining)
+        if self.declined:
             self.backlog_declined += 1
             return 0
         return k

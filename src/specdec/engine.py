@@ -250,7 +250,12 @@ class Engine:
         if run.depth_limit:  # k=auto leaves the depth to the tree's own pruning
             return max(0, min(run.depth_limit if run.auto else cfg.k, room - 1))
         if run.control is not None:
-            return run.control.choose(room - 1, backlog=run.drafter.backlog(run.context))
+            backlog = run.drafter.backlog(run.context)
+            k = run.control.choose(room - 1, backlog=backlog)
+            if run.control.declined:  # drafting would pay, but not the draft model's reading first
+                run.out.stats.backlog_declined += 1
+                run.out.stats.declined_backlog = backlog
+            return k
         fixed = max(FALLBACK_K, lookahead_of(run.policy) + 1) if run.auto else cfg.k  # k=auto, no cost table
         return max(0, min(fixed, room - 1))
 
