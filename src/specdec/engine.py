@@ -23,7 +23,7 @@ import torch
 
 from .constrain import Guide, make_guide
 from .drafters import Draft, Drafter, drafter_class, make_drafter
-from .autok import STEADY_FEED, KController, draft_prefill_estimate, draft_step_estimate
+from .autok import KController, draft_prefill_estimate, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores
@@ -310,9 +310,8 @@ class Engine:
         if run.auto:
             stats.k_chosen.append(k)
         if run.control is not None:
-            steady = draft.fed <= STEADY_FEED  # else the draft time holds a prefill or catch-up
-            run.control.observe(n, verdict.accepted, draft_seconds if steady else None, verify_seconds,
-                                inner=verdict.inner)
+            run.control.observe(n, verdict.accepted, draft_seconds, verify_seconds, inner=verdict.inner,
+                                fed=draft.fed)
             if run.control.drift is not None:  # the cost table drifted far from the observed passes
                 stats.cost_drift = run.control.drift
 
