@@ -46,7 +46,7 @@ def test_vllm_flag_names_and_ours_are_one_flag():
 
     assert VLLM_NAMES == {"--context-length": "--max-model-len", "--allow-origin": "--allowed-origins"}
     p = build_parser()
-    for argv in (["generate", "x"], ["serve"], ["bench"]):
+    for argv in (["generate", "x"], ["serve"], ["bench", "--out", "runs/x"]):
         for flag in ("--max-model-len", "--context-length"):
             assert p.parse_args([*argv, flag, "512"]).context_length == 512
     a = p.parse_args(["serve", "--allowed-origins", "http://a.example", "--allow-origin", "http://b.example"])
