@@ -96,5 +96,92 @@ def test_short_answers_never_prefill_the_draft(new, drafts):
     assert len(out.token_ids) == new
     if drafts:
         assert out.stats.drafted > 0 and draft.forward_calls > 0
+        assert out.stats.backlog_declined == 0
     else:
         assert out.stats.k_chosen == [0] * new and draft.forward_calls == 0
+        # each plain step with room to draft (all but the last) was the backlog's doing (drafting alone
+        # would pay on this target), and the answer's stats say so, with the backlog the draft would
+        # have read last (the prompt and the tokens written before that round)
+        assert out.stats.backlog_declined == new - 1 and out.stats.declined_backlog == 250 + new - 2
+
+
+def test_the_note_names_the_draft_s_reading_when_it_was_the_reason():
+    from specdec.cli import decoding_notes
+    from types import SimpleNamespace
+
+    target, draft = tiny_pair()
+    engine = Engine(target, draft, eos_ids=[], target_costs=bandwidth_bound(), draft_costs=draft_table())
+    out = engine.generate(list(range(3, 253)), DecodeConfig(policy="lossless", drafter="model", k="auto",
+                                                            max_new_tokens=6, drafter_params={"draft_window": "all"}))
+    pair = SimpleNamespace(costs=SimpleNamespace(target=bandwidth_bound(), draft=draft_table()))
+    (note,) = decoding_notes(out.stats, pair)
+    assert "K=0) in 6 of 6 rounds" in note
+    assert "drafting would pay" in note and f"first have to read 254 tokens (~{draft_table().prefill(254):.1f} s)" in note
+    assert "--draft-window" in note
+
+
+# ------------------------------------------------------------------ what the rounds really cost
+def test_wide_passes_learn_their_own_correction():
+    """Beside a draft model a verify pass was seen at 1.5x its table while plain steps kept theirs:
+    drafting rounds correct the wide passes' price, plain rounds the one-token step's."""
+    t = bandwidth_bound()
+    c = controller(t)
+    for _ in range(40):
+        c.observe(0, 0, None, t.forward(1))
+        c.observe(2, 1, 0.04, 1.5 * t.forward(3))
+    assert c.wide_scale == pytest.approx(1.5, rel=1e-3)
+    assert c.verify_cost(3) == pytest.approx(1.5 * t.forward(3), rel=1e-3)
+    assert c.verify_cost(1) < 1.3 * t.forward(1)  # the every-round correction, plain steps dominating
+    assert controller(t).verify_cost(3) == pytest.approx(t.forward(3))  # nothing drafted yet: the table
+
+
+def test_catch_ups_correct_their_price_and_drafting_waits_for_it():
+    d = draft_table()
+    c = controller(draft=d)
+    assert c.catchup_cost(100) == pytest.approx(d.prefill(100)) and c.catchup_cost(2) == 0.0
+    for _ in range(60):  # catch-ups of 100 tokens took 3x the table's prefill (+ the 2 drafts' steps)
+        c.observe(2, 2, 3 * (d.prefill(100) + 2 * d.forward(1)), 0.12, fed=100)
+    assert c.catchup_scale == pytest.approx(3.0, rel=0.02)
+    assert c.catchup_cost(100) == pytest.approx(3 * d.prefill(100), rel=0.02)
+    assert c.draft_seconds_per_token is None  # a catch-up round is no per-token observation
+    # 1 s of drafting's saving repays the table's 1 s of reading 100 tokens, not the real 3 s
+    for remaining, drafts in ((40, False), (400, True)):
+        fresh = controller(draft=d)
+        fresh.catchup_scale = c.catchup_scale
+        assert (fresh.choose(remaining - 1, backlog=100) > 0) == drafts
+
+
+def probing(c: KController, rounds: int, backlog: int) -> list[int]:
+    """The rounds at which a controller that has learned drafting does not pay probes anyway, each
+    probe finding nothing again (so the estimate stays below break-even)."""
+    out = []
+    for i in range(rounds):
+        k = c.choose(200, backlog=backlog)
+        if k:
+            out.append(i)
+            c.observe(k, 0, None, c.verify_cost(k + 1), fed=backlog)
+    return out
+
+
+def test_probes_spend_at_most_a_small_share_of_plain_decoding_on_catch_ups():
+    t, d = bandwidth_bound(), draft_table()
+
+    def learned_not_to_pay() -> KController:
+        c = controller(t, d)
+        for _ in range(30):
+            c.observe(3, 0, 3 * d.forward(1), t.forward(4))
+        assert c.choose(200) == 0
+        return c
+
+    # prompt lookup reads nothing: probes after 16, then 32, 64 ... plain rounds, as before (the
+    # check in learned_not_to_pay was the first of them)
+    c = learned_not_to_pay()
+    c.draft_prefill = None
+    assert probing(c, 120, backlog=50)[:2] == [14, 14 + 32]
+    # a draft model that must first read 50 tokens (0.5 s): a probe waits until 2% of the plain
+    # steps taken (0.1 s each) pays for it, about 250 rounds, however short the probe interval
+    c = learned_not_to_pay()
+    first = probing(c, 600, backlog=50)
+    assert first and 240 <= first[0] <= 260
+    spent = len(first) * c.catchup_cost(50)
+    assert spent <= 0.02 * 600 * t.forward(1) + c.catchup_cost(50)

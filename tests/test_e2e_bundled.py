@@ -49,10 +49,10 @@ def fast_pair(request, real_pair):
 
 def test_bundled_pair_generates_and_lossless_matches_ar(real_pair):
     assert all(bundled.state(n) == "ready" for n in bundled.BUNDLED)
-    ar = real_pair.generate(PROMPT, policy="ar", max_new_tokens=6)
-    spec = real_pair.generate(PROMPT, policy="lossless", drafter="model", k=4, max_new_tokens=6)
-    pld = real_pair.generate(PROMPT, policy="lossless", drafter="pld", k=4, max_new_tokens=6)
-    tree = real_pair.generate(PROMPT, policy="lossless", drafter="tree", tree_nodes=6, max_new_tokens=6)
+    ar = real_pair.chat(PROMPT, policy="ar", max_new_tokens=6)
+    spec = real_pair.chat(PROMPT, policy="lossless", drafter="model", k=4, max_new_tokens=6)
+    pld = real_pair.chat(PROMPT, policy="lossless", drafter="pld", k=4, max_new_tokens=6)
+    tree = real_pair.chat(PROMPT, policy="lossless", drafter="tree", tree_nodes=6, max_new_tokens=6)
     assert len(ar.token_ids) == 6 and ar.text.strip()
     assert spec.token_ids == ar.token_ids == pld.token_ids == tree.token_ids
     assert tree.stats.tree_depths
@@ -67,9 +67,9 @@ def test_top_k_one_makes_every_loose_policy_greedy(fast_pair):
     """At temperature 0.8 with top-k 1 the sampling distribution is one-hot at the argmax, so every
     loose rule, alone and all four composed, must emit plain greedy decoding's tokens and relax
     nothing: no rule may keep a draft the request's sampling could not produce."""
-    ar = fast_pair.generate(PROMPT, policy="ar", max_new_tokens=16)
+    ar = fast_pair.chat(PROMPT, policy="ar", max_new_tokens=16)
     for policy in [*RULES, "+".join(RULES)]:
-        out = fast_pair.generate(PROMPT, policy=policy, k=8, temperature=0.8, top_k=1, seed=0, max_new_tokens=16,
+        out = fast_pair.chat(PROMPT, policy=policy, k=8, temperature=0.8, top_k=1, seed=0, max_new_tokens=16,
                                  **per_rule(policy, EAGER))
         assert out.token_ids == ar.token_ids, policy
         assert sum(out.stats.relaxed.values()) == 0, (policy, out.stats.relaxed)
@@ -83,8 +83,8 @@ def test_defaults_measure_the_machine_and_stay_lossless(real_pair):
     chosen = str(pair.target.dtype).replace("torch.", "")
     tables = pair.costs.candidates["target"]
     assert chosen in tables and set(tables) == {"float32", "bfloat16"}
-    ar = pair.generate(PROMPT, policy="ar", max_new_tokens=8)
-    out = pair.generate(PROMPT, max_new_tokens=8)  # lossless, model drafter, k=auto
+    ar = pair.chat(PROMPT, policy="ar", max_new_tokens=8)
+    out = pair.chat(PROMPT, max_new_tokens=8)  # lossless, model drafter, k=auto
     assert out.stats.k == "auto" and len(out.stats.k_chosen) == out.stats.rounds
     if chosen == "float32":
         assert out.token_ids == ar.token_ids
@@ -102,7 +102,7 @@ def test_both_backends_tokenize_identically_and_stop_on_the_same_ids(real_pair, 
     assert llama_pair.backend == "llama.cpp" and real_pair.backend == "transformers"
     assert llama_pair.tokenizer.get_vocab() == real_pair.tokenizer.get_vocab()
     for text in TEXTS:
-        assert llama_pair.encode(text) == real_pair.encode(text)  # chat template applied
+        assert llama_pair.encode(text, chat=True) == real_pair.encode(text, chat=True)
         assert llama_pair.encode(text, chat=False) == real_pair.encode(text, chat=False)
         messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
         assert llama_pair.encode(messages) == real_pair.encode(messages)
@@ -111,13 +111,13 @@ def test_both_backends_tokenize_identically_and_stop_on_the_same_ids(real_pair, 
 
 
 def test_llama_cpp_backend_generates_and_lossless_matches_ar(llama_pair):
-    ar = llama_pair.generate(PROMPT, policy="ar", max_new_tokens=8)
-    spec = llama_pair.generate(PROMPT, policy="lossless", drafter="model", k=4, max_new_tokens=8)
-    tree = llama_pair.generate(PROMPT, policy="lossless", drafter="tree", tree_nodes=6, max_new_tokens=8)
+    ar = llama_pair.chat(PROMPT, policy="ar", max_new_tokens=8)
+    spec = llama_pair.chat(PROMPT, policy="lossless", drafter="model", k=4, max_new_tokens=8)
+    tree = llama_pair.chat(PROMPT, policy="lossless", drafter="tree", tree_nodes=6, max_new_tokens=8)
     assert len(ar.token_ids) == 8 and ar.text.strip()
     # batched and one-token passes may round differently in llama.cpp (near-ties); on this prompt they agree
     assert spec.token_ids == ar.token_ids == tree.token_ids
-    out = llama_pair.generate(PROMPT, policy="dropmatch", k=4, max_new_tokens=8)
+    out = llama_pair.chat(PROMPT, policy="dropmatch", k=4, max_new_tokens=8)
     assert len(out.token_ids) == 8
 
 
@@ -132,12 +132,12 @@ def test_json_schema_on_the_real_pair_lossless_matches_constrained_ar(real_pair,
     import json
 
     prompt = "Reply with a JSON object for a person named Ann who is 31 years old."
-    ar = real_pair.generate(prompt, policy="ar", json_schema=PERSON, max_new_tokens=24)
-    spec = real_pair.generate(prompt, policy="lossless", drafter="model", k=3, json_schema=PERSON, max_new_tokens=24)
-    tree = real_pair.generate(prompt, policy="lossless", drafter="tree", tree_nodes=6, json_schema=PERSON,
+    ar = real_pair.chat(prompt, policy="ar", json_schema=PERSON, max_new_tokens=24)
+    spec = real_pair.chat(prompt, policy="lossless", drafter="model", k=3, json_schema=PERSON, max_new_tokens=24)
+    tree = real_pair.chat(prompt, policy="lossless", drafter="tree", tree_nodes=6, json_schema=PERSON,
                               max_new_tokens=24)
     assert spec.token_ids == ar.token_ids == tree.token_ids
     assert ar.finish_reason == "stop" and set(json.loads(ar.text)) == {"name", "age"}
     assert spec.stats.mask_seconds > 0
-    loose = fast_pair.generate(prompt, policy="fly+mars", k=4, fly_window=2, json_schema=PERSON, max_new_tokens=24)
+    loose = fast_pair.chat(prompt, policy="fly+mars", k=4, fly_window=2, json_schema=PERSON, max_new_tokens=24)
     assert loose.finish_reason == "stop" and set(json.loads(loose.text)) == {"name", "age"}

@@ -5,6 +5,7 @@ import torch
 
 from specdec.api import Pair
 from specdec.engine import DecodeConfig, Engine
+from specdec.errors import SpecdecError
 from specdec.models import CausalLM
 from specdec.testing import byte_tokenizer, perturbed_copy, tiny_model
 
@@ -75,14 +76,26 @@ def test_streaming_pieces_add_up_to_text(pair):
     assert "".join(stream) == stream.output.text == out.text
 
 
-def test_chat_template_is_applied(pair):
-    ids = pair.encode("hi")
+def test_a_string_is_continued_and_messages_are_a_chat(pair):
+    """As vLLM's LLM.generate / LLM.chat, llama-cpp-python and the OpenAI API: a string is text to
+    continue, a message list a chat; chat=True (or a system message) templates a string."""
+    assert pair.encode("hi") == pair.encode("hi", chat=False) == pair.tokenizer.encode("hi")
+    ids = pair.encode("hi", chat=True)
     text = pair.tokenizer.decode(ids)
     assert text.startswith("<|im_start|>user\nhi<|im_end|>") and text.endswith("<|im_start|>assistant\n")
-    assert pair.encode("hi", chat=False) == pair.tokenizer.encode("hi")
     msgs = [{"role": "user", "content": "hi"}]
     assert pair.encode(msgs) == ids
+    assert pair.encode("hi", system="be brief") == pair.encode([{"role": "system", "content": "be brief"}, *msgs])
     assert pair.encode("hi", system="be brief") != ids
+    plain = pair.generate("hi", policy="ar", max_new_tokens=6)
+    assert plain.prompt_tokens == len(pair.tokenizer.encode("hi"))
+    assert plain.token_ids == pair.generate("hi", chat=False, policy="ar", max_new_tokens=6).token_ids
+    chat = pair.chat("hi", policy="ar", max_new_tokens=6)
+    assert chat.prompt_tokens == len(ids)
+    assert chat.token_ids == pair.generate(msgs, policy="ar", max_new_tokens=6).token_ids
+    assert chat.token_ids == pair.chat(msgs, policy="ar", max_new_tokens=6).token_ids
+    with pytest.raises(SpecdecError, match="use generate"):
+        pair.chat("hi", chat=False)
 
 
 def test_stats_are_consistent(pair):

@@ -37,3 +37,17 @@ def test_an_unknown_keyword_without_a_close_one():
 def test_a_known_parameter_of_another_rule_keeps_its_own_message():
     with pytest.raises(SpecdecError, match="takes no parameters"):
         make_config(policy="lossless", theta=0.5)
+
+
+def test_vllm_flag_names_and_ours_are_one_flag():
+    """`vllm serve`'s names (--max-model-len, --allowed-origins) are the flags; ours stay as aliases."""
+    from specdec.cli import build_parser
+    from specdec.cliargs import VLLM_NAMES
+
+    assert VLLM_NAMES == {"--context-length": "--max-model-len", "--allow-origin": "--allowed-origins"}
+    p = build_parser()
+    for argv in (["generate", "x"], ["serve"], ["bench", "--out", "runs/x"]):
+        for flag in ("--max-model-len", "--context-length"):
+            assert p.parse_args([*argv, flag, "512"]).context_length == 512
+    a = p.parse_args(["serve", "--allowed-origins", "http://a.example", "--allow-origin", "http://b.example"])
+    assert a.allow_origin == ["http://a.example", "http://b.example"]

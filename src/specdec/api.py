@@ -175,8 +175,9 @@ class Pair:
     ) -> Output:
         """Generate a completion.
 
-        prompt: a string (the chat template is applied when the tokenizer has one, unless
-        ``chat=False``) or a list of chat messages. Keyword arguments: ``policy`` ("ar" |
+        prompt: a string, continued as text (as vLLM's ``LLM.generate`` and OpenAI's completions
+        do; ``chat=True`` applies the chat template to it, as :meth:`chat` does), a list of chat
+        messages (the chat template applied), or token ids. Keyword arguments: ``policy`` ("ar" |
         "lossless"), ``drafter`` ("model" | "pld"), ``k``, ``max_new_tokens``, ``temperature``,
         ``top_p``, ``top_k``, ``seed``, ``stop``, ``system``, ``on_text`` (called with each text
         delta), drafter options ``ngram_max``/``ngram_min``, the policy's own parameters, and
@@ -190,6 +191,15 @@ class Pair:
                 on_text(delta)
         assert stream.output is not None
         return stream.output
+
+    def chat(self, messages, **kwargs: Any) -> Output:
+        """Answer a conversation, as vLLM's ``LLM.chat``: ``messages`` is a list of ``{"role",
+        "content"}`` dicts, or a string taken as one user message; the chat template is applied.
+        Every keyword of :meth:`generate` is taken."""
+        if kwargs.get("chat") is False:
+            raise SpecdecError("chat() applies the chat template; use generate() to continue plain text")
+        kwargs["chat"] = True
+        return self.generate(messages, **kwargs)
 
     def memory(self) -> dict:
         """Bytes held by the weights and current KV caches of both models."""

@@ -11,7 +11,12 @@ The choice is :func:`specdec.costmodel.best_k` over
 
 Costs are corrected online too: the ratio of observed to predicted seconds (longer contexts,
 another load on the machine) scales the target's and the draft's tables separately, so K is
-re-chosen every round with the corrected costs. When the target's correction stays beyond
+re-chosen every round with the corrected costs. The target's passes over several tokens get a
+correction of their own, learned from the drafting rounds alone: beside a draft model on the same
+cores (llama.cpp runs a thread pool per model) a verify pass was measured at 1.5x its table's
+seconds while one-token steps kept theirs, and a single correction, dominated by the plain steps,
+would leave drafting priced too cheap. The draft model's catch-ups (see below) are corrected by
+what they really took as well. When the target's correction stays beyond
 ``DRIFT_LOW``..``DRIFT_HIGH`` (passes under half, or over four times, the table's) for
 ``DRIFT_ROUNDS`` rounds in a row, the table itself is taken to be wrong (measured while the machine
 was busy, or the machine has changed): its cached copy is marked stale
@@ -24,7 +29,11 @@ cheaper.
 speculation cannot pay the engine costs what plain decoding costs. While at ``K = 0`` nothing is
 learned about acceptance, so after ``probe_every`` rounds at K=0 one round drafts the best
 ``K > 0`` (a bounded price for noticing that the text became predictable); while probes keep
-failing the interval doubles, up to ``MAX_PROBE_INTERVAL`` rounds. No probe is made where even
+failing the interval doubles, up to ``MAX_PROBE_INTERVAL`` rounds. A probe by a draft model first
+reads what was written since its last draft, and on a CPU that catch-up can cost several plain
+steps: each plain step earns ``EXPLORE_SHARE`` (2%) of its seconds as credit, and a probe whose
+catch-up costs more than the credit waits, so probing where drafting does not pay costs at most
+that share of plain decoding's time. No probe is made where even
 near-perfect drafts could not pay (``OPTIMISTIC_ACCEPTANCE``): a probe then buys nothing, and the
 draft model's catch-up over the text since its last proposal makes it dear. The draft model's prefill is
 lazy (its first proposal feeds the prompt), so a generation that never drafts never pays it.
@@ -102,6 +111,10 @@ BISECT_STEPS = 20
 #: a drafter backlog of at most this many tokens is the normal round's feed (the last round's bonus
 #: token, and the last draft when all were kept): it is part of the per-draft-token cost, not priced apart
 STEADY_FEED = 2
+#: the share of plain decoding's time that probes may spend on the draft model's catch-up: each round
+#: at K=0 earns this share of a plain step as credit, and a probe whose catch-up would cost more than
+#: the credit waits. Where drafting does not pay, probing then costs at most this share.
+EXPLORE_SHARE = 0.02
 
 
 @dataclass
@@ -155,6 +168,8 @@ class KController:
         self.draft_prefill = draft_prefill
         #: rounds that did not draft because the backlog's reading would cost more than drafting saves
         self.backlog_declined = 0
+        #: whether the last :meth:`choose` declined for that reason (the engine counts it per answer)
+        self.declined = False
         #: moving average of the lengths of this controller's finished answers (None: none yet)
         self.expected_length: float | None = None
         self.draft_step = max(0.0, float(draft_step))  # seconds per draft token, before any round
@@ -164,7 +179,14 @@ class KController:
         self.ema = ema
         self.acceptance = AcceptanceEstimate()  # with a window: rounds longer than it, flips included
         self.inner = AcceptanceEstimate()  # with a window: every round, as judged without it
-        self.target_scale = 1.0  # observed / predicted target pass seconds
+        self.target_scale = 1.0  # observed / predicted target pass seconds, every round
+        #: the same over drafting rounds only (passes over 2+ tokens), None before one: their passes can
+        #: cost more than the table's beside the draft model (two thread pools on the same cores)
+        self.wide_scale: float | None = None
+        #: observed / predicted seconds of the draft model's catch-ups (a prefill of its backlog)
+        self.catchup_scale = 1.0
+        #: seconds of catch-up that probes may still spend (EXPLORE_SHARE of the plain steps taken)
+        self.explore_credit = 0.0
         self.draft_seconds_per_token: float | None = None  # observed, EMA
         self.rounds_at_zero = 0
         self.probe_interval = probe_every  # doubles while probes keep failing, back to probe_every once K > 0 pays
@@ -174,7 +196,15 @@ class KController:
         self.drift: float | None = None  # target_scale when the table was found stale (once)
 
     def verify_cost(self, width: int) -> float:
-        return self.target_scale * self.target.forward(width)
+        scale = self.target_scale if width <= 1 or self.wide_scale is None else self.wide_scale
+        return scale * self.target.forward(width)
+
+    def catchup_cost(self, backlog: int) -> float:
+        """Seconds for the draft model to read ``backlog`` tokens: its table's prefill, corrected by
+        what its catch-ups really took (0 for a drafter that reads nothing or a steady feed)."""
+        if backlog <= STEADY_FEED or self.draft_prefill is None:
+            return 0.0
+        return self.catchup_scale * self.draft_prefill(backlog)
 
     @property
     def draft_cost(self) -> float:
@@ -183,9 +213,10 @@ class KController:
     def choose(self, room: int, backlog: int = 0) -> int:
         """The K for the next round, at most ``room`` (what max_new_tokens and the context allow),
         when the drafter must first read ``backlog`` tokens (:meth:`worth_reading`)."""
-        k = self._choose(room)
+        k = self._choose(room, backlog)
         remaining = room + 1 if self.expected_length is None else min(room + 1, self.expected_length)
-        if k > 0 and not self.worth_reading(k, backlog, remaining):
+        self.declined = k > 0 and not self.worth_reading(k, backlog, remaining)
+        if self.declined:
             self.backlog_declined += 1
             return 0
         return k
@@ -212,17 +243,21 @@ class KController:
         if rate <= plain:
             rate = tokens_per_second(self.verify_cost, self.draft_cost, [OPTIMISTIC_ACCEPTANCE] * k, k)
         saved = remaining / plain - remaining / rate
-        return saved > self.draft_prefill(backlog)
+        return saved > self.catchup_cost(backlog)
 
-    def _choose(self, room: int) -> int:
+    def _choose(self, room: int, backlog: int = 0) -> int:
         k_max = min(self.k_max, max(0, room))
         k = self._best(k_max, allow_zero=True)
         if k == 0 and k_max > 0:
             self.rounds_at_zero += 1
+            self.explore_credit += EXPLORE_SHARE * self.verify_cost(1)
             if self.rounds_at_zero >= self.probe_interval and not self.could_pay(k_max):
                 self.rounds_at_zero = 0  # even near-perfect drafts would not pay here: no probe
-            if self.rounds_at_zero >= self.probe_interval:  # explore: is drafting paying again?
+            price = self.catchup_cost(backlog)
+            if self.rounds_at_zero >= self.probe_interval and price <= self.explore_credit:
+                # explore: is drafting paying again? (its catch-up paid from the credit)
                 self.rounds_at_zero = 0
+                self.explore_credit -= price
                 self.probe_interval = min(2 * self.probe_interval, MAX_PROBE_INTERVAL)
                 k = self._best(k_max, allow_zero=False)
         else:
@@ -274,23 +309,36 @@ class KController:
         return long if rate_long > rate_short * (1 + TIE_TOLERANCE) else short
 
     def observe(self, drafted: int, accepted: int, draft_seconds: float | None, verify_seconds: float,
-                inner: int | None = None) -> None:
-        """Learn from one round: its acceptance and what its passes really cost. ``draft_seconds``
-        None: the round's drafting included a prefill or catch-up, not a per-token cost. ``inner``:
-        with a window, the drafts the round would have kept without it (None: ``accepted``)."""
+                inner: int | None = None, fed: int = 0) -> None:
+        """Learn from one round: its acceptance and what its passes really cost. ``fed``: the tokens
+        the draft model read before drafting (its backlog); past ``STEADY_FEED`` the round's
+        ``draft_seconds`` hold a prefill or catch-up, which corrects the catch-up price instead of
+        the per-token cost. ``draft_seconds`` None: not known. ``inner``: with a window, the drafts
+        the round would have kept without it (None: ``accepted``)."""
         if not self.window or drafted > self.window:
             self.acceptance.update(drafted, accepted)
         if self.window:
             self.inner.update(drafted, accepted if inner is None else min(inner, accepted))
         predicted = self.target.forward(drafted + 1)
         if predicted > 0 and verify_seconds > 0:
-            ratio = min(max(verify_seconds / predicted, ROUND_RATIO_CLAMP[0]), ROUND_RATIO_CLAMP[1])
+            ratio = _clamp(verify_seconds / predicted)
             self.target_scale += self.ema * (ratio - self.target_scale)
+            if drafted > 0:
+                self.wide_scale = ratio if self.wide_scale is None else self.wide_scale + self.ema * (ratio - self.wide_scale)
             self._check_drift()
-        if drafted > 0 and draft_seconds is not None and draft_seconds >= 0:
-            per = draft_seconds / drafted
-            prev = self.draft_seconds_per_token
-            self.draft_seconds_per_token = per if prev is None else prev + self.ema * (per - prev)
+        if drafted <= 0 or draft_seconds is None or draft_seconds < 0:
+            return
+        if fed > STEADY_FEED:
+            if self.draft_prefill is None:
+                return
+            expected = self.draft_prefill(fed) + drafted * self.draft_cost
+            if expected > 0:
+                ratio = _clamp(draft_seconds / expected)
+                self.catchup_scale += self.ema * (ratio - self.catchup_scale)
+            return
+        per = draft_seconds / drafted
+        prev = self.draft_seconds_per_token
+        self.draft_seconds_per_token = per if prev is None else prev + self.ema * (per - prev)
 
 
     def _check_drift(self) -> None:
@@ -303,6 +351,11 @@ class KController:
             self.drift = self.target_scale
             mark_stale(self.target, f"observed target passes took {self.target_scale:.2f}x the table's seconds "
                                     f"for {DRIFT_ROUNDS} rounds in a row")
+
+
+def _clamp(ratio: float) -> float:
+    """One round's observed / predicted seconds, kept within ``ROUND_RATIO_CLAMP``."""
+    return min(max(ratio, ROUND_RATIO_CLAMP[0]), ROUND_RATIO_CLAMP[1])
 
 
 def draft_step_estimate(needs_model: bool, target: CostTable, draft: CostTable | None) -> float:

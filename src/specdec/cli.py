@@ -27,7 +27,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
     # the request, validated once: bad flags fail here, before the models load
     config = decode_config(a, {**decode_kwargs(a), **constraint_kwargs(a)})
     pair = load_pair(a, progress=not a.json)
-    chat = None if a.chat is None else a.chat
+    # like llama-cli: a chat model is chatted with unless --raw; the Python API continues a string as text
+    chat = a.chat if a.chat is not None else getattr(pair.tokenizer, "chat_template", None) is not None
     if not a.quiet and not a.json:
         print(startup_summary(pair), file=sys.stderr, flush=True)
     if a.json:
@@ -97,7 +98,9 @@ def decoding_notes(s, pair) -> list[str]:
     if s.policy != "ar" and s.rounds >= 4 and s.k_chosen and zero >= len(s.k_chosen) / 2:
         why = "by this machine's measured pass costs drafting does not pay here"
         table = pair.costs.target
-        if table is not None:
+        if s.backlog_declined and s.backlog_declined >= zero / 2:
+            why = why_backlog(s, pair.costs.draft)
+        elif table is not None:
             why = why_plain_steps(table, draft_step_estimate(drafter_class(s.drafter).needs_model, table, pair.costs.draft), s.drafted,
                                   s.accepted)
         lines.append(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds, "
@@ -112,6 +115,15 @@ def decoding_notes(s, pair) -> list[str]:
         lines.append(f"specdec: note: the target's passes took {s.cost_drift:.2f}x the seconds of its measured cost "
                      "table; the cached table is marked stale and the next load measures it again")
     return lines
+
+
+def why_backlog(s, draft_table) -> str:
+    """Why k=auto took plain steps when drafting itself would pay: the draft model's reading of its
+    backlog (the prompt's window at the first draft) costs more than drafting saves on this answer."""
+    cost = "" if draft_table is None else f" (~{draft_table.prefill(s.declined_backlog):.1f} s)"
+    return (f"drafting would pay at this machine's measured pass costs, but the draft model would first have "
+            f"to read {s.declined_backlog} tokens{cost}, more than drafting was expected to save over the tokens "
+            "left to write (a longer answer, or a smaller --draft-window, makes it worth it)")
 
 
 def read_stdin() -> str:
@@ -271,8 +283,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop before this text (repeatable)")
     chat = g.add_mutually_exclusive_group()
     chat.add_argument("--chat", dest="chat", action="store_true", default=None,
-                      help="apply the chat template (default: when the tokenizer has one)")
-    chat.add_argument("--no-chat", dest="chat", action="store_false", help="encode the prompt as raw text")
+                      help="apply the chat template: the prompt is one user message (the default when the "
+                           "tokenizer has a template, as llama-cli does; the Python API and the server's "
+                           "/v1/completions continue plain text instead)")
+    chat.add_argument("--raw", "--no-chat", dest="chat", action="store_false",
+                      help="continue the prompt as plain text, without the chat template")
     g.add_argument("--system", default=None, help="system message (chat template only)")
     g.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, finish_reason, stats")
     g.add_argument("-q", "--quiet", action="store_true", help="no startup summary or stats line")

@@ -15,6 +15,18 @@ from .verify import POLICIES, RULES
 
 LOW_TAU = 1.3  # below this, speculation rarely pays for the draft's cost
 
+#: flags that vLLM (``vllm serve``) names otherwise: vLLM's name is the flag, specdec's older name an
+#: alias that keeps working. The one list: every command adds these flags through :func:`flag_names`.
+VLLM_NAMES = {
+    "--context-length": "--max-model-len",
+    "--allow-origin": "--allowed-origins",
+}
+
+
+def flag_names(name: str) -> tuple[str, ...]:
+    """The names a flag is added under: vLLM's first where it has its own (:data:`VLLM_NAMES`), then ours."""
+    return (VLLM_NAMES[name], name) if name in VLLM_NAMES else (name,)
+
 def backend_arg(text: str) -> str:
     """``--backend``: a checked backend name (argparse reports a bad one in one line)."""
     from .backends import check_backend
@@ -37,7 +49,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", default="auto", type=backend_arg,
                    help="what runs the models: auto (default: llama.cpp for GGUF models on a CPU when "
                         "llama-cpp-python is installed, else transformers), llama.cpp, or transformers")
-    g.add_argument("--context-length", type=int, default=None, metavar="N",
+    g.add_argument(*flag_names("--context-length"), dest="context_length", type=int, default=None, metavar="N",
                    help="llama.cpp backend: KV cache size in tokens (default: the model's trained context, "
                         "at most 8192)")
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],

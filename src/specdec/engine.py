@@ -23,7 +23,7 @@ import torch
 
 from .constrain import Guide, make_guide
 from .drafters import Draft, Drafter, drafter_class, make_drafter
-from .autok import STEADY_FEED, KController, draft_prefill_estimate, draft_step_estimate
+from .autok import KController, draft_prefill_estimate, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores
@@ -250,7 +250,12 @@ class Engine:
         if run.depth_limit:  # k=auto leaves the depth to the tree's own pruning
             return max(0, min(run.depth_limit if run.auto else cfg.k, room - 1))
         if run.control is not None:
-            return run.control.choose(room - 1, backlog=run.drafter.backlog(run.context))
+            backlog = run.drafter.backlog(run.context)
+            k = run.control.choose(room - 1, backlog=backlog)
+            if run.control.declined:  # drafting would pay, but not the draft model's reading first
+                run.out.stats.backlog_declined += 1
+                run.out.stats.declined_backlog = backlog
+            return k
         fixed = max(FALLBACK_K, lookahead_of(run.policy) + 1) if run.auto else cfg.k  # k=auto, no cost table
         return max(0, min(fixed, room - 1))
 
@@ -305,9 +310,8 @@ class Engine:
         if run.auto:
             stats.k_chosen.append(k)
         if run.control is not None:
-            steady = draft.fed <= STEADY_FEED  # else the draft time holds a prefill or catch-up
-            run.control.observe(n, verdict.accepted, draft_seconds if steady else None, verify_seconds,
-                                inner=verdict.inner)
+            run.control.observe(n, verdict.accepted, draft_seconds, verify_seconds, inner=verdict.inner,
+                                fed=draft.fed)
             if run.control.drift is not None:  # the cost table drifted far from the observed passes
                 stats.cost_drift = run.control.drift
 

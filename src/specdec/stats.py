@@ -43,6 +43,11 @@ class Stats:
     tree_depths: list[int] = field(default_factory=list)  # token trees: each round's tree depth
     relaxed: dict[str, int] = field(default_factory=dict)  # loose rule -> drafts it added
     k_chosen: list[int] = field(default_factory=list)  # k=auto: the K of each round (0 = plain step)
+    #: k=auto: rounds that took a plain step although drafting would pay at the measured pass costs,
+    #: because the draft model would first read more tokens (its backlog: the prompt's window, or
+    #: text written since it last drafted) than drafting is expected to save; and the last such backlog
+    backlog_declined: int = 0
+    declined_backlog: int = 0
     accepted_per_round: list[int] = field(default_factory=list)  # drafts kept in each round
     round_ends: list[float] = field(default_factory=list)  # seconds from the start to each round's commit
     #: k=auto: observed / table target pass seconds when they drifted far from the cost table

@@ -56,9 +56,11 @@ def _input_error(exc: Exception) -> bool:
 def encode_prompt(tokenizer, prompt, chat: bool | None = None, system: str | None = None) -> list[int]:
     """Token ids for a prompt: a string, a list of ``{"role", "content"}`` messages, or token ids.
 
-    ``chat=None`` applies the tokenizer's chat template when it has one (instruct models), and
-    always for a message list; ``chat=False`` encodes a string as raw text. A list of ints is used
-    as it is (no template; ``chat=True`` is an error), and each id must be in the vocabulary.
+    As vLLM's ``LLM.generate``, llama-cpp-python's ``create_completion``, transformers and the
+    OpenAI API do: a string is text to continue (encoded as it is) and a message list is a chat
+    (the chat template applied). ``chat=True`` templates a string as one user message, and so does
+    a ``system`` message; ``chat=False`` refuses a message list. A list of ints is used as it is (no
+    template; ``chat=True`` is an error), and each id must be in the vocabulary.
     """
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if chat or system:
@@ -70,7 +72,7 @@ def encode_prompt(tokenizer, prompt, chat: bool | None = None, system: str | Non
     if isinstance(prompt, str):
         if not prompt:
             raise SpecdecError("the prompt is empty")
-        if chat is False:
+        if chat is False or (chat is None and not system):  # text to continue
             if system:
                 raise SpecdecError("a system message needs the chat template (chat=True)")
             return _encode(tokenizer, check_text("the prompt", prompt), add_special_tokens=True)
@@ -92,9 +94,8 @@ def encode_prompt(tokenizer, prompt, chat: bool | None = None, system: str | Non
     else:
         raise SpecdecError("the prompt must be a non-empty string or a non-empty list of chat messages")
     if getattr(tokenizer, "chat_template", None) is None:
-        if chat is None and isinstance(prompt, str):
-            return _encode(tokenizer, prompt, add_special_tokens=True)
-        raise SpecdecError("this tokenizer has no chat template; pass a plain string with chat=False")
+        raise SpecdecError("this tokenizer has no chat template: pass a plain string (text to continue) without "
+                           "chat=True or a system message")
     text = tokenizer_call("the chat template refused the messages", tokenizer.apply_chat_template, messages,
                           add_generation_prompt=True, tokenize=False)
     return _encode(tokenizer, text, add_special_tokens=False)

@@ -7,7 +7,8 @@ import argparse
 import os
 import sys
 
-from ..cliargs import add_decode_args, add_model_args, decode_config, decode_kwargs, load_pair, startup_summary
+from ..cliargs import (add_decode_args, add_model_args, decode_config, decode_kwargs, flag_names, load_pair,
+                       startup_summary)
 from ..errors import SpecdecError
 
 
@@ -27,7 +28,7 @@ def register(sub) -> None:
                    help="a name the Host header may carry, repeatable; '*' = any (default: the loopback names "
                         "when bound to loopback, the bound address and the loopback names when bound to one "
                         "other address, any when bound to 0.0.0.0 or ::). Other Hosts get 400 (DNS rebinding)")
-    g.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+    g.add_argument(*flag_names("--allow-origin"), dest="allow_origin", action="append", default=[], metavar="ORIGIN",
                    help="a browser origin allowed to call the API (e.g. http://localhost:3000), repeatable; "
                         "'*' = any (default: none; requests with another Origin get 403)")
     g.add_argument("--request-timeout", type=float, default=1800.0, metavar="SECONDS",
