@@ -150,7 +150,12 @@ def test_hidden_states_feed_the_lm_head(lm):
 
 
 class _NoTrees(HFModel):
-    capabilities = Capabilities(trees=False, hidden=False)
+    capabilities = Capabilities()  # declares nothing: capabilities are opt-in
+
+
+def test_capabilities_are_opt_in():
+    assert Capabilities() == Capabilities(trees=False, hidden=False, max_tree_leaves=None)
+    assert HFModel.capabilities.trees and HFModel.capabilities.hidden
 
 
 def test_an_unsupported_capability_is_a_one_line_error_before_any_work():

@@ -47,10 +47,12 @@ class Capabilities:
     ``trees``: score a token tree in one pass (tree attention) and keep one path of it.
     ``hidden``: return the final hidden states (the LM head's input, after the final norm) with the
     logits, and apply the LM head to hidden states (DropMatch). ``max_tree_leaves``: the most
-    root-to-leaf paths an open tree may have (None: no limit)."""
+    root-to-leaf paths an open tree may have (None: no limit). Opt-in: a backend that declares
+    nothing can do neither, so a request that needs them is refused before any work
+    (:meth:`specdec.engine.Engine.check_config`) instead of failing mid-generation."""
 
-    trees: bool = True
-    hidden: bool = True
+    trees: bool = False
+    hidden: bool = False
     max_tree_leaves: int | None = None
 
 
