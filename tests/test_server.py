@@ -370,8 +370,8 @@ def test_tokenize_and_detokenize_in_vllm_shapes(server):
 
 
 @pytest.mark.parametrize("field, value", [
-    ("ignore_eos", True), ("min_tokens", 3), ("stop_token_ids", [5]), ("repetition_penalty", 1.2),
-    ("min_p", 0.1), ("use_beam_search", True), ("guided_whitespace_pattern", " "),
+    ("ignore_eos", True), ("min_tokens", 3), ("min_p", 0.1), ("use_beam_search", True),
+    ("guided_whitespace_pattern", " "),
 ])
 def test_output_changing_vllm_fields_are_refused(server, field, value):
     r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 2, field: value})
@@ -382,6 +382,22 @@ def test_neutral_vllm_fields_pass(server):
     r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 2, "ignore_eos": False,
                                                           "repetition_penalty": 1.0, "min_p": 0.0, "skip_special_tokens": True})
     assert r.status_code == 200
+
+
+def test_penalties_and_stop_token_ids(server):
+    """OpenAI's presence/frequency penalties, vLLM's repetition_penalty and stop_token_ids are taken;
+    out-of-range values are 400s naming the field."""
+    url, base = server.url + "/v1/completions", {"prompt": "abc abc abc", "max_tokens": 12, "temperature": 0}
+    plain = httpx.post(url, timeout=60, json=base).json()
+    for field, value in (("presence_penalty", 1.5), ("frequency_penalty", 1.5), ("repetition_penalty", 3.0)):
+        r = httpx.post(url, timeout=60, json={**base, field: value})
+        assert r.status_code == 200, (field, r.text)
+    for field, value in (("presence_penalty", 2.5), ("frequency_penalty", -3), ("repetition_penalty", 0),
+                         ("stop_token_ids", [-1])):
+        r = httpx.post(url, timeout=60, json={**base, field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (field, r.text)
+    r = httpx.post(url, timeout=60, json={**base, "stop_token_ids": [], "repetition_penalty": 1.0})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == plain["choices"][0]["text"]
 
 
 def test_draft_length_aliases(server):

@@ -108,6 +108,15 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=None,
                    help=f"keep the k most likely tokens (default: {d['top_k']}{' = off' if d['top_k'] == 0 else ''})")
     g.add_argument("--seed", type=int, default=None, help=f"seed for sampling (default: {shown(d['seed'])})")
+    g.add_argument("--repetition-penalty", type=float, default=None,
+                   help="divide the logits of tokens in the prompt or the answer by this when positive, multiply "
+                        f"when negative, as transformers and vLLM do (default: {d['repetition_penalty']:g} = off)")
+    g.add_argument("--presence-penalty", type=float, default=None,
+                   help="subtract this from the logits of tokens the answer holds, in [-2, 2] as OpenAI's "
+                        f"(default: {d['presence_penalty']:g} = off)")
+    g.add_argument("--frequency-penalty", type=float, default=None,
+                   help="subtract this times a token's count in the answer from its logit, in [-2, 2] as "
+                        f"OpenAI's (default: {d['frequency_penalty']:g} = off)")
     for name, (spec, owners) in drafter_flags().items():
         defaults = ", ".join(f"{d} for {o}" for o, d in owners)
         g.add_argument(f"--{name.replace('_', '-')}", type=spec.parse if spec.words else spec.kind, default=None,

@@ -28,7 +28,7 @@ from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores
 from .request import AUTO_K, DecodeConfig, check_k, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
-from .sampling import make_generator, next_token, probabilities
+from .sampling import make_generator, next_token, penalize, probabilities
 from .stats import Stats, peak_rss_mb
 from .verify import Policy, Round, Verdict
 from .verify.tree import TreeRound, tree_depth
@@ -68,6 +68,18 @@ class _Run:
     limit: int  # the model's context length
     t_start: float
     guide: Guide | None = None  # structured output: the grammar's state after the committed text
+
+
+def row_paths(draft: Draft) -> list[list[int]]:
+    """For each row of the verify pass over ``draft``, the draft tokens it follows: a chain's row
+    ``i`` follows drafts ``1..i``; a tree's row ``j + 1`` follows node ``j``'s path from the root."""
+    tokens = list(draft.tokens)
+    if draft.parents is None:
+        return [tokens[:i] for i in range(len(tokens) + 1)]
+    paths: list[list[int]] = [[]]
+    for j, parent in enumerate(draft.parents):
+        paths.append((paths[parent + 1] if parent >= 0 else []) + [tokens[j]])
+    return paths
 
 
 class Engine:
@@ -270,6 +282,10 @@ class Engine:
     def _verify(self, run: "_Run", draft: Draft, scores: Scores) -> Verdict:
         """The policy's decision (no drafts: the target's next token)."""
         params, logits = run.cfg.sampling, self._restrict(run, draft, scores.logits)
+        if params.penalized:
+            written = len(run.out.token_ids)
+            logits = penalize(logits, params, run.context[:len(run.context) - written], run.out.token_ids,
+                              row_paths(draft))
         if not len(draft):
             return Verdict(0, next_token(logits[0], params, run.generator))
         shared = dict(target_logits=logits, params=params, generator=run.generator, target_hidden=scores.hidden,
@@ -322,7 +338,7 @@ class Engine:
         kept = [draft.tokens[i] for i in verdict.path or ()] if draft.parents is not None else draft.tokens[:verdict.accepted]
         new = kept + [verdict.token]
         for i, t in enumerate(new):
-            if t in self.eos_ids:
+            if t in self.eos_ids or t in run.cfg.stop_token_ids:
                 new, out.finish_reason = new[: i + 1], "stop"
                 break
         out.token_ids += new

@@ -122,7 +122,14 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
 
 
 #: keywords a request takes besides the drafters' options and the rules' parameters
-REQUEST_KEYWORDS = ("max_tokens", "response_format", "json_schema", "regex", "choice", "grammar")
+REQUEST_KEYWORDS = ("max_tokens", "stop_token_ids", "response_format", "json_schema", "regex", "choice", "grammar")
+
+
+def check_stop_token_ids(ids) -> tuple[int, ...]:
+    """A list of token ids (ints >= 0), as a tuple; one-line error otherwise."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
+        raise SpecdecError(f"stop_token_ids must be a list of token ids, got {ids!r}")
+    return tuple(check_int("each of stop_token_ids", t, lo=0) for t in ids)
 
 
 def known_options() -> set[str]:
@@ -181,6 +188,8 @@ class DecodeConfig:
 
     #: structured output (:mod:`specdec.constrain`): what the text must match, or None
     constraint: Constraint | None = None
+    #: token ids that end the answer like an end-of-sequence token (vLLM's ``stop_token_ids``)
+    stop_token_ids: tuple[int, ...] = ()
 
     #: the parsed policy (None for ``ar``): parsed once, here, and used by the engine as is
     parsed: Policy | None = field(default=None, init=False, repr=False, compare=False)
@@ -194,13 +203,21 @@ class DecodeConfig:
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
         if self.parsed is not None:
             check_drafter_fits_policy(self.parsed, drafter_class(self.drafter), self.k, self.drafter_params)
+            if self.parsed.needs_hidden and self.sampling.penalized:
+                raise SpecdecError(f"policy {self.policy!r} judges drafts by the target's LM head on its hidden states, "
+                                   "which knows nothing of penalties: drop repetition/presence/frequency_penalty or "
+                                   "choose another policy")
         check_constraint_fits(self)
+        object.__setattr__(self, "stop_token_ids", check_stop_token_ids(self.stop_token_ids))
 
     @classmethod
     def from_options(
         cls, /, *, policy: str = DEFAULTS["policy"], drafter: str = DEFAULTS["drafter"], k: int | str = DEFAULTS["k"],
         max_new_tokens: int = DEFAULTS["max_new_tokens"], temperature: float = DEFAULTS["temperature"],
         top_p: float = DEFAULTS["top_p"], top_k: int = DEFAULTS["top_k"], seed: int | None = DEFAULTS["seed"],
+        repetition_penalty: float = DEFAULTS["repetition_penalty"],
+        presence_penalty: float = DEFAULTS["presence_penalty"],
+        frequency_penalty: float = DEFAULTS["frequency_penalty"], stop_token_ids: Sequence[int] | None = None,
         response_format: Mapping | None = None, json_schema: Mapping | str | None = None, regex: str | None = None,
         choice: Sequence[str] | None = None, grammar: str | None = None, **options: Any,
     ) -> DecodeConfig:
@@ -220,7 +237,9 @@ class DecodeConfig:
             max_new_tokens = given
         check_known(options)
         drafter_params, policy_params = split_options(options)
-        sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+        sampling = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                  repetition_penalty=repetition_penalty, presence_penalty=presence_penalty,
+                                  frequency_penalty=frequency_penalty)
         constraint = None
         if any(x is not None for x in (response_format, json_schema, regex, choice, grammar)):
             from .constrain import constraint_from
@@ -228,7 +247,8 @@ class DecodeConfig:
             constraint = constraint_from(response_format=response_format, json_schema=json_schema, regex=regex,
                                          choice=choice, grammar=grammar)
         return cls(policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,
-                   policy_params=policy_params, drafter_params=drafter_params, constraint=constraint)
+                   policy_params=policy_params, drafter_params=drafter_params, constraint=constraint,
+                   stop_token_ids=tuple(stop_token_ids or ()))
 
     def with_settings(self, *, max_new_tokens: int | None = None, sampling: SamplingParams | None = None) -> DecodeConfig:
         """This request with another budget and/or sampling settings (e.g. a bench repeat's seed),

@@ -6,6 +6,7 @@ Every draw takes an explicit ``torch.Generator`` so that a seed reproduces a gen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -27,6 +28,10 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
     seed: int | None = None
+    #: penalties on the target's logits before anything else (:func:`penalize`): 1.0 and 0.0 = off
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         check_number("temperature", self.temperature, lo=0)
@@ -36,10 +41,61 @@ class SamplingParams:
         check_int("top_k (0 = off)", self.top_k, lo=0)
         if self.seed is not None:
             check_int("seed", self.seed)
+        check_number("repetition_penalty (1 = off)", self.repetition_penalty, lo=0, lo_open=True)
+        check_number("presence_penalty", self.presence_penalty, lo=-2, hi=2)  # OpenAI's range
+        check_number("frequency_penalty", self.frequency_penalty, lo=-2, hi=2)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is on."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+def penalize(logits: torch.Tensor, params: SamplingParams, prompt: Sequence[int], output: Sequence[int],
+             extra: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The target's logits ``[n, V]`` with the request's penalties applied, row ``i`` as if
+    ``output + extra[i]`` had been written (a verify pass's row ``i`` follows drafts that are not
+    committed yet). As vLLM and transformers apply them, before temperature, top-k and top-p:
+
+    - ``repetition_penalty`` (CTRL, Keskar et al. 2019; transformers' ``RepetitionPenaltyLogitsProcessor``,
+      vLLM's ``repetition_penalty``): every token in the prompt or the output has its logit divided by
+      the penalty when positive, multiplied by it when negative;
+    - ``frequency_penalty`` and ``presence_penalty`` (OpenAI's, vLLM's): a token's logit less
+      ``frequency_penalty`` times its count in the output and ``presence_penalty`` once if it occurs
+      there (the output only, as both do).
+
+    Every rule then verifies against the penalised distribution, so ``lossless`` is exact for it.
+    Returns ``logits`` itself when no penalty is on."""
+    if not params.penalized:
+        return logits
+    out = logits.clone()
+    seen = set(int(t) for t in prompt) | set(int(t) for t in output) if params.repetition_penalty != 1.0 else set()
+    counts: dict[int, int] = {}
+    for t in output:
+        counts[int(t)] = counts.get(int(t), 0) + 1
+    for i in range(out.shape[0]):
+        more = [int(t) for t in extra[i]] if i < len(extra) else []
+        row = out[i]
+        if params.repetition_penalty != 1.0:
+            ids = torch.tensor([t for t in sorted(seen.union(more)) if t < row.shape[0]], dtype=torch.long,
+                               device=row.device)
+            if len(ids):
+                got = row[ids]
+                row[ids] = torch.where(got < 0, got * params.repetition_penalty, got / params.repetition_penalty)
+        if params.presence_penalty or params.frequency_penalty:
+            c = dict(counts)
+            for t in more:
+                c[t] = c.get(t, 0) + 1
+            if c:
+                kept = [(t, m) for t, m in c.items() if t < row.shape[0]]
+                ids = torch.tensor([t for t, _ in kept], dtype=torch.long, device=row.device)
+                n = torch.tensor([m for _, m in kept], dtype=row.dtype, device=row.device)
+                row[ids] = row[ids] - params.frequency_penalty * n - params.presence_penalty
+    return out
 
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

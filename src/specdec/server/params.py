@@ -24,7 +24,9 @@ from .structured import Requested, requested
 #: Defaults that are sampling settings; every other default key is a speculative setting.
 SAMPLING = GENERATION_FIELDS
 #: Request fields mapped onto ``DecodeConfig.from_options`` keyword arguments.
-_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed"}
+_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
+           "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+           "repetition_penalty": "repetition_penalty", "stop_token_ids": "stop_token_ids"}
 #: stop strings per request, and characters per stop string (each round holds back up to that
 #: many characters per stop, so both bound a round's text work)
 MAX_STOPS = 16
@@ -105,8 +107,7 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
 
 
 #: vLLM sampling fields -> the value that leaves the output unchanged (anything else is refused)
-VLLM_FIELDS = {"ignore_eos": (None, False), "min_tokens": (None, 0), "stop_token_ids": (None, []),
-               "repetition_penalty": (None, 1.0), "min_p": (None, 0.0), "length_penalty": (None, 1.0),
+VLLM_FIELDS = {"ignore_eos": (None, False), "min_tokens": (None, 0), "min_p": (None, 0.0), "length_penalty": (None, 1.0),
                "use_beam_search": (None, False), "bad_words": (None, []), "include_stop_str_in_output": (None, False),
                "skip_special_tokens": (None, True), "guided_whitespace_pattern": (None,)}
 #: other servers' names for the draft length and confidence threshold, inside ``speculative``
@@ -118,8 +119,6 @@ def _unsupported(req, chat: bool) -> None:
     if req.n not in (None, 1):
         raise APIError(400, "only n=1 is supported", "n")
     checks = [
-        ("presence_penalty", req.presence_penalty not in (None, 0, 0.0)),
-        ("frequency_penalty", req.frequency_penalty not in (None, 0, 0.0)),
         ("logit_bias", bool(req.logit_bias)),
         ("logprobs", bool(req.logprobs)),
     ]
@@ -173,9 +172,10 @@ def _messages(req: ChatRequest) -> list[dict]:
 
 def _config_param(message: str) -> str:
     """The request field a ``DecodeConfig.from_options`` error is about (best effort, for ``error.param``)."""
-    for key in ("temperature", "top_p", "top_k", "seed"):
+    for key in ("temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
+                "frequency_penalty", "stop_token_ids", "each of stop_token_ids"):
         if message.startswith(key):
-            return key
+            return key.replace("each of ", "")
     if message.startswith("max_new_tokens"):
         return "max_tokens"
     for prefix, param in (("unknown policy", "policy"), ("unknown drafter", "drafter"), ("k (draft", "k")):

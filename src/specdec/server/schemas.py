@@ -79,8 +79,10 @@ class _Common(_Body):
     n: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(None, description=_default("presence_penalty", "in [-2, 2]"))
+    frequency_penalty: float | None = Field(None, description=_default("frequency_penalty", "in [-2, 2]"))
+    repetition_penalty: float | None = Field(None, description=_default("repetition_penalty", "> 0; 1 = off"))
+    stop_token_ids: list[int] | None = Field(None, description="token ids that end the answer, as an end-of-sequence id does")
     logit_bias: dict[str, Any] | None = None
     user: str | None = None
     speculative: dict[str, Any] | None = Field(
@@ -92,8 +94,6 @@ class _Common(_Body):
     # (400) rather than silently ignored (see params.VLLM_FIELDS)
     ignore_eos: bool | None = None
     min_tokens: int | None = None
-    stop_token_ids: list[int] | None = None
-    repetition_penalty: float | None = None
     min_p: float | None = None
     length_penalty: float | None = None
     use_beam_search: bool | None = None
