@@ -27,6 +27,7 @@ def flag_names(name: str) -> tuple[str, ...]:
     """The names a flag is added under: vLLM's first where it has its own (:data:`VLLM_NAMES`), then ours."""
     return (VLLM_NAMES[name], name) if name in VLLM_NAMES else (name,)
 
+
 def backend_arg(text: str) -> str:
     """``--backend``: a checked backend name (argparse reports a bad one in one line)."""
     from .backends import check_backend
