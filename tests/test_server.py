@@ -478,3 +478,54 @@ def test_tokenize_refuses_both_prompt_and_messages_and_bad_types(server):
     assert r.status_code == 400 and "either prompt or messages" in r.json()["error"]["message"]
     assert httpx.post(server.url + "/detokenize", timeout=60, json={"tokens": "1 2"}).status_code == 400
     assert httpx.post(server.url + "/tokenize", timeout=60, json={"prompt": 5}).status_code == 400
+
+
+def test_completion_logprobs_and_echo_are_the_target_s(server):
+    """lm-eval's loglikelihood request (token ids, max_tokens 1, logprobs 1, echo): every prompt
+    token's log-probability given the ones before it (the first None), then the generated one's."""
+    pair = server.pair
+    ids = pair.encode("The quick brown fox", chat=False)
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": [ids], "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0})
+    assert r.status_code == 200, r.text
+    lp = r.json()["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(ids) + 1
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    with pair_lock(pair):
+        ref = pair.prompt_logprobs(ids, top=1)
+        out = pair.generate(ids, policy="ar", max_new_tokens=1, logprobs=1)
+    assert lp["token_logprobs"][1:-1] == pytest.approx([x.logprob for x in ref[1:]], abs=1e-4)
+    assert lp["token_logprobs"][-1] == pytest.approx(out.logprobs[0].logprob, abs=1e-4)
+    # greedy: the generated token is its own most likely (what lm-eval's is_greedy reads)
+    assert lp["token_logprobs"][-1] == pytest.approx(max(lp["top_logprobs"][-1].values()), abs=1e-6)
+    assert r.json()["choices"][0]["text"].startswith(pair.tokenizer.decode(ids))
+    assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
+    # without echo: the completion's tokens only
+    plain = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": "abc abc", "max_tokens": 6, "logprobs": 2, "temperature": 0}).json()["choices"][0]["logprobs"]
+    assert len(plain["tokens"]) == 6 and all(len(t) == 2 for t in plain["top_logprobs"])
+
+
+def test_chat_logprobs_shape(server):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "logprobs": True, "top_logprobs": 3,
+        "temperature": 0})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    content = body["choices"][0]["logprobs"]["content"]
+    assert len(content) == body["usage"]["completion_tokens"]
+    assert all(len(c["top_logprobs"]) == 3 and c["logprob"] <= 0 and isinstance(c["bytes"], list) for c in content)
+    assert content[0]["logprob"] == pytest.approx(content[0]["top_logprobs"][0]["logprob"])  # greedy
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 1, "stream": True}, "stream"),
+    ("/v1/completions", {"prompt": "x", "echo": True, "stream": True}, "stream"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 30},
+     "top_logprobs"),
+])
+def test_bad_logprobs_requests_are_400s(server, path, body, param):
+    r = httpx.post(server.url + path, timeout=60, json={"max_tokens": 2, **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

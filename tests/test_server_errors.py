@@ -89,8 +89,6 @@ BAD = {  # name: (path, body (dict, or raw bytes), expected param; "-" = not che
     "stop empty string": (COMP, {"prompt": "x", "stop": [""]}, "stop"),
     "n two": (COMP, {"prompt": "x", "n": 2}, "n"),
     "n two (chat)": (CHAT, {"messages": MSG, "n": 2}, "n"),
-    "logprobs": (COMP, {"prompt": "x", "logprobs": 1}, "logprobs"),
-    "echo": (COMP, {"prompt": "x", "echo": True}, "echo"),
     "unknown policy": (COMP, {"prompt": "x", "speculative": {"policy": "nope"}}, "speculative.policy"),
     "unknown drafter": (COMP, {"prompt": "x", "speculative": {"drafter": "nope"}}, "-"),
     "policy not a string": (COMP, {"prompt": "x", "speculative": {"policy": 3}}, "speculative.policy"),

@@ -13,6 +13,7 @@ from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from .configfile import read_config
 from .costmodel import CostTable
 from .engine import Engine, Generation
+from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
 from .backends import AUTO as AUTO_BACKEND, Model, check_backend
 from .models import check_same_vocabulary, resolve_device, resolve_dtype
@@ -35,15 +36,21 @@ class Output:
     finish_reason: str
     prompt_tokens: int
     stats: Stats
+    #: with ``logprobs=N``: the target's log-probability of each of ``token_ids`` and its N most
+    #: likely alternatives (:class:`specdec.logprobs.TokenLogprob`), else None
+    logprobs: list[TokenLogprob] | None = None
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "text": self.text,
             "token_ids": self.token_ids,
             "finish_reason": self.finish_reason,
             "prompt_tokens": self.prompt_tokens,
             "stats": self.stats.to_dict(),
         }
+        if self.logprobs is not None:
+            out["logprobs"] = [lp.to_dict() for lp in self.logprobs]
+        return out
 
 
 @dataclass
@@ -146,7 +153,7 @@ class Pair:
         def finish() -> None:
             stream.output = Output(
                 stops.final_text(gen.token_ids), list(gen.token_ids), gen.finish_reason or "cancelled",
-                len(prompt_ids), gen.stats,
+                len(prompt_ids), gen.stats, None if gen.logprobs is None else list(gen.logprobs),
             )
 
         def chunks() -> Iterator[str]:
@@ -191,6 +198,23 @@ class Pair:
                 on_text(delta)
         assert stream.output is not None
         return stream.output
+
+    def prompt_logprobs(self, prompt, *, top: int = 0, chat: bool | None = None, system: str | None = None,
+                        chunk: int = 64) -> list[TokenLogprob | None]:
+        """The target's log-probability of each prompt token given the ones before it (None for the
+        first, which nothing precedes) and its ``top`` most likely alternatives: what OpenAI's and
+        vLLM's ``echo`` with ``logprobs`` return, and what lm-eval's loglikelihood tasks read. The
+        prompt is read ``chunk`` positions at a time (a row of logits is the vocabulary's size)."""
+        top = check_logprobs(top) or 0
+        ids = self.encode(prompt, chat=chat, system=system)
+        self.engine.check_prompt(ids)
+        out: list[TokenLogprob | None] = [None]
+        with torch.inference_mode():
+            for start in range(1, len(ids), chunk):
+                end = min(len(ids), start + chunk)
+                rows = self.target.logits_for(ids[: end - 1], end - start)  # positions start-1 .. end-2
+                out += token_logprobs(rows, ids[start:end], top)
+        return out
 
     def chat(self, messages, **kwargs: Any) -> Output:
         """Answer a conversation, as vLLM's ``LLM.chat``: ``messages`` is a list of ``{"role",

@@ -27,6 +27,7 @@ from .autok import KController, draft_prefill_estimate, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores
+from .logprobs import TokenLogprob, token_logprobs
 from .request import AUTO_K, DecodeConfig, check_k, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
 from .sampling import make_generator, next_token, penalize, probabilities
 from .stats import Stats, peak_rss_mb
@@ -50,6 +51,8 @@ class Generation:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (EOS or a stop sequence) | "length" | "cancelled"
     stats: Stats = field(default_factory=Stats)
+    #: with ``DecodeConfig.logprobs``: the target's log-probability of each token in ``token_ids``
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass
@@ -210,7 +213,7 @@ class Engine:
             verdict = self._verify(run, draft, scores)  # 3.
             t2 = clock()
             self._learn(run, k, draft, verdict, t1 - t0, t2 - t1)
-            new = self._commit(run, draft, verdict, stop_check)  # 4.
+            new = self._commit(run, draft, verdict, stop_check, scores.logits)  # 4.
             self._roll_back(run, draft, verdict)  # 5.
             if new:
                 yield run.out
@@ -331,16 +334,26 @@ class Engine:
             if run.control.drift is not None:  # the cost table drifted far from the observed passes
                 stats.cost_drift = run.control.drift
 
-    def _commit(self, run: "_Run", draft: Draft, verdict: Verdict, stop_check: StopCheck | None) -> list[int]:
+    def _commit(self, run: "_Run", draft: Draft, verdict: Verdict, stop_check: StopCheck | None,
+                rows: torch.Tensor | None = None) -> list[int]:
         """Append the round's tokens, cut at the first end-of-sequence id or stop sequence; sets the
-        finish reason. Returns what this round added (a stop may also cut earlier rounds' tokens)."""
+        finish reason. Returns what this round added (a stop may also cut earlier rounds' tokens).
+        ``rows``: the verify pass's raw logits, for the tokens' log-probabilities when asked."""
         out, context = run.out, run.context
-        kept = [draft.tokens[i] for i in verdict.path or ()] if draft.parents is not None else draft.tokens[:verdict.accepted]
+        tree = draft.parents is not None
+        kept = [draft.tokens[i] for i in verdict.path or ()] if tree else draft.tokens[:verdict.accepted]
         new = kept + [verdict.token]
         for i, t in enumerate(new):
             if t in self.eos_ids or t in run.cfg.stop_token_ids:
                 new, out.finish_reason = new[: i + 1], "stop"
                 break
+        if run.cfg.logprobs is not None and rows is not None:
+            # each token was judged on the row after what precedes it: a chain's i-th on row i, a
+            # tree's first on row 0 and each next one on the row after the node kept before it
+            at = [0] + [p + 1 for p in verdict.path or ()] if tree else list(range(len(new)))
+            if out.logprobs is None:
+                out.logprobs = []
+            out.logprobs += token_logprobs(rows[at[: len(new)]], new, run.cfg.logprobs)
         out.token_ids += new
         context += new
         if run.guide is not None:
@@ -352,6 +365,8 @@ class Engine:
             if keep is not None:
                 cut = len(out.token_ids) - keep
                 del out.token_ids[keep:]
+                if out.logprobs is not None:
+                    del out.logprobs[keep:]
                 del context[len(context) - cut :]
                 new = new[: max(0, len(new) - cut)]
                 out.finish_reason = "stop"

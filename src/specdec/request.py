@@ -25,6 +25,7 @@ from .checks import check_int
 from .constrain import Constraint
 from .drafters import ALL_DRAFTER_OPTIONS, check_drafter_options, drafter_class
 from .errors import SpecdecError
+from .logprobs import check_logprobs
 from .sampling import SamplingParams
 from .verify import Policy, make_policy
 
@@ -122,7 +123,7 @@ def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str,
 
 
 #: keywords a request takes besides the drafters' options and the rules' parameters
-REQUEST_KEYWORDS = ("max_tokens", "stop_token_ids", "response_format", "json_schema", "regex", "choice", "grammar")
+REQUEST_KEYWORDS = ("max_tokens", "stop_token_ids", "logprobs", "response_format", "json_schema", "regex", "choice", "grammar")
 
 
 def check_stop_token_ids(ids) -> tuple[int, ...]:
@@ -190,6 +191,9 @@ class DecodeConfig:
     constraint: Constraint | None = None
     #: token ids that end the answer like an end-of-sequence token (vLLM's ``stop_token_ids``)
     stop_token_ids: tuple[int, ...] = ()
+    #: None, or record the target's log-probability of each emitted token and this many alternatives
+    #: (:mod:`specdec.logprobs`)
+    logprobs: int | None = None
 
     #: the parsed policy (None for ``ar``): parsed once, here, and used by the engine as is
     parsed: Policy | None = field(default=None, init=False, repr=False, compare=False)
@@ -209,6 +213,7 @@ class DecodeConfig:
                                    "choose another policy")
         check_constraint_fits(self)
         object.__setattr__(self, "stop_token_ids", check_stop_token_ids(self.stop_token_ids))
+        object.__setattr__(self, "logprobs", check_logprobs(self.logprobs))
 
     @classmethod
     def from_options(
@@ -218,6 +223,7 @@ class DecodeConfig:
         repetition_penalty: float = DEFAULTS["repetition_penalty"],
         presence_penalty: float = DEFAULTS["presence_penalty"],
         frequency_penalty: float = DEFAULTS["frequency_penalty"], stop_token_ids: Sequence[int] | None = None,
+        logprobs: int | None = None,
         response_format: Mapping | None = None, json_schema: Mapping | str | None = None, regex: str | None = None,
         choice: Sequence[str] | None = None, grammar: str | None = None, **options: Any,
     ) -> DecodeConfig:
@@ -248,7 +254,7 @@ class DecodeConfig:
                                          choice=choice, grammar=grammar)
         return cls(policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,
                    policy_params=policy_params, drafter_params=drafter_params, constraint=constraint,
-                   stop_token_ids=tuple(stop_token_ids or ()))
+                   stop_token_ids=tuple(stop_token_ids or ()), logprobs=logprobs)
 
     def with_settings(self, *, max_new_tokens: int | None = None, sampling: SamplingParams | None = None) -> DecodeConfig:
         """This request with another budget and/or sampling settings (e.g. a bench repeat's seed),

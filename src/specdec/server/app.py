@@ -213,7 +213,7 @@ class Served:
     def _shaper(self, body: CompletionRequest | ChatRequest) -> tuple[Shaper, bool]:
         """The response shaper for ``body``, and whether its stream ends with a usage chunk."""
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        return Shaper(isinstance(body, ChatRequest), body.model or self.name), usage
+        return Shaper(isinstance(body, ChatRequest), body.model or self.name, self.pair.tokenizer), usage
 
     async def _generate(self, body: CompletionRequest | ChatRequest, request: Request) -> Response:
         job = await self._submit(body)
@@ -242,7 +242,7 @@ class Served:
             return Response(status_code=499)
         shaper, usage = self._shaper(body)
         if not body.stream:
-            return SafeJSONResponse(shaper.response(first[1]))
+            return SafeJSONResponse(shaper.response(first[1], first[2] if len(first) > 2 else None))
         return EventStream(self._events(job, first, shaper, usage), job, watcher)
 
     async def _pending(self, getter: asyncio.Future, job: Job, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:

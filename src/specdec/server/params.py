@@ -63,6 +63,9 @@ class GenRequest:
     stop: list[str] | None
     config: DecodeConfig
     constraint_param: str | None = None
+    #: /v1/completions ``echo``: the prompt's text (and, with ``logprobs``, its tokens' log-probabilities)
+    #: come before the completion's
+    echo: bool = False
 
 
 def _finite(value: Any) -> bool:
@@ -118,14 +121,17 @@ ALIASES = {"n_max": "k", "num_speculative_tokens": "k", "p_min": "min_confidence
 def _unsupported(req, chat: bool) -> None:
     if req.n not in (None, 1):
         raise APIError(400, "only n=1 is supported", "n")
-    checks = [
-        ("logit_bias", bool(req.logit_bias)),
-        ("logprobs", bool(req.logprobs)),
-    ]
+    checks = [("logit_bias", bool(req.logit_bias))]
     if chat:
-        checks += [("top_logprobs", bool(req.top_logprobs)), ("tools", bool(req.tools))]
+        checks += [("tools", bool(req.tools))]
     else:
-        checks += [("best_of", req.best_of not in (None, 1)), ("echo", req.echo), ("suffix", bool(req.suffix))]
+        checks += [("best_of", req.best_of not in (None, 1)), ("suffix", bool(req.suffix))]
+    wants_logprobs = bool(req.logprobs) if chat else req.logprobs is not None
+    if req.stream and (wants_logprobs or (not chat and req.echo)):
+        raise APIError(400, f"{'echo' if not chat and req.echo else 'logprobs'} with stream is not supported by this "
+                            "server; ask without stream", "stream")
+    if chat and req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     for name, neutral in VLLM_FIELDS.items():
         checks.append((name, getattr(req, name) not in neutral))
     for name, bad in checks:
@@ -246,6 +252,21 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
         spec = {**(spec or {}), "k": req.num_speculative_tokens}
     present = "speculative" in req.model_fields_set or req.num_speculative_tokens is not None
     kwargs.update(speculative(defaults, spec, present))
+    logprobs = _logprobs(req, chat)
+    if logprobs is not None:
+        kwargs["logprobs"] = logprobs
     wanted = requested(req)
     return GenRequest(prompt=prompt, chat=chat, stop=stop, config=_config(kwargs, wanted),
-                      constraint_param=None if wanted is None else wanted.param)
+                      constraint_param=None if wanted is None else wanted.param, echo=not chat and req.echo)
+
+
+def _logprobs(req, chat: bool) -> int | None:
+    """How many alternatives per token the request asks log-probabilities for (None: none):
+    chat ``logprobs: true`` with ``top_logprobs`` N (0 without), completions ``logprobs`` N."""
+    from ..logprobs import MAX_LOGPROBS
+
+    n = (req.top_logprobs or 0 if req.logprobs else None) if chat else req.logprobs
+    field = "top_logprobs" if chat else "logprobs"
+    if n is not None and not 0 <= n <= MAX_LOGPROBS:
+        raise APIError(400, f"{field} must be in 0..{MAX_LOGPROBS}, got {n}", field)
+    return n

@@ -21,8 +21,8 @@ def usage(out: Output) -> dict:
 class Shaper:
     """Builds one request's bodies: same ``id``, ``created`` and ``model`` in every chunk."""
 
-    def __init__(self, chat: bool, model: str):
-        self.chat, self.model = chat, model
+    def __init__(self, chat: bool, model: str, tokenizer=None):
+        self.chat, self.model, self.tokenizer = chat, model, tokenizer
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.created = int(time.time())
         self.object = "chat.completion" if chat else "text_completion"
@@ -30,13 +30,51 @@ class Shaper:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": None}
 
-    def response(self, out: Output) -> dict:
+    def response(self, out: Output, echo=None) -> dict:
+        """The whole answer; ``echo`` (:class:`~specdec.server.worker.Echo`): /v1/completions' echo."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": out.text}, "logprobs": None,
-                      "finish_reason": out.finish_reason}
+            choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
+                      "logprobs": self._chat_logprobs(out.logprobs), "finish_reason": out.finish_reason}
         else:
-            choice = {"index": 0, "text": out.text, "logprobs": None, "finish_reason": out.finish_reason}
+            text, lps = out.text, out.logprobs
+            ids = list(out.token_ids)
+            if echo is not None:
+                text = self.tokenizer.decode(echo.prompt_ids) + text
+                ids = list(echo.prompt_ids) + ids
+                lps = None if lps is None or echo.logprobs is None else list(echo.logprobs) + list(lps)
+            choice = {"index": 0, "text": text, "logprobs": self._completion_logprobs(ids, lps),
+                      "finish_reason": out.finish_reason}
         return {**self._head(self.object), "choices": [choice], "usage": usage(out)}
+
+    def _piece(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def _completion_logprobs(self, ids: list[int], lps) -> dict | None:
+        """OpenAI's legacy completions shape: tokens, token_logprobs, top_logprobs, text_offset (an
+        echoed prompt's first token has no log-probability: None, as in vLLM)."""
+        if lps is None:
+            return None
+        tokens = [self._piece(t) for t in ids]
+        offsets, at = [], 0
+        for piece in tokens:
+            offsets.append(at)
+            at += len(piece)
+        return {"tokens": tokens,
+                "token_logprobs": [None if lp is None else lp.logprob for lp in lps],
+                "top_logprobs": [None if lp is None else {self._piece(t): v for t, v in lp.top} for lp in lps],
+                "text_offset": offsets}
+
+    def _chat_logprobs(self, lps) -> dict | None:
+        """OpenAI's chat shape: content, one entry per token with its top alternatives."""
+        if lps is None:
+            return None
+
+        def entry(token: int, logprob: float) -> dict:
+            piece = self._piece(token)
+            return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+
+        return {"content": [{**entry(lp.token, lp.logprob), "top_logprobs": [entry(t, v) for t, v in lp.top]}
+                            for lp in lps]}
 
     def chunk(self, text: str | None, finish_reason: str | None = None, role: bool = False,
               with_usage: bool = False) -> dict:

@@ -1,7 +1,7 @@
 """One worker thread runs every generation, one at a time, in arrival order.
 
 The event loop submits a :class:`Job`; the worker calls ``Pair.stream`` and sends events back to
-the loop: ``("delta", text)`` (streaming jobs only), then ``("done", Output)`` or
+the loop: ``("delta", text)`` (streaming jobs only), then ``("done", Output, Echo or None)`` or
 ``("error", status, message)``, or ``("cancelled",)``. ``Job.cancel()`` (the client went away)
 makes the worker skip a queued job, or close a running stream after its current delta, so the
 engine stops before its next round. A lock per :class:`Pair` keeps two apps over one pair apart.
@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 
 from ..errors import SpecdecError
 from .params import GenRequest
@@ -29,6 +30,15 @@ def pair_lock(pair) -> threading.Lock:
     """The lock that every use of ``pair`` by a server holds (one generation at a time)."""
     with _LOCKS_GUARD:
         return _PAIR_LOCKS.setdefault(pair, threading.Lock())
+
+
+@dataclass(frozen=True)
+class Echo:
+    """What /v1/completions ``echo`` puts before the completion: the prompt's token ids, and their
+    log-probabilities when ``logprobs`` was asked (the first None)."""
+
+    prompt_ids: list[int]
+    logprobs: list | None
 
 
 class Busy(Exception):
@@ -167,9 +177,18 @@ class Worker:
             with self._lock:
                 self.running = 0
 
+    def _echo(self, r) -> Echo | None:
+        """/v1/completions ``echo``: the prompt's text as the model reads it, and with ``logprobs``
+        its tokens' log-probabilities (one more pass of the target over the prompt)."""
+        if not getattr(r, "echo", False):
+            return None
+        ids = self.pair.encode(r.prompt, chat=r.chat)
+        lps = None if r.config.logprobs is None else self.pair.prompt_logprobs(ids, top=r.config.logprobs)
+        return Echo(ids, lps)
+
     def _run(self, job: Job) -> None:
         r = job.req
-        out, status = None, None
+        out, status, echo = None, None, None
         try:
             stream = self.pair.stream(r.prompt, stop=r.stop, chat=r.chat, should_stop=lambda: job.cancelled,
                                       config=r.config)
@@ -180,6 +199,7 @@ class Worker:
                 if job.stream:
                     job.emit("delta", delta)
             out = stream.output
+            echo = self._echo(job.req) if out is not None and out.finish_reason != "cancelled" else None
         except SpecdecError as exc:  # a user error (e.g. a prompt over the context): 400
             status = 400
             job.emit("error", 400, str(exc))
@@ -191,7 +211,7 @@ class Worker:
             if out is None or out.finish_reason == "cancelled":
                 job.emit("cancelled")
             else:
-                job.emit("done", out)
+                job.emit("done", out, echo)
         if self.on_done is not None:
             try:
                 self.on_done(job, out)
