@@ -529,3 +529,22 @@ def test_chat_logprobs_shape(server):
 def test_bad_logprobs_requests_are_400s(server, path, body, param):
     r = httpx.post(server.url + path, timeout=60, json={"max_tokens": 2, **body})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_n_choices_are_reproducible_with_a_seed(server):
+    """n=3 with a seed: choice i is the generation with seed + i, so the same request gives the same
+    choices, and each equals a one-choice request with its seed."""
+    url = server.url + "/v1/completions"
+    body = {"prompt": "abc abc", "max_tokens": 8, "temperature": 1.0, "seed": 7, "n": 3}
+    first, again = (httpx.post(url, timeout=60, json=body).json() for _ in range(2))
+    texts = [c["text"] for c in first["choices"]]
+    assert [c["index"] for c in first["choices"]] == [0, 1, 2] and texts == [c["text"] for c in again["choices"]]
+    for i, text in enumerate(texts):
+        one = httpx.post(url, timeout=60, json={**body, "n": 1, "seed": 7 + i}).json()
+        assert one["choices"][0]["text"] == text, i
+    assert len(set(texts)) > 1  # sampled at T=1: they differ
+    assert first["usage"]["completion_tokens"] == 3 * 8
+    chat = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "n": 2, "temperature": 0}).json()
+    assert [c["index"] for c in chat["choices"]] == [0, 1]
+    assert chat["choices"][0]["message"] == chat["choices"][1]["message"]  # greedy: the same answer twice

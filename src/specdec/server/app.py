@@ -242,7 +242,7 @@ class Served:
             return Response(status_code=499)
         shaper, usage = self._shaper(body)
         if not body.stream:
-            return SafeJSONResponse(shaper.response(first[1], first[2] if len(first) > 2 else None))
+            return SafeJSONResponse(shaper.response(*first[1:]))
         return EventStream(self._events(job, first, shaper, usage), job, watcher)
 
     async def _pending(self, getter: asyncio.Future, job: Job, shaper: Shaper, usage: bool) -> AsyncIterator[bytes]:

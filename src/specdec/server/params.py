@@ -66,6 +66,8 @@ class GenRequest:
     #: /v1/completions ``echo``: the prompt's text (and, with ``logprobs``, its tokens' log-probabilities)
     #: come before the completion's
     echo: bool = False
+    #: choices to generate (OpenAI's ``n``): choice i is sampled with seed + i when a seed is given
+    n: int = 1
 
 
 def _finite(value: Any) -> bool:
@@ -118,9 +120,15 @@ VLLM_FIELDS = {"ignore_eos": (None, False), "min_tokens": (None, 0), "min_p": (N
 ALIASES = {"n_max": "k", "num_speculative_tokens": "k", "p_min": "min_confidence"}
 
 
+#: the most choices one request may ask for (``n``): each is a whole generation, one after another
+MAX_N = 16
+
+
 def _unsupported(req, chat: bool) -> None:
-    if req.n not in (None, 1):
-        raise APIError(400, "only n=1 is supported", "n")
+    if req.n is not None and not 1 <= req.n <= MAX_N:
+        raise APIError(400, f"n must be in 1..{MAX_N}, got {req.n}", "n")
+    if req.stream and (req.n or 1) > 1:
+        raise APIError(400, "n > 1 with stream is not supported by this server; ask without stream", "n")
     checks = [("logit_bias", bool(req.logit_bias))]
     if chat:
         checks += [("tools", bool(req.tools))]
@@ -257,7 +265,8 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
         kwargs["logprobs"] = logprobs
     wanted = requested(req)
     return GenRequest(prompt=prompt, chat=chat, stop=stop, config=_config(kwargs, wanted),
-                      constraint_param=None if wanted is None else wanted.param, echo=not chat and req.echo)
+                      constraint_param=None if wanted is None else wanted.param, echo=not chat and req.echo,
+                      n=req.n or 1)
 
 
 def _logprobs(req, chat: bool) -> int | None:

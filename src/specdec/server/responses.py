@@ -30,21 +30,29 @@ class Shaper:
     def _head(self, obj: str) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "system_fingerprint": None}
 
-    def response(self, out: Output, echo=None) -> dict:
-        """The whole answer; ``echo`` (:class:`~specdec.server.worker.Echo`): /v1/completions' echo."""
+    def response(self, out: Output, echo=None, more: list[Output] | tuple = ()) -> dict:
+        """The whole answer; ``echo`` (:class:`~specdec.server.worker.Echo`): /v1/completions' echo;
+        ``more``: the choices after the first (``n`` > 1). ``usage`` counts every choice's tokens;
+        its ``speculative`` statistics are the first choice's."""
+        choices = [self._choice(i, o, echo) for i, o in enumerate([out, *more])]
+        body = usage(out)
+        if more:
+            body["completion_tokens"] = sum(len(o.token_ids) for o in (out, *more))
+            body["total_tokens"] = body["prompt_tokens"] + body["completion_tokens"]
+        return {**self._head(self.object), "choices": choices, "usage": body}
+
+    def _choice(self, index: int, out: Output, echo) -> dict:
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": out.text},
-                      "logprobs": self._chat_logprobs(out.logprobs), "finish_reason": out.finish_reason}
-        else:
-            text, lps = out.text, out.logprobs
-            ids = list(out.token_ids)
-            if echo is not None:
-                text = self.tokenizer.decode(echo.prompt_ids) + text
-                ids = list(echo.prompt_ids) + ids
-                lps = None if lps is None or echo.logprobs is None else list(echo.logprobs) + list(lps)
-            choice = {"index": 0, "text": text, "logprobs": self._completion_logprobs(ids, lps),
-                      "finish_reason": out.finish_reason}
-        return {**self._head(self.object), "choices": [choice], "usage": usage(out)}
+            return {"index": index, "message": {"role": "assistant", "content": out.text},
+                    "logprobs": self._chat_logprobs(out.logprobs), "finish_reason": out.finish_reason}
+        text, lps = out.text, out.logprobs
+        ids = list(out.token_ids)
+        if echo is not None:
+            text = self.tokenizer.decode(echo.prompt_ids) + text
+            ids = list(echo.prompt_ids) + ids
+            lps = None if lps is None or echo.logprobs is None else list(echo.logprobs) + list(lps)
+        return {"index": index, "text": text, "logprobs": self._completion_logprobs(ids, lps),
+                "finish_reason": out.finish_reason}
 
     def _piece(self, token: int) -> str:
         return self.tokenizer.decode([token])

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import SpecdecError
 from .params import GenRequest
@@ -186,19 +186,32 @@ class Worker:
         lps = None if r.config.logprobs is None else self.pair.prompt_logprobs(ids, top=r.config.logprobs)
         return Echo(ids, lps)
 
+    def _choice(self, job: Job, config):
+        """One generation of the job's request under ``config``; None if cancelled."""
+        r = job.req
+        stream = self.pair.stream(r.prompt, stop=r.stop, chat=r.chat, should_stop=lambda: job.cancelled,
+                                  config=config)
+        for delta in stream:
+            if job.cancelled:
+                stream.close()  # the engine stops before its next round
+                break
+            if job.stream:
+                job.emit("delta", delta)
+        return stream.output
+
     def _run(self, job: Job) -> None:
         r = job.req
-        out, status, echo = None, None, None
+        out, status, echo, more = None, None, None, []
         try:
-            stream = self.pair.stream(r.prompt, stop=r.stop, chat=r.chat, should_stop=lambda: job.cancelled,
-                                      config=r.config)
-            for delta in stream:
-                if job.cancelled:
-                    stream.close()  # the engine stops before its next round
+            out = self._choice(job, r.config)
+            for i in range(1, getattr(r, "n", 1)):  # OpenAI's n: one generation after another
+                if out is None or out.finish_reason == "cancelled" or job.cancelled:
                     break
-                if job.stream:
-                    job.emit("delta", delta)
-            out = stream.output
+                sampling = r.config.sampling
+                seed = None if sampling.seed is None else sampling.seed + i
+                more.append(self._choice(job, r.config.with_settings(sampling=replace(sampling, seed=seed))))
+            if any(o is None or o.finish_reason == "cancelled" for o in more):
+                out = None
             echo = self._echo(job.req) if out is not None and out.finish_reason != "cancelled" else None
         except SpecdecError as exc:  # a user error (e.g. a prompt over the context): 400
             status = 400
@@ -211,7 +224,7 @@ class Worker:
             if out is None or out.finish_reason == "cancelled":
                 job.emit("cancelled")
             else:
-                job.emit("done", out, echo)
+                job.emit("done", out, echo, more)
         if self.on_done is not None:
             try:
                 self.on_done(job, out)
