@@ -315,10 +315,16 @@ def test_health_and_metrics_answer_while_generating(server):
 
 
 def test_disconnect_mid_stream_frees_the_engine(server):
+    """Counted in target passes, not seconds (a timing bound failed once under a busy machine): the
+    cancelled generation and the short request after it take fewer than half the passes a whole
+    generation takes."""
     full: dict = {}
-    _long_request(server, full)  # how long the whole generation takes (~a second here)
-    assert full["body"]["usage"]["completion_tokens"] == 480
+    calls = server.pair.target.forward_calls
+    _long_request(server, full)
+    whole = server.pair.target.forward_calls - calls
+    assert full["body"]["usage"]["completion_tokens"] == 480 and whole > 40
     before = scrape(server.url)
+    calls = server.pair.target.forward_calls
     with httpx.Client(timeout=60) as c:
         with c.stream("POST", server.url + "/v1/completions",
                       json={"prompt": LONG_PROMPT, "max_tokens": 480, "temperature": 0, "stream": True}) as r:
@@ -327,11 +333,11 @@ def test_disconnect_mid_stream_frees_the_engine(server):
                 lines += bool(line)
                 if lines == 3:
                     break
-    t0 = time.perf_counter()  # the client is gone; the next request needs the engine
+    # the client is gone; the next request needs the engine
     r = server.client.completions.create(model="tiny", prompt="abc", max_tokens=4, temperature=0)
-    freed = time.perf_counter() - t0
     assert r.choices[0].text is not None
-    assert freed < full["seconds"] / 2, f"engine freed after {freed:.2f}s; a whole generation takes {full['seconds']:.2f}s"
+    used = server.pair.target.forward_calls - calls
+    assert used < whole / 2, f"{used} target passes after the disconnect; a whole generation takes {whole}"
     after = scrape(server.url)
     assert after["specdec_requests_cancelled_total"] - before["specdec_requests_cancelled_total"] == 1
     success = 'vllm:request_success_total{model_name="tiny",finished_reason="length"}'
