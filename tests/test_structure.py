@@ -201,7 +201,8 @@ def test_every_entry_point_takes_its_defaults_from_request_defaults():
         == dict(DEFAULTS)
     assert specdec.make_config == DecodeConfig.from_options == specdec.api.make_config
     signature = inspect.signature(DecodeConfig.from_options).parameters
-    constraints = ("response_format", "json_schema", "regex", "choice", "grammar")  # structured output: none by default
+    # structured output, stop token ids and logprobs: none by default
+    constraints = ("response_format", "json_schema", "regex", "choice", "grammar", "stop_token_ids", "logprobs")
     assert {n: p.default for n, p in signature.items() if p.kind is p.KEYWORD_ONLY and n not in constraints} \
         == dict(DEFAULTS)
     assert all(signature[n].default is None for n in constraints) and DecodeConfig().constraint is None
