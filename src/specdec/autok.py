@@ -322,9 +322,9 @@ class KController:
         predicted = self.target.forward(drafted + 1)
         if predicted > 0 and verify_seconds > 0:
             ratio = _clamp(verify_seconds / predicted)
-            self.target_scale += self.ema * (ratio - self.target_scale)
+            self.target_scale = _ema(self.target_scale, ratio, self.ema)
             if drafted > 0:
-                self.wide_scale = ratio if self.wide_scale is None else self.wide_scale + self.ema * (ratio - self.wide_scale)
+                self.wide_scale = _ema(self.wide_scale, ratio, self.ema)
             self._check_drift()
         if drafted <= 0 or draft_seconds is None or draft_seconds < 0:
             return
@@ -334,11 +334,9 @@ class KController:
             expected = self.draft_prefill(fed) + drafted * self.draft_cost
             if expected > 0:
                 ratio = _clamp(draft_seconds / expected)
-                self.catchup_scale += self.ema * (ratio - self.catchup_scale)
+                self.catchup_scale = _ema(self.catchup_scale, ratio, self.ema)
             return
-        per = draft_seconds / drafted
-        prev = self.draft_seconds_per_token
-        self.draft_seconds_per_token = per if prev is None else prev + self.ema * (per - prev)
+        self.draft_seconds_per_token = _ema(self.draft_seconds_per_token, draft_seconds / drafted, self.ema)
 
 
     def _check_drift(self) -> None:
@@ -351,6 +349,12 @@ class KController:
             self.drift = self.target_scale
             mark_stale(self.target, f"observed target passes took {self.target_scale:.2f}x the table's seconds "
                                     f"for {DRIFT_ROUNDS} rounds in a row")
+
+
+def _ema(prev: float | None, value: float, weight: float) -> float:
+    """An exponential moving average moved ``weight`` of the way to ``value`` (``value`` itself
+    when there is none yet)."""
+    return value if prev is None else prev + weight * (value - prev)
 
 
 def _clamp(ratio: float) -> float:
