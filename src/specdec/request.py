@@ -130,7 +130,7 @@ def check_stop_token_ids(ids) -> tuple[int, ...]:
     """A list of token ids (ints >= 0), as a tuple; one-line error otherwise."""
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
         raise SpecdecError(f"stop_token_ids must be a list of token ids, got {ids!r}")
-    return tuple(check_int("each of stop_token_ids", t, lo=0) for t in ids)
+    return tuple(check_int("stop_token_ids (each)", t, lo=0) for t in ids)
 
 
 def known_options() -> set[str]:

@@ -187,9 +187,9 @@ def _messages(req: ChatRequest) -> list[dict]:
 def _config_param(message: str) -> str:
     """The request field a ``DecodeConfig.from_options`` error is about (best effort, for ``error.param``)."""
     for key in ("temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
-                "frequency_penalty", "stop_token_ids", "each of stop_token_ids"):
+                "frequency_penalty", "stop_token_ids"):
         if message.startswith(key):
-            return key.replace("each of ", "")
+            return key
     if message.startswith("max_new_tokens"):
         return "max_tokens"
     for prefix, param in (("unknown policy", "policy"), ("unknown drafter", "drafter"), ("k (draft", "k")):
@@ -272,10 +272,10 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
 def _logprobs(req, chat: bool) -> int | None:
     """How many alternatives per token the request asks log-probabilities for (None: none):
     chat ``logprobs: true`` with ``top_logprobs`` N (0 without), completions ``logprobs`` N."""
-    from ..logprobs import MAX_LOGPROBS
+    from ..logprobs import check_logprobs
 
     n = (req.top_logprobs or 0 if req.logprobs else None) if chat else req.logprobs
-    field = "top_logprobs" if chat else "logprobs"
-    if n is not None and not 0 <= n <= MAX_LOGPROBS:
-        raise APIError(400, f"{field} must be in 0..{MAX_LOGPROBS}, got {n}", field)
-    return n
+    try:
+        return check_logprobs(n)  # the library's one range check; the error names this endpoint's field
+    except SpecdecError as exc:
+        raise APIError(400, str(exc), "top_logprobs" if chat else "logprobs") from None

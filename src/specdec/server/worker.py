@@ -180,14 +180,15 @@ class Worker:
     def _echo(self, r) -> Echo | None:
         """/v1/completions ``echo``: the prompt's text as the model reads it, and with ``logprobs``
         its tokens' log-probabilities (one more pass of the target over the prompt)."""
-        if not getattr(r, "echo", False):
+        if not r.echo:
             return None
         ids = self.pair.encode(r.prompt, chat=r.chat)
         lps = None if r.config.logprobs is None else self.pair.prompt_logprobs(ids, top=r.config.logprobs)
         return Echo(ids, lps)
 
     def _choice(self, job: Job, config):
-        """One generation of the job's request under ``config``; None if cancelled."""
+        """One generation of the job's request under ``config`` (finish reason ``cancelled`` when
+        the client left)."""
         r = job.req
         stream = self.pair.stream(r.prompt, stop=r.stop, chat=r.chat, should_stop=lambda: job.cancelled,
                                   config=config)
@@ -204,7 +205,7 @@ class Worker:
         out, status, echo, more = None, None, None, []
         try:
             out = self._choice(job, r.config)
-            for i in range(1, getattr(r, "n", 1)):  # OpenAI's n: one generation after another
+            for i in range(1, r.n):  # OpenAI's n: one generation after another
                 if out is None or out.finish_reason == "cancelled" or job.cancelled:
                     break
                 sampling = r.config.sampling
