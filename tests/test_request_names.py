@@ -51,3 +51,20 @@ def test_vllm_flag_names_and_ours_are_one_flag():
             assert p.parse_args([*argv, flag, "512"]).context_length == 512
     a = p.parse_args(["serve", "--allowed-origins", "http://a.example", "--allow-origin", "http://b.example"])
     assert a.allow_origin == ["http://a.example", "http://b.example"]
+
+
+@pytest.mark.parametrize("flag,value,name", [
+    ("--repetition-penalty", "0", "repetition_penalty"), ("--presence-penalty", "2.5", "presence_penalty"),
+    ("--frequency-penalty", "-3", "frequency_penalty"), ("--max-model-len", "many", "max-model-len"),
+])
+def test_bad_new_flags_fail_in_one_line_before_loading(tmp_path, capsys, flag, value, name):
+    from specdec.cli import main
+
+    import contextlib
+
+    # argparse refuses a non-number itself (exit 2); the penalties' ranges are the library's checks
+    with pytest.raises(SystemExit) if name == "max-model-len" else contextlib.nullcontext():
+        code = main(["generate", "hi", flag, value, "--target", str(tmp_path / "no-such-model")])
+        assert code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and name in err[-1] and "no-such-model" not in err[-1]
