@@ -57,9 +57,37 @@ def test_bad_values_are_one_line_errors(bad):
     assert "\n" not in str(err.value) and next(iter(bad)) in str(err.value)
 
 
-def test_a_rule_reading_hidden_states_refuses_penalties():
-    with pytest.raises(SpecdecError, match="penalties"):
-        make_config(policy="dropmatch", repetition_penalty=1.2)
+def test_dropmatch_paths_judge_against_the_penalised_law():
+    """DropMatch's own LM-head paths get the request's penalties for their verify rows, as the
+    target's row does: a draft every path picks is refused once a penalty rules it out there."""
+    from specdec.verify.base import Round
+    from specdec.verify.dropmatch import DropMatch
+
+    hidden = torch.tensor([[0.0, 0.0, 1.0, 5.0], [0.0, 0.0, 0.0, 0.0]])  # row 0 strongly prefers token 3
+    rule = DropMatch(paths=5, p=0.01, criterion="majority")
+    where = torch.tensor([True])
+
+    def round_(penalize_rows):
+        return Round(target_logits=hidden.clone(), draft_tokens=torch.tensor([3]), draft_probs=None,
+                     params=SamplingParams(presence_penalty=2.0), generator=torch.Generator().manual_seed(0),
+                     target_hidden=hidden, lm_head=lambda h: h.float(), penalize_rows=penalize_rows)
+
+    assert rule.accepts(round_(None), where).tolist() == [True]
+    rows_seen = []
+
+    def minus_ten_at_3(rows, idx):
+        rows_seen.append(idx.tolist())
+        out = rows.clone()
+        out[..., 3] -= 10.0
+        return out
+
+    assert rule.accepts(round_(minus_ten_at_3), where).tolist() == [False] and rows_seen == [[0]]
+
+
+def test_dropmatch_decodes_under_penalties(pair):
+    out = pair.generate([1, 2, 3, 4], policy="dropmatch", k=3, max_new_tokens=12, repetition_penalty=1.3,
+                        frequency_penalty=0.5)
+    assert len(out.token_ids) == 12
 
 
 @pytest.fixture(scope="module")

@@ -285,14 +285,19 @@ class Engine:
     def _verify(self, run: "_Run", draft: Draft, scores: Scores) -> Verdict:
         """The policy's decision (no drafts: the target's next token)."""
         params, logits = run.cfg.sampling, self._restrict(run, draft, scores.logits)
+        penalize_rows = None
         if params.penalized:
-            written = len(run.out.token_ids)
-            logits = penalize(logits, params, run.context[:len(run.context) - written], run.out.token_ids,
-                              row_paths(draft))
+            prompt, written, paths = run.context[:len(run.context) - len(run.out.token_ids)], run.out.token_ids, row_paths(draft)
+            logits = penalize(logits, params, prompt, written, paths)
+
+            def penalize_rows(rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+                at = [paths[int(i)] for i in idx]
+                flat = rows.reshape(-1, rows.shape[-2], rows.shape[-1])
+                return torch.stack([penalize(x, params, prompt, written, at) for x in flat]).reshape(rows.shape)
         if not len(draft):
             return Verdict(0, next_token(logits[0], params, run.generator))
         shared = dict(target_logits=logits, params=params, generator=run.generator, target_hidden=scores.hidden,
-                      lm_head=self.target.head_logits, draft_logits=draft.logits,
+                      lm_head=self.target.head_logits, draft_logits=draft.logits, penalize_rows=penalize_rows,
                       target_probs=None if params.greedy else probabilities(logits, params))
         drafts = torch.tensor(draft.tokens, device=logits.device)
         if draft.parents is not None:  # each node judged against its parent's row; the policy walks the tree

@@ -207,10 +207,6 @@ class DecodeConfig:
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
         if self.parsed is not None:
             check_drafter_fits_policy(self.parsed, drafter_class(self.drafter), self.k, self.drafter_params)
-            if self.parsed.needs_hidden and self.sampling.penalized:
-                raise SpecdecError(f"policy {self.policy!r} judges drafts by the target's LM head on its hidden states, "
-                                   "which knows nothing of penalties: drop repetition/presence/frequency_penalty or "
-                                   "choose another policy")
         check_constraint_fits(self)
         object.__setattr__(self, "stop_token_ids", check_stop_token_ids(self.stop_token_ids))
         object.__setattr__(self, "logprobs", check_logprobs(self.logprobs))

@@ -32,6 +32,10 @@ class Round:
     target_hidden: torch.Tensor | None = None  # [K+1, H] final hidden states, when a rule asks for them
     lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # [..., H] -> [..., V] float32
     draft_logits: torch.Tensor | None = None  # [K, V] the draft model's raw logits (None for lookup)
+    #: the request's penalties (repetition/presence/frequency) for logits ``[..., M, V]`` computed
+    #: anew for verify rows ``idx`` ``[M]`` (a rule's own LM-head paths); None when none is on.
+    #: ``target_logits`` already carry them.
+    penalize_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def k(self) -> int:

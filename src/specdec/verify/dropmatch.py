@@ -105,6 +105,8 @@ class DropMatch:
             raise RuntimeError("dropmatch needs the target's hidden states and LM head")
         idx = where.nonzero().squeeze(-1)  # [M]
         logits = dropout_logits(rnd.target_hidden[idx], rnd.lm_head, self.paths, self.p, rnd.generator)  # [N, M, V]
+        if rnd.penalize_rows is not None:  # the paths judge against the penalised law, as the target's row does
+            logits = rnd.penalize_rows(logits, idx)
         # a token the target's row rules out (-inf: structured output forbids it there) is out of every path
         logits = logits.masked_fill(torch.isneginf(rnd.target_logits[idx])[None], float("-inf"))
         drafts = rnd.draft_tokens[idx]

@@ -145,8 +145,15 @@ def node_round(rnd: TreeRound) -> Round:
         target_logits=rnd.target_logits[rows], draft_tokens=rnd.tokens, draft_probs=None, params=rnd.params,
         generator=rnd.generator, target_probs=None if rnd.target_probs is None else rnd.target_probs[rows],
         target_hidden=None if rnd.target_hidden is None else rnd.target_hidden[rows], lm_head=rnd.lm_head,
-        draft_logits=rnd.draft_logits,
+        draft_logits=rnd.draft_logits, penalize_rows=_rows_of(rnd.penalize_rows, rows),
     )
+
+
+def _rows_of(penalize_rows, rows: torch.Tensor):
+    """``penalize_rows`` of a round whose row ``i`` is row ``rows[i]`` of the one it came from."""
+    if penalize_rows is None:
+        return None
+    return lambda t, idx: penalize_rows(t, rows[idx])
 
 
 def chain_round(flat: Round, index: torch.Tensor) -> Round:
@@ -158,6 +165,7 @@ def chain_round(flat: Round, index: torch.Tensor) -> Round:
         target_logits=flat.target_logits[rows], draft_tokens=flat.draft_tokens[index], draft_probs=None,
         params=flat.params, generator=flat.generator, target_probs=pick(flat.target_probs),
         target_hidden=pick(flat.target_hidden), lm_head=flat.lm_head,
+        penalize_rows=_rows_of(flat.penalize_rows, rows),
         draft_logits=None if flat.draft_logits is None or len(flat.draft_logits) != flat.k else flat.draft_logits[index],
     )
 

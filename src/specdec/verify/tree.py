@@ -47,6 +47,8 @@ class TreeRound:
     target_hidden: torch.Tensor | None = None  # [N+1, H]
     lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None
     draft_logits: torch.Tensor | None = None  # [N, V] the draft's raw logits each node was chosen from
+    #: as :attr:`specdec.verify.base.Round.penalize_rows`, rows indexed as ``target_logits``
+    penalize_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def n(self) -> int:
