@@ -26,7 +26,11 @@ def real_pair():
         if os.environ.get("SPECDEC_REQUIRE_E2E") == "1":
             pytest.fail(f"bundled model packages missing: {missing}; run {bundled.INSTALL_HINT}")
         pytest.skip(f"bundled model packages not installed ({bundled.INSTALL_HINT})")
-    return specdec.load(backend="transformers", dtype="bfloat16", progress=False)
+    pair = specdec.load(backend="transformers", dtype="bfloat16", progress=False)
+    # the bundled models' published settings sample (temperature 0.7, top_p 0.8, ...) by default
+    assert pair.sampling_defaults["temperature"] == 0.7
+    pair.sampling_defaults = {}  # these tests compare greedy outputs
+    return pair
 
 
 def have_llama() -> bool:
@@ -37,7 +41,7 @@ def have_llama() -> bool:
 def llama_pair(real_pair):
     if not have_llama():
         pytest.skip("llama-cpp-python is not installed (pip install 'specdec[llama]')")
-    return specdec.load(backend="llama.cpp", progress=False)
+    return specdec.load(backend="llama.cpp", progress=False, generation_config="specdec")  # greedy, as compared
 
 
 @pytest.fixture(scope="module")

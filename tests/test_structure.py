@@ -193,6 +193,8 @@ def test_every_entry_point_takes_its_defaults_from_request_defaults():
 
     from specdec.bench.options import parse_settings
     from specdec.bench.runner import Settings
+    from specdec import genconfig
+    from specdec.bundled import DEFAULT_TARGET
     from specdec.cliargs import decode_kwargs
     from specdec.request import BENCH_SEED, DEFAULTS, DecodeConfig
 
@@ -208,7 +210,12 @@ def test_every_entry_point_takes_its_defaults_from_request_defaults():
     assert all(signature[n].default is None for n in constraints) and DecodeConfig().constraint is None
     parser = build_parser()
     for argv in (["generate", "x"], ["serve"]):
-        assert decode_kwargs(parser.parse_args(argv)) == {k: v for k, v in DEFAULTS.items() if k != "drafter"}
+        # the built-in defaults under the bundled target's published sampling settings (--generation-config auto)
+        model = genconfig.resolve("auto", DEFAULT_TARGET)[0]
+        assert decode_kwargs(parser.parse_args(argv)) == {**{k: v for k, v in DEFAULTS.items() if k != "drafter"},
+                                                          **model}
+        assert decode_kwargs(parser.parse_args([*argv, "--generation-config", "specdec"])) == \
+            {k: v for k, v in DEFAULTS.items() if k != "drafter"}
         helps = {a.dest: a.help for a in _command(parser, argv[0])._actions}
         for name in ("policy", "drafter", "k", "max_new_tokens"):
             assert f"(default: {DEFAULTS[name]}" in helps[name], (argv[0], name)
@@ -233,9 +240,12 @@ def test_server_defaults_come_from_request_defaults():
     from specdec.server.app import default_settings
     from specdec.server.schemas import CompletionRequest
 
-    assert default_settings(SimpleNamespace(default_drafter="pld")) == {**DEFAULTS, "drafter": "pld"}
+    # no max_tokens: to the context's end, within the server's limit (as vLLM and OpenAI)
+    assert default_settings(SimpleNamespace(default_drafter="pld")) == {**DEFAULTS, "drafter": "pld",
+                                                                        "max_new_tokens": None}
     described = CompletionRequest.model_fields["max_tokens"].description
-    assert f"built in: {DEFAULTS['max_new_tokens']}" in described
+    assert "context's end" in described
+    assert f"built in: {DEFAULTS['top_p']}" in CompletionRequest.model_fields["top_p"].description
 
 
 def test_one_rule_layers_settings_everywhere():

@@ -9,6 +9,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from . import genconfig
 from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from .configfile import read_config
 from .costmodel import CostTable
@@ -110,6 +111,10 @@ class Pair:
         self.backend_why = backend_why
         #: the drafter a request gets when it names none: the draft model, or prompt lookup without one
         self.default_drafter = default_drafter(draft is not None)
+        #: the model's sampling settings a request that names none gets (:mod:`specdec.genconfig`;
+        #: :func:`load` fills them, ``generation_config="auto"``), and where they came from
+        self.sampling_defaults: dict = {}
+        self.sampling_why = "none"
         self.eos_ids = eos_ids(tokenizer, target.eos_ids())
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
                              draft_costs=self.costs.draft, tokenizer=tokenizer)
@@ -135,7 +140,7 @@ class Pair:
             config = None
         if config is None:
             kwargs.setdefault("drafter", self.default_drafter)
-            cfg = make_config(**kwargs)
+            cfg = make_config(**genconfig.fill(kwargs, self.sampling_defaults))
         elif kwargs:
             raise SpecdecError(f"pass either config= or decoding keywords, not both (got {sorted(kwargs)})")
         elif not isinstance(config, DecodeConfig):
@@ -190,7 +195,10 @@ class Pair:
         delta), drafter options ``ngram_max``/``ngram_min``, the policy's own parameters, and
         structured output: one of ``response_format``, ``json_schema``, ``regex``, ``choice``,
         ``grammar`` (:meth:`specdec.request.DecodeConfig.from_options`). Defaults:
-        :data:`specdec.request.DEFAULTS` (the drafter: :attr:`default_drafter`).
+        :data:`specdec.request.DEFAULTS` (the drafter: :attr:`default_drafter`), under the model's
+        own sampling settings where :func:`load` found them (:attr:`sampling_defaults`: the bundled
+        pair samples at temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05 unless told;
+        ``temperature=0`` is greedy).
         """
         stream = self.stream(prompt, stop=stop, chat=chat, system=system, config=config, **kwargs)
         for delta in stream:
@@ -238,6 +246,7 @@ def load(
     dtype: str | torch.dtype = "auto", draft_dtype: str | torch.dtype = "auto", device: str = "auto",
     draft_quant: str = "auto", calibrate: bool = True, recalibrate: bool = False, progress: bool = True,
     log: Callable[[str], None] | None = None, context_length: int | None = None,
+    generation_config: str | os.PathLike = "auto",
 ) -> Pair:
     """Load a target and (optionally) a draft model.
 
@@ -265,6 +274,12 @@ def load(
     ``int8`` or ``none``. context_length (llama.cpp only): the KV cache's size in tokens (default:
     the model's trained context, at most 8192).
 
+    generation_config: where a request's sampling defaults come from (:mod:`specdec.genconfig`):
+    ``auto`` (the model's own: a bundled model's published settings, or a Hugging Face folder's
+    ``generation_config.json``; none for a bare GGUF file), ``specdec`` (greedy, specdec's built-in
+    defaults) or a ``generation_config.json`` path. A call's own values always win.
+    ``Pair.sampling_defaults`` holds the result.
+
     calibrate: measure each model's forward cost at verify widths 1..32 (once per machine, backend,
     model and variant; cached under ``$SPECDEC_HOME/costs``), which ``dtype="auto"`` and
     ``k="auto"`` use. ``recalibrate`` measures again even when cached. ``log`` receives progress
@@ -272,6 +287,18 @@ def load(
     """
     if log is None:
         log = _stderr if progress else (lambda line: None)
+    sampling = genconfig.resolve(generation_config, target)  # a bad path fails before any model loads
+    pair = _load(target, draft, backend=backend, dtype=dtype, draft_dtype=draft_dtype, device=device,
+                 draft_quant=draft_quant, calibrate=calibrate, recalibrate=recalibrate, progress=progress, log=log,
+                 context_length=context_length)
+    pair.sampling_defaults, pair.sampling_why = sampling
+    return pair
+
+
+def _load(target: str, draft: str | None, *, backend: str, dtype, draft_dtype, device: str, draft_quant: str,
+          calibrate: bool, recalibrate: bool, progress: bool, log: Callable[[str], None],
+          context_length: int | None) -> Pair:
+    """:func:`load`'s models, on the backend it chooses."""
     dev = resolve_device(device)
     draft_auto = draft == _AUTO
     draft = resolve_draft(target, draft)

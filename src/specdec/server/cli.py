@@ -37,7 +37,9 @@ def register(sub) -> None:
     g.add_argument("--served-model-name", default=None,
                    help="the model name in responses and /v1/models (default: the --target value)")
     g.add_argument("--max-tokens-limit", type=int, default=4096,
-                   help="largest max_tokens a request may ask for (default: 4096)")
+                   help="largest max_tokens a request may ask for, and the budget of one that sets none (its "
+                        "answer may run to the context's end, as with vLLM and OpenAI, up to this; --max-new-tokens "
+                        "sets a smaller default) (default: 4096)")
     g.add_argument("--max-body-bytes", type=int, default=2 * 1024 * 1024,
                    help="largest request body; larger ones get 413 (default: 2 MiB)")
     g.add_argument("--max-queue", type=int, default=64,
@@ -61,6 +63,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .run import serve
 
     kwargs = decode_kwargs(a)  # the requests' defaults: each request's fields are layered over them
+    if not _budget_given(a):  # a request without max_tokens may run to the context's end (the limit caps it)
+        kwargs["max_new_tokens"] = a.max_tokens_limit
     decode_config(a, kwargs)  # bad flags fail here, before the models load
     if not 0 < a.port < 65536:
         raise SpecdecError(f"--port must be in 1..65535, got {a.port}")
@@ -86,3 +90,14 @@ def cmd_serve(a: argparse.Namespace) -> int:
           file=sys.stderr, flush=True)
     serve(app, a.host, a.port, a.log_level)
     return 0
+
+
+def _budget_given(a: argparse.Namespace) -> bool:
+    """Whether --max-new-tokens or the --config file sets the requests' default budget."""
+    if a.max_new_tokens is not None:
+        return True
+    if a.config:
+        from ..configfile import read_config
+
+        return "max_new_tokens" in read_config(a.config)
+    return False

@@ -13,14 +13,19 @@ from typing import Any, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from .. import genconfig
 from ..request import DEFAULTS, NO_DRAFT_MODEL_DRAFTER
 from ..text import surrogate_at
 
 
 def _default(field: str, what: str) -> str:
     """A field's description: what it is, and the default a request that leaves it out gets."""
+    if field == "max_new_tokens":
+        return (f"{what}; left out: the server's default ('specdec serve --max-new-tokens'; else the answer may "
+                "run to the context's end, at most --max-tokens-limit)")
     value = "random" if DEFAULTS[field] is None else DEFAULTS[field]
-    return f"{what}; left out: the server's default ('specdec serve' flags; built in: {value})"
+    model = " the model's generation_config where it sets one, else" if field in genconfig.KEYS else ""
+    return f"{what}; left out: the server's default ('specdec serve' flags;{model} built in: {value})"
 
 
 def find_surrogate(value: Any, path: tuple = ()) -> tuple[tuple, str, int] | None:
