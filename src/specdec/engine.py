@@ -145,11 +145,13 @@ class Engine:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cls.grows_trees:
             nodes = int(cfg.drafter_params.get("tree_nodes", cls.Options.tree_nodes))
-            width = int(cfg.drafter_params.get("tree_width", getattr(cls.Options, "tree_width", 1)))
             depth = cls.depth_limit(**cfg.drafter_params) if cfg.k == AUTO_K else int(cfg.k)
-            # leaves: the target scores at most tree_nodes nodes; the draft feeds at most tree_width per depth
-            draft = self.draft if cls.needs_model else None
-            for role, lm, leaves in (("target", self.target, nodes), ("draft", draft, width * depth + 1)):
+            # leaves: the target scores at most tree_nodes nodes; a draft model feeds at most tree_width per depth
+            roles = [("target", self.target, nodes)]
+            if cls.needs_model:
+                width = int(cfg.drafter_params.get("tree_width", cls.Options.tree_width))
+                roles.append(("draft", self.draft, width * depth + 1))
+            for role, lm, leaves in roles:
                 if lm is None:
                     continue
                 caps = lm.capabilities
