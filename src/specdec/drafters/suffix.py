@@ -392,7 +392,6 @@ class SuffixDrafter(Drafter):
                 ) -> Draft:
         """The better of the two plans (the request's own text first among equals). With a grammar
         (``guide``), a node it refuses is never drafted, nor anything under it."""
-        context = list(context)
         if self.guide is None:
             return self._best(context, k, None)
         with self.guide.walk() as walk:
@@ -402,7 +401,7 @@ class SuffixDrafter(Drafter):
 
             return self._best(context, k, allowed)
 
-    def _best(self, context: list[int], k: int, allowed) -> Draft:
+    def _best(self, context: Sequence[int], k: int, allowed) -> Draft:
         plan = self._plan(self.trie, context, k, allowed)
         if self.history is not None:
             other = self.history.read(lambda trie: self._plan(trie, context, k, allowed))
