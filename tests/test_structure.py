@@ -292,8 +292,8 @@ def test_rule_flags_defaults_and_ranges_come_from_one_declaration():
     for name, cls in DRAFTERS.items():
         for option, (spec, default) in options_of(cls.Options).items():
             assert option in ALL_DRAFTER_OPTIONS and option in flags
-            kind = flags[option].type  # an option that also takes words ("auto") parses with its spec
-            assert (getattr(kind, "__self__", None) == spec) if spec.words else kind is spec.kind
+            kind = flags[option].type  # an option that also takes words ("auto"), or true/false, parses with its spec
+            assert (getattr(kind, "__self__", None) == spec) if spec.words or spec.kind is bool else kind is spec.kind
             assert check_drafter_options(name, {option: default}) == {option: default}
 
 

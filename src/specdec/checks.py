@@ -32,6 +32,15 @@ def span(lo, hi, lo_open: bool = False, hi_open: bool = False) -> str:
     return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
 
 
+def check_bool(where: str, value: Any) -> bool:
+    """True or False; from text (a flag, a bench item), ``true``/``false`` in any case."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if not isinstance(value, bool):
+        raise SpecdecError(f"{where} must be true or false, got {value!r}")
+    return value
+
+
 def check_int(where: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
     """An int (never a bool) in ``[lo, hi]``, else SpecdecError."""
     if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo) or (
@@ -44,7 +53,7 @@ def check_int(where: str, value: Any, lo: int | None = None, hi: int | None = No
 class Spec:
     """What values an option takes, and its one-line help."""
 
-    kind: type  # int, float or str
+    kind: type  # int, float, str or bool
     help: str = ""
     lo: float | None = None
     hi: float | None = None
@@ -60,6 +69,8 @@ class Spec:
                 return value
             raise SpecdecError(f"{where} must be {' or '.join(map(repr, self.words))} or a number {span(self.lo, self.hi)}, "
                                f"got {value!r}")
+        if self.kind is bool:
+            return check_bool(where, value)
         if self.choices is not None:
             if value not in self.choices:
                 raise SpecdecError(f"{where} must be one of {', '.join(self.choices)}, got {value!r}")
@@ -70,7 +81,10 @@ class Spec:
         return check_number(where, value, self.lo, self.hi, self.lo_open, self.hi_open)
 
     def parse(self, text: str) -> Any:
-        """A command-line value: one of ``words`` as is, else the option's kind (argparse's ``type``)."""
+        """A command-line value: one of ``words`` as is, ``true``/``false`` for a bool option, else
+        the option's kind (argparse's ``type``)."""
+        if self.kind is bool:
+            return check_bool("the value", text)
         return text if text in self.words else self.kind(text)
 
 

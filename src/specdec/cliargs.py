@@ -128,8 +128,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         f"OpenAI's (default: {d['frequency_penalty']:g} = off)")
     for name, (spec, owners) in drafter_flags().items():
         defaults = ", ".join(f"{d} for {o}" for o, d in owners)
-        g.add_argument(f"--{name.replace('_', '-')}", type=spec.parse if spec.words else spec.kind, default=None,
-                       help=f"{spec.help} (default: {defaults})")
+        g.add_argument(f"--{name.replace('_', '-')}", type=spec.parse if spec.words or spec.kind is bool else spec.kind,
+                       default=None, help=f"{spec.help} (default: {defaults})")
     r = p.add_argument_group(
         "loose rules (lossy: output may differ from the target's; combine with '+', e.g. --policy fly+mars)")
     for rule, cls in RULES.items():

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .constrain import Guide, make_guide
-from .drafters import Draft, Drafter, drafter_class, make_drafter
+from .drafters import Draft, Drafter, SuffixCache, drafter_class, make_drafter
 from .autok import KController, draft_prefill_estimate, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
@@ -99,6 +99,8 @@ class Engine:
         self.draft_costs = draft_costs
         #: k=auto state, warm across requests; at most MAX_CONTROLLERS, least recently used evicted
         self.controllers: OrderedDict[tuple, KController] = OrderedDict()
+        #: earlier requests' text for the suffix drafters, per caller (assign another to resize or share it)
+        self.suffix_cache = SuffixCache()
 
     def controller(self, cfg: DecodeConfig) -> KController | None:
         """The k=auto controller for this policy, drafter, sampling mode and whether a grammar
@@ -124,8 +126,10 @@ class Engine:
         return self.controllers[key]
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
-        """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`)."""
-        return make_drafter(cfg.drafter, self.draft, self.eos_ids, dict(cfg.drafter_params))
+        """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`); one that
+        reads earlier requests' text sees its caller's only."""
+        return make_drafter(cfg.drafter, self.draft, self.eos_ids, dict(cfg.drafter_params),
+                            history=self.suffix_cache.scope(cfg.caller))
 
     def check_config(self, cfg: DecodeConfig) -> None:
         """Refuse, before any work, a request the loaded models cannot serve: a token-tree drafter
@@ -141,10 +145,13 @@ class Engine:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cls.grows_trees:
             nodes = int(cfg.drafter_params.get("tree_nodes", cls.Options.tree_nodes))
-            width = int(cfg.drafter_params.get("tree_width", cls.Options.tree_width))
             depth = cls.depth_limit(**cfg.drafter_params) if cfg.k == AUTO_K else int(cfg.k)
-            # leaves: the target scores at most tree_nodes nodes; the draft feeds at most tree_width per depth
-            for role, lm, leaves in (("target", self.target, nodes), ("draft", self.draft, width * depth + 1)):
+            # leaves: the target scores at most tree_nodes nodes; a draft model feeds at most tree_width per depth
+            roles = [("target", self.target, nodes)]
+            if cls.needs_model:
+                width = int(cfg.drafter_params.get("tree_width", cls.Options.tree_width))
+                roles.append(("draft", self.draft, width * depth + 1))
+            for role, lm, leaves in roles:
                 if lm is None:
                     continue
                 caps = lm.capabilities

@@ -194,6 +194,9 @@ class DecodeConfig:
     #: None, or record the target's log-probability of each emitted token and this many alternatives
     #: (:mod:`specdec.logprobs`)
     logprobs: int | None = None
+    #: who asks (the server: its API key's digest): drafters that read earlier requests' text
+    #: (``suffix``) read only the same caller's; set with :meth:`with_settings`, never a request option
+    caller: str = ""
 
     #: the parsed policy (None for ``ar``): parsed once, here, and used by the engine as is
     parsed: Policy | None = field(default=None, init=False, repr=False, compare=False)
@@ -252,10 +255,16 @@ class DecodeConfig:
                    policy_params=policy_params, drafter_params=drafter_params, constraint=constraint,
                    stop_token_ids=tuple(stop_token_ids or ()), logprobs=logprobs)
 
-    def with_settings(self, *, max_new_tokens: int | None = None, sampling: SamplingParams | None = None) -> DecodeConfig:
+    def with_settings(self, *, max_new_tokens: int | None = None, sampling: SamplingParams | None = None,
+                      caller: str | None = None) -> DecodeConfig:
         """This request with another budget and/or sampling settings (e.g. a bench repeat's seed),
-        without validating the policy, drafter and k again: they are kept as parsed."""
+        or another ``caller``, without validating the policy, drafter and k again: they are kept as
+        parsed."""
         out = copy.copy(self)
+        if caller is not None:
+            if not isinstance(caller, str):
+                raise SpecdecError(f"caller must be a string, got {type(caller).__name__}")
+            object.__setattr__(out, "caller", caller)
         if max_new_tokens is not None:
             object.__setattr__(out, "max_new_tokens", check_int("max_new_tokens", max_new_tokens, lo=1))
         if sampling is not None:

@@ -14,13 +14,16 @@ from .base import Draft, Drafter
 from .lookup import LookupDrafter, lookup
 from .mla import LookupModelDrafter
 from .model import ModelDrafter
+from .suffix import CacheScope, SuffixCache, SuffixDrafter, SuffixTreeDrafter
 from .tree import TreeDrafter
 
 #: ``model``: the draft model; ``pld``: prompt lookup; ``model+pld``: the draft model accelerated by
 #: prompt lookup (FLy's multi-level acceleration; same tokens as ``model``, cheaper when text repeats);
-#: ``tree``: a token tree from the draft model (EAGLE-2 style), verified in one target pass.
+#: ``tree``: a token tree from the draft model (EAGLE-2 style), verified in one target pass;
+#: ``suffix``/``suffix-tree``: suffix decoding's chain/tree from a suffix trie over this and earlier requests' text.
 DRAFTERS: dict[str, type[Drafter]] = {"model": ModelDrafter, "pld": LookupDrafter, "model+pld": LookupModelDrafter,
                              "tree": TreeDrafter}
+DRAFTERS.update({"suffix": SuffixDrafter, "suffix-tree": SuffixTreeDrafter})
 
 #: drafter -> the option names it takes (passed through ``generate(..., ngram_max=4)`` etc.)
 DRAFTER_OPTIONS: dict[str, tuple[str, ...]] = {name: tuple(options_of(cls.Options)) for name, cls in DRAFTERS.items()}
@@ -45,13 +48,18 @@ def check_drafter_options(drafter: str, options: dict) -> dict:
     return out
 
 
-def make_drafter(name: str, draft_lm, stop_ids: frozenset[int], options: dict) -> Drafter:
-    """The drafter ``name`` over the draft model ``draft_lm`` (None when none is loaded)."""
+def make_drafter(name: str, draft_lm, stop_ids: frozenset[int], options: dict,
+                 history: CacheScope | None = None) -> Drafter:
+    """The drafter ``name`` over the draft model ``draft_lm`` (None when none is loaded); a drafter
+    that ``reads_history`` also gets ``history``, the request's view of earlier requests' text."""
     cls = drafter_class(name)
     if cls.needs_model and draft_lm is None:
         raise SpecdecError(f"drafter {name!r} needs a draft model; load one (draft=...) or use drafter='pld'")
+    if cls.reads_history:
+        return cls.build(draft_lm, stop_ids, history=history, **options)
     return cls.build(draft_lm, stop_ids, **options)
 
 
 __all__ = ["ALL_DRAFTER_OPTIONS", "DRAFTERS", "DRAFTER_OPTIONS", "check_drafter_options", "drafter_class", "make_drafter",
-           "Draft", "Drafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "TreeDrafter", "lookup"]
+           "Draft", "Drafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "SuffixCache", "SuffixDrafter",
+           "SuffixTreeDrafter", "TreeDrafter", "lookup"]

@@ -49,6 +49,9 @@ class Drafter(ABC):
     - ``grows_trees``: its drafts are token trees (``Draft.parents``), verified in one tree pass by
       policies that verify trees; ``k`` is then the tree's depth limit, and ``k="auto"`` leaves
       the depth to the tree's own pruning up to :meth:`depth_limit`;
+    - ``reads_history``: it also drafts from earlier requests' text: :meth:`build` gets
+      ``history``, the request's view of the engine's cross-request cache, scoped to its caller
+      (:class:`specdec.drafters.suffix.CacheScope`);
     - ``Options``: a frozen dataclass whose fields, declared with :func:`specdec.checks.option`,
       are the drafter's options (default, range, help): validation, CLI flags and the server's
       option names all come from there.
@@ -69,6 +72,7 @@ class Drafter(ABC):
     name: ClassVar[str]
     needs_model: ClassVar[bool]
     grows_trees: ClassVar[bool] = False
+    reads_history: ClassVar[bool] = False
     Options: ClassVar[type]
     #: structured output: the grammar's state, set by the engine before :meth:`start` (None: none)
     guide = None

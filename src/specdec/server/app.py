@@ -202,12 +202,13 @@ class Served:
             log.exception("request failed")
             raise APIError(500, "internal error; see the server log") from None
 
-    async def _submit(self, body: CompletionRequest | ChatRequest) -> Job:
+    async def _submit(self, body: CompletionRequest | ChatRequest, caller: str = "") -> Job:
         """Validate ``body`` and queue it. What the loaded models cannot serve (a structured-output
         constraint, compiled for the tokenizer here, cached; a drafter or rule the backend or the
         missing draft model cannot serve) is refused first, in the tokenizer's thread, so that it is
         a 400 before anything is queued or streamed, not an error event in a 200 stream."""
         req = build(body, self.defaults, self.limits)
+        req.config = req.config.with_settings(caller=caller)  # the gate's digest of the API key ("" without one)
         await self.tokenizer_thread(servable, self.pair.engine, req.config, req.constraint_param)
         job = Job(req, stream=body.stream, loop=asyncio.get_running_loop())
         try:
@@ -222,7 +223,7 @@ class Served:
         return Shaper(isinstance(body, ChatRequest), body.model or self.name, self.pair.tokenizer), usage
 
     async def _generate(self, body: CompletionRequest | ChatRequest, request: Request) -> Response:
-        job = await self._submit(body)
+        job = await self._submit(body, getattr(request.state, "caller", ""))
         watcher = asyncio.create_task(_watch(request.receive, job, self.limits.request_timeout_seconds))
         getter = asyncio.ensure_future(job.events.get())
         try:
