@@ -331,8 +331,7 @@ def engine_outputs(tiny_models):
     plain, _ = _generate(llm, vllm.SamplingParams(**greedy))
     structured = {"ar": _generate(llm, _note_params())}
     _free(llm)
-    llm = make_llm(target, draft=draft, policy="lossless", k=K, additional_config={"specdec": {"policy": "lossless"}},
-                   **ENGINE)
+    llm = make_llm(target, draft=draft, policy="lossless", k=K, **ENGINE)  # specdec's rule, through the plugin
     runs = {}
     for name, params in [("vllm", {}), ("lossless", {}), *LOOSE]:
         runs[name] = _generate(llm, vllm.SamplingParams(**greedy, extra_args=request_args(name, **params)))

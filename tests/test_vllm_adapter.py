@@ -230,3 +230,24 @@ def test_make_llm_without_vllm_is_one_clear_error(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
     with pytest.raises(SpecdecError, match=r"needs vLLM: pip install 'specdec\[vllm\]'"):
         sv.make_llm("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", policy="fly+mars", k=8)
+
+
+def test_lossless_in_make_llm_is_specdecs_rule_and_vllm_names_vllms(monkeypatch):
+    """``lossless`` means specdec's exact rule everywhere: make_llm runs it through the plugin (the
+    engine's additional_config selects it), and ``vllm`` names vLLM's own rule (no selection)."""
+    from types import SimpleNamespace
+
+    import specdec.vllm as sv
+    import specdec.vllm.patch as patch
+
+    monkeypatch.setattr(sv, "_require_vllm", lambda: SimpleNamespace(LLM=lambda **kw: kw))
+    monkeypatch.setattr(sv, "_check_plugin_registered", lambda: None)
+    monkeypatch.setattr(sv, "_model_ref", lambda source, what: source)
+    monkeypatch.setattr(patch, "check_version", lambda: None)
+    monkeypatch.setattr(patch, "install", lambda: None)
+    lossless = sv.make_llm("t", draft="d", k=4)  # the default with a draft
+    assert lossless["additional_config"] == {"specdec": {"policy": "lossless"}}
+    assert lossless["speculative_config"]["num_speculative_tokens"] == 4
+    assert sv.make_llm("t", draft="d", policy="lossless")["additional_config"] == lossless["additional_config"]
+    assert sv.make_llm("t", draft="d", policy="vllm")["additional_config"] == {}
+    assert sv.make_llm("t", draft="d", policy="mars", theta=0.8)["additional_config"]["specdec"]["policy"] == "mars"

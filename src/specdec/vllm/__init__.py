@@ -93,9 +93,11 @@ def make_llm(target: str, draft: str | None = None, policy: str | None = None, k
 
     target, draft: bundled names (``qwen2.5-coder-1.5b``), Hugging Face folders, ``.gguf`` files or
     hub ids; ``draft="ngram"`` uses vLLM's prompt-lookup drafter; ``draft=None`` drafts nothing.
-    policy: ``ar`` (plain vLLM; the default without a draft), ``lossless`` (vLLM's own exact rule;
-    the default with one), or a loose rule or composition (``mars``, ``dropmatch``, ``typical``,
-    ``fly``, ``fly+mars``, ...) run by specdec's plugin. ``k``: ``num_speculative_tokens``.
+    policy: ``ar`` (plain vLLM; the default without a draft), ``lossless`` (specdec's exact rule,
+    run by its plugin, as ``lossless`` means everywhere in specdec; the default with a draft),
+    ``vllm`` (vLLM's own exact rule, no plugin), or a loose rule or composition (``mars``,
+    ``dropmatch``, ``typical``, ``fly``, ``fly+mars``, ...) run by the plugin. ``k``:
+    ``num_speculative_tokens``.
     Policy parameters: ``policy_params={"mars_theta": 0.8}``, or as keywords (``theta=0.8``,
     ``mars_theta=0.8``); every other keyword goes to ``vllm.LLM`` (``max_model_len``, ``dtype``,
     ``tensor_parallel_size``, ``speculative_config`` entries to merge, ``additional_config``, ...).
@@ -111,7 +113,7 @@ def make_llm(target: str, draft: str | None = None, policy: str | None = None, k
     if policy is None:
         policy = "ar" if draft is None else "lossless"
     params = dict(policy_params or {})
-    if policy not in ("ar", "lossless", VLLM_RULE):
+    if policy not in ("ar", VLLM_RULE):
         params.update(_split_policy_params(policy, engine_args))
     elif policy_params:
         raise SpecdecError(f"policy {policy!r} takes no parameters, got {sorted(policy_params)}")
@@ -132,7 +134,7 @@ def make_llm(target: str, draft: str | None = None, policy: str | None = None, k
         else:
             spec = {"model": _model_ref(draft, "draft"), "num_speculative_tokens": k}
         spec.update(extra_spec)
-    if policy not in ("ar", "lossless", VLLM_RULE):
+    if policy not in ("ar", VLLM_RULE):  # lossless too: specdec's exact rule, through the plugin
         additional.update(engine_config(policy, params))
     if engine_selection(additional) is not None:  # specdec's plugin decides: it must be there
         check_version()
