@@ -39,6 +39,7 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -399,6 +400,9 @@ def rewrite_report(folder: Path, command: list[str], plots: bool) -> None:
     if old:
         env = old.get("environment") or env
         models = (old.get("run") or {}).get("models") or models
+        if (old.get("run") or {}).get("data_source"):  # where the run read it (this checkout's path says nothing)
+            dataset = replace(dataset, source=old["run"]["data_source"])
+    env = {**env, "argv": list(command)}  # the report's command: today's, that re-reports or resumes it
     with contextlib.redirect_stdout(io.StringIO()):
         write_outputs(a, records, everything, dataset, planned, settings, out, env, models)
 
