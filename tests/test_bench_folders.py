@@ -135,3 +135,58 @@ def test_migration_refuses_what_it_cannot_tell(tmp_path):
     (folder / "results.jsonl").write_text("")
     with pytest.raises(mig.SpecdecError, match="cpu_flags"):
         mig.migrate(folder)
+
+
+def _documented_runs() -> list[tuple[str, list[str]]]:
+    """(where, argv) of every specdec bench/tune command printed in README.md and docs/*.md whose
+    --out is a folder under benchmarks/."""
+    from test_docs_commands import all_commands, argvs
+
+    found = []
+    for c in all_commands():
+        for argv in argvs(c.text, ["bench", "tune"]):
+            if argv[:1] in (["bench"], ["tune"]) and "--out" in argv:
+                out = argv[argv.index("--out") + 1]
+                if out.startswith("benchmarks/"):
+                    found.append((c.where, argv))
+    return found
+
+
+DOCUMENTED = _documented_runs()
+
+
+def test_documented_runs_are_found():
+    assert len(DOCUMENTED) >= 15
+
+
+@pytest.mark.parametrize("where,argv", DOCUMENTED, ids=[w for w, _ in DOCUMENTED])
+def test_documented_command_names_its_folder(where, argv, tmp_path, monkeypatch, capsys):
+    """A command printed beside a table re-reports its folder (bench: --report-only on a copy;
+    tune: its settings and --status); a summary-only folder's command passes today's checks (it
+    regenerates the folder)."""
+    from specdec.bench.cli import parse_args
+
+    name = argv[argv.index("--out") + 1].split("/", 1)[1]
+    if name.startswith("tune-P-"):  # the tune runs' template: each policy's folder
+        for policy, folder in (("mars", "mars"), ("fly", "fly"), ("dropmatch", "dropmatch"), ("typical", "typical")):
+            test_documented_command_names_its_folder(
+                where, [policy if w == "lossless" else w.replace("tune-P-", f"tune-{folder}-") for w in argv],
+                tmp_path / policy, monkeypatch, capsys)
+        return
+    src = BENCH / name
+    assert src.is_dir(), f"{where}: --out {name} is no folder under benchmarks/"
+    monkeypatch.chdir(ROOT)
+    copy = tmp_path / name
+    shutil.copytree(src, copy)
+    if argv[0] == "tune":
+        command = [*argv, "--unsafe-exec"]
+        mig.check_tune_folder(copy, command)
+        assert main(_argv(command, copy, "--status")) == 0, capsys.readouterr().err
+    elif (src / "run.json").is_file():
+        rc = main(_argv(argv, copy, "--report-only", "--no-plots", "-q"))
+        assert rc == 0, f"{where}: {capsys.readouterr().err}"
+        assert json.loads((copy / "summary.json").read_text())["configs"].keys() == \
+            json.loads((src / "summary.json").read_text())["configs"].keys()
+    else:
+        assert (src / "README.md").is_file()
+        parse_args(mig.parse_command(argv))
