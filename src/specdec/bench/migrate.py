@@ -444,12 +444,13 @@ def migrate(folder: Path, *, renames: dict[str, str] | None = None, dry_run: boo
     record: dict[str, Any] = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "git": environment.git_commit(), "tool": "specdec.bench.migrate",
         "filled": filled, "scorer": [old_scorer, SCORER_VERSION], "command": command}
-    needs = bool(filled) or old_scorer != SCORER_VERSION
-    if not needs:
+    # verdicts of an older scorer, or of an unrecorded sandbox: made again here
+    rescoring = old_scorer != SCORER_VERSION or "sandbox" not in settings
+    if not (filled or rescoring):
         return {**record, "skipped": "up to date"}
     for key, f in filled.items():
         settings[key] = f["value"]
-    if old_scorer != SCORER_VERSION:
+    if rescoring:
         if dry_run:
             record.update(rescored=None, verdicts_changed=None)
         else:
@@ -466,7 +467,7 @@ def migrate(folder: Path, *, renames: dict[str, str] | None = None, dry_run: boo
                            hint="the migrated settings still differ from today's command's; not written")
     before = _read_summary(folder)
     with lock_out(folder, "specdec migrate"):
-        if old_scorer != SCORER_VERSION:
+        if rescoring:
             atomic_write_text(folder / RESULTS, "".join(line + "\n" for line in lines))
         run_out = {"settings": settings, "invocations": invocations,
                    "migrations": [*(run.get("migrations") or []), record]}
