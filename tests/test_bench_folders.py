@@ -1,0 +1,192 @@
+"""Every folder under benchmarks/ is accepted by today's code.
+
+- a ``specdec bench`` folder (``run.json``): its command (``run.json``'s migration command, else its
+  last invocation with ``--out`` the folder) with ``--report-only --no-plots -q``, run on a copy,
+  is not refused and reports what the committed summary says (same problems, quality, tau, speed);
+- a ``specdec tune`` folder (``run.json`` in its stages): today's tune plans every problem each
+  stage ran and computes the settings each stage's run.json stores (what its resume compares, the
+  machine's keys aside), and ``specdec tune ... --status`` on a copy reports the stages;
+- any other folder carries a README.md naming the command or script that made it, and any
+  ``specdec bench`` command it prints parses and passes today's checks.
+
+No model is loaded; the folders are copied, never written. ``python -m specdec.bench.migrate``
+brings a folder written by an older specdec up to date.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specdec.bench import migrate as mig
+from specdec.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+FOLDERS = sorted(p for p in BENCH.iterdir() if p.is_dir())
+RUNS = [p.name for p in FOLDERS if (p / "run.json").is_file()]
+TUNES = [p.name for p in FOLDERS if any((p / s / "run.json").is_file() for s in mig.TUNE_STAGES)]
+OTHERS = [p.name for p in FOLDERS if p.name not in RUNS and p.name not in TUNES]
+
+
+def _argv(command: list[str], out: Path, *extra: str) -> list[str]:
+    argv = list(command)
+    argv[argv.index("--out") + 1] = str(out)
+    return [*argv, *extra]
+
+
+def test_the_folders_are_found():
+    assert len(RUNS) >= 30 and len(TUNES) >= 6 and OTHERS
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_report_only_accepts_the_folder(name, tmp_path, monkeypatch, capsys):
+    src = BENCH / name
+    command = mig.canonical_command(src)
+    assert command[0] == "bench" and command[command.index("--out") + 1] == f"benchmarks/{name}", command
+    copy = tmp_path / name
+    shutil.copytree(src, copy)
+    monkeypatch.chdir(ROOT)  # --config paths are the committed ones
+    rc = main(_argv(command, copy, "--report-only", "--no-plots", "-q"))
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    old = json.loads((src / "summary.json").read_text())
+    new = json.loads((copy / "summary.json").read_text())
+    assert new["run"]["samples"] == old["run"]["samples"]
+    assert list(new["configs"]) == list(old["configs"])
+    for cid, row in old["configs"].items():
+        for k in ("quality", "tau", "speedup_vs_ar", "recovery"):
+            want = row.get(k)
+            assert new["configs"][cid].get(k) == (want if want is None else pytest.approx(want, rel=1e-6)), (cid, k)
+
+
+@pytest.mark.parametrize("name", TUNES)
+def test_tune_accepts_the_folder(name, tmp_path, monkeypatch, capsys):
+    src = BENCH / name
+    stages = [s for s in mig.TUNE_STAGES if (src / s / "run.json").is_file()]
+    commands = {s: mig.canonical_command(src / s) for s in stages}
+    command = commands[stages[-1]]
+    assert all(c == command for c in commands.values()), commands
+    assert command[0] == "tune" and command[command.index("--out") + 1] == f"benchmarks/{name}", command
+    copy = tmp_path / name
+    shutil.copytree(src, copy)
+    monkeypatch.chdir(ROOT)
+    # --unsafe-exec: where this machine cannot isolate code; --status executes none, and the sandbox
+    # label is a machine key
+    command = [*command, "--unsafe-exec"]
+    mig.check_tune_folder(copy, command)
+    rc = main(_argv(command, copy, "--status"))
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    for s in stages:
+        assert f"## {s} (" in out, out
+
+
+@pytest.mark.parametrize("name", OTHERS)
+def test_other_folders_name_what_made_them(name, monkeypatch):
+    from specdec.bench.cli import parse_args
+
+    readme = BENCH / name / "README.md"
+    assert readme.is_file(), f"benchmarks/{name} has no run.json: its README.md must name what made it"
+    text = readme.read_text()
+    assert "scripts/" in text or "specdec " in text
+    monkeypatch.chdir(ROOT)
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("specdec bench "):
+            a = mig.parse_command(shlex.split(line)[1:])
+            parse_args(a)  # raises on a configuration today's code refuses
+
+
+def test_migration_round_trip(tmp_path, monkeypatch, capsys):
+    """An older run.json (no backend, scorer 2, no sandbox) is refused with a pointer to the
+    migration; migrated, the same command reports it, with the verdicts unchanged."""
+    name = "specbench-coding3-256-fly-after-avx512bf16"
+    copy = tmp_path / "benchmarks" / name
+    shutil.copytree(BENCH / name, copy)
+    run = json.loads((copy / "run.json").read_text())
+    old = {k: v for k, v in run["settings"].items() if k not in ("backend", "sandbox")}
+    (copy / "run.json").write_text(json.dumps({"settings": {**old, "scorer": 2},
+                                               "invocations": run["invocations"]}))
+    monkeypatch.chdir(ROOT)
+    command = run["migrations"][-1]["command"]
+    assert main(_argv(command, copy, "--report-only", "--no-plots", "-q")) == 2
+    err = capsys.readouterr().err
+    assert "python -m specdec.bench.migrate" in err and "scorer: 2 -> 3" in err
+    r = mig.migrate(copy, renames=mig.renamed_outs(BENCH), progress=False)
+    assert r["filled"]["backend"]["value"] == "transformers"
+    assert r["verdicts_changed"]["count"] == 0 and r["rescored"] == 9
+    assert r["command"] == command
+    assert not r["figures"]
+    capsys.readouterr()
+    assert main(_argv(command, copy, "--report-only", "--no-plots", "-q")) == 0
+
+
+def test_migration_refuses_what_it_cannot_tell(tmp_path):
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"settings": {"scorer": 2}, "invocations": [{"argv": ["bench"]}]}))
+    with pytest.raises(mig.SpecdecError, match="results.jsonl"):
+        mig.migrate(folder)
+    (folder / "results.jsonl").write_text("")
+    with pytest.raises(mig.SpecdecError, match="cpu_flags"):
+        mig.migrate(folder)
+
+
+def _documented_runs() -> list[tuple[str, list[str]]]:
+    """(where, argv) of every specdec bench/tune command printed in README.md and docs/*.md whose
+    --out is a folder under benchmarks/."""
+    from test_docs_commands import all_commands, argvs
+
+    found = []
+    for c in all_commands():
+        for argv in argvs(c.text, ["bench", "tune"]):
+            if argv[:1] in (["bench"], ["tune"]) and "--out" in argv:
+                out = argv[argv.index("--out") + 1]
+                if out.startswith("benchmarks/"):
+                    found.append((c.where, argv))
+    return found
+
+
+DOCUMENTED = _documented_runs()
+
+
+def test_documented_runs_are_found():
+    assert len(DOCUMENTED) >= 15
+
+
+@pytest.mark.parametrize("where,argv", DOCUMENTED, ids=[w for w, _ in DOCUMENTED])
+def test_documented_command_names_its_folder(where, argv, tmp_path, monkeypatch, capsys):
+    """A command printed beside a table re-reports its folder (bench: --report-only on a copy;
+    tune: its settings and --status); a summary-only folder's command passes today's checks (it
+    regenerates the folder)."""
+    from specdec.bench.cli import parse_args
+
+    name = argv[argv.index("--out") + 1].split("/", 1)[1]
+    if name.startswith("tune-P-"):  # the tune runs' template: each policy's folder
+        for policy, folder in (("mars", "mars"), ("fly", "fly"), ("dropmatch", "dropmatch"), ("typical", "typical")):
+            test_documented_command_names_its_folder(
+                where, [policy if w == "lossless" else w.replace("tune-P-", f"tune-{folder}-") for w in argv],
+                tmp_path / policy, monkeypatch, capsys)
+        return
+    src = BENCH / name
+    assert src.is_dir(), f"{where}: --out {name} is no folder under benchmarks/"
+    monkeypatch.chdir(ROOT)
+    copy = tmp_path / name
+    shutil.copytree(src, copy)
+    if argv[0] == "tune":
+        command = [*argv, "--unsafe-exec"]
+        mig.check_tune_folder(copy, command)
+        assert main(_argv(command, copy, "--status")) == 0, capsys.readouterr().err
+    elif (src / "run.json").is_file():
+        rc = main(_argv(argv, copy, "--report-only", "--no-plots", "-q"))
+        assert rc == 0, f"{where}: {capsys.readouterr().err}"
+        assert json.loads((copy / "summary.json").read_text())["configs"].keys() == \
+            json.loads((src / "summary.json").read_text())["configs"].keys()
+    else:
+        assert (src / "README.md").is_file()
+        parse_args(mig.parse_command(argv))
