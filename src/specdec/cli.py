@@ -152,16 +152,6 @@ def cmd_models(a: argparse.Namespace) -> int:
     from . import bundled
     from .convert import specdec_home
 
-    if a.action == "tokenizer":  # a folder other tools read (lm-eval's tokenizer=), built from the GGUF file
-        from .backends.llamacpp import gguf_tokenizer_folder
-
-        names = a.names or [bundled.DEFAULT_TARGET]
-        for name in names:
-            if name not in BUNDLED:
-                raise SpecdecError(f"unknown bundled model {name!r}; choose from: {', '.join(BUNDLED)}")
-        for name in names:
-            print(gguf_tokenizer_folder(bundled.gguf_file(name, progress=True)))
-        return 0
     if a.action == "prepare":
         names = a.names or list(BUNDLED)
         for name in names:
@@ -307,15 +297,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
 
     m = sub.add_parser("models", help="list bundled models and their cache state; 'prepare' builds the cache",
-                       description="List the bundled models, build their cached bf16 folders with "
-                                   "'specdec models prepare [NAME ...]', or print a tokenizer folder with "
-                                   "'specdec models tokenizer [NAME]'.")
-    m.add_argument("action", nargs="?", choices=["list", "prepare", "tokenizer"], default="list",
-                   help="list (default); prepare: build the cached bf16 folders; tokenizer: print the path of a "
-                        "Hugging Face tokenizer folder for each model (built once from its GGUF file), for tools "
-                        "that tokenize themselves, e.g. lm-eval's tokenizer=")
-    m.add_argument("names", nargs="*", help="bundled model names for 'prepare' (default: all) or 'tokenizer' "
-                                            "(default: the target)")
+                       description="List the bundled models, or build their cached bf16 folders with "
+                                   "'specdec models prepare [NAME ...]'.")
+    m.add_argument("action", nargs="?", choices=["list", "prepare"], default="list")
+    m.add_argument("names", nargs="*", help="bundled model names for 'prepare' (default: all)")
     m.add_argument("--verify", action="store_true", help="re-hash every cached file instead of trusting sizes and mtimes")
     m.set_defaults(func=cmd_models)
 

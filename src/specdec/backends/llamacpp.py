@@ -125,14 +125,6 @@ def gguf_tokenizer(path: Path, progress: bool = True):
     tokenizer metadata (the same conversion the transformers backend's cache uses, so the same
     text gives the same ids), cached under ``$SPECDEC_HOME/tokenizers/``."""
     from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(gguf_tokenizer_folder(path)))
-
-
-def gguf_tokenizer_folder(path: Path) -> Path:
-    """The folder :func:`gguf_tokenizer` loads (built once): a Hugging Face tokenizer folder that
-    other tools (lm-eval's ``tokenizer=``) can read."""
-    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     from ..convert import build_atomically, specdec_home
@@ -140,8 +132,7 @@ def gguf_tokenizer_folder(path: Path) -> Path:
     folder = specdec_home() / "tokenizers" / f"{path.stem}-{file_key(path)}"
     if (folder / "tokenizer_config.json").exists():
         try:
-            AutoTokenizer.from_pretrained(str(folder))
-            return folder
+            return AutoTokenizer.from_pretrained(str(folder))
         except (OSError, ValueError):
             pass  # a broken cache: rebuild below
 
@@ -158,7 +149,7 @@ def gguf_tokenizer_folder(path: Path) -> Path:
         build_atomically(folder, build)
     except Exception as exc:  # noqa: BLE001 - any failure of the conversion is the file's problem
         raise SpecdecError(f"{path}: could not read the tokenizer from this GGUF file ({type(exc).__name__}: {exc})") from exc
-    return folder
+    return AutoTokenizer.from_pretrained(str(folder))
 
 
 # ------------------------------------------------------------------------------- the model
