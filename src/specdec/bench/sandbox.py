@@ -146,7 +146,8 @@ def userns_hint(proc_sys: str | None = None) -> str:
         return ("unprivileged user namespaces are off: enable them with "
                 "'sudo sysctl -w kernel.unprivileged_userns_clone=1', or run as root")
     if value("user/max_user_namespaces") == "0":
-        return "user namespaces are off: enable them with 'sudo sysctl -w user.max_user_namespaces=10000', or run as root"
+        return ("user namespaces are off: enable them with 'sudo sysctl -w user.max_user_namespaces=10000', "
+                "or run as root")
     if value("kernel/apparmor_restrict_unprivileged_userns") == "1":
         return ("AppArmor restricts unprivileged user namespaces: lift it with "
                 "'sudo sysctl -w kernel.apparmor_restrict_unprivileged_userns=0', or run as root")
