@@ -120,7 +120,7 @@ def isolation() -> Isolation:
 def probe(mode: str) -> Isolation:
     """Run a small check isolated as ``mode`` (ISOLATED or ISOLATED_USERNS); say why not if it fails."""
     if shutil.which("unshare") is None:
-        return Isolation(False, "unshare (util-linux) is not installed")
+        return Isolation(False, "unshare is not installed: install util-linux")
     try:
         res = _run("def f():\n    return 41 + 1\n", "def check(c):\n    assert c() == 42\n", "f",
                    timeout=30, memory_mb=DEFAULT_MEMORY_MB, mode=mode)
