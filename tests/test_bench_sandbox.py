@@ -5,10 +5,15 @@ Each escape a review got through the previous sandbox is tried here and must fai
 file, a ``setsid`` child outliving the timeout, 40 forks, forging the pass verdict, and a ctypes
 ``connect`` to a loopback listener. The "outside" targets are files this test creates (in a
 world-writable folder, so only the sandbox stops the write) and a dummy process it starts.
+
+As root they run twice: here (the sandbox drops to fresh uids) and again as user 65534 in a
+pytest of their own (``test_escapes_fail_for_an_unprivileged_user``: the sandbox runs in
+unprivileged user namespaces). Run as another user, this file tries the latter directly.
 """
 
 import os
 import shutil
+import site
 import socket
 import subprocess
 import sys
@@ -24,17 +29,24 @@ from specdec.bench.quality import Scorer, run_check
 from specdec.bench.sandbox import NPROC, SandboxUnavailable, isolation, run_program
 
 isolated = pytest.mark.skipif(not isolation().available, reason=f"no isolation here: {isolation().why}")
+ROOT = os.geteuid() == 0
+OUTSIDE_DIR = "SPECDEC_SANDBOX_TEST_DIR"  # where the "outside" targets go (the unprivileged run's)
 
 
-def test_isolation_is_available_as_root():
-    if hasattr(os, "geteuid") and os.geteuid() == 0 and shutil.which("unshare"):
+def test_isolation_is_available_as_root_or_says_how_to_get_it():
+    if ROOT and shutil.which("unshare"):
         assert isolation().available, isolation().why
+        assert isolation().label == sandbox.ISOLATED
+    elif isolation().available:
+        assert isolation().label == sandbox.ISOLATED_USERNS
+    else:
+        assert "run as root" in isolation().why or "install util-linux" in isolation().why
 
 
 @isolated
 def test_passing_and_failing_programs():
     ok = run_program("assert sum([1, 2]) == 3")
-    assert ok.passed and ok.isolation == sandbox.ISOLATED
+    assert ok.passed and ok.isolation == isolation().label == (sandbox.ISOLATED if ROOT else sandbox.ISOLATED_USERNS)
     bad = run_program("assert 1 == 2, 'nope'")
     assert not bad.passed and bad.status == "failed: AssertionError: nope"
 
@@ -44,6 +56,32 @@ def test_early_exit_is_not_a_pass():
     for early in ("import sys; sys.exit(0)", "import os; os._exit(0)", "raise SystemExit"):
         res = run_program(early + "\nassert False")
         assert not res.passed, early
+
+
+OWN_VIEW = (
+    "import os\n"
+    "def view():\n"
+    "    status = dict(line.split(':\\t', 1) for line in open('/proc/self/status').read().splitlines())\n"
+    "    return (sorted(int(p) for p in os.listdir('/proc') if p.isdigit()), os.getpid(),\n"
+    "            status['CapEff'].strip(), status['CapPrm'].strip(), status['NoNewPrivs'].strip(),\n"
+    "            sorted(os.listdir('/dev')))\n"
+)
+EXPECTED_VIEW = ([1, 2], 2, "0" * 16, "0" * 16, "1",
+                 ["fd", "full", "null", "random", "shm", "stderr", "stdin", "stdout", "urandom", "zero"])
+
+
+@isolated
+def test_program_sees_only_its_own_processes_and_devices_and_has_no_capabilities():
+    """pid 1 is its namespace's reaper, pid 2 the program: the supervisor and the tester are out of
+    sight; no capability, no_new_privs, and of /dev only the harmless devices. As root, no groups
+    either (not root, the user's groups stay: an unprivileged process cannot drop them)."""
+    plain = run_program(OWN_VIEW + f"assert view() == {EXPECTED_VIEW!r}, view()\n")
+    assert plain.passed, plain.status
+    tested = run_program(OWN_VIEW, tests=f"def check(c):\n    assert c() == {EXPECTED_VIEW!r}\n", entry_point="view")
+    assert tested.passed, tested.status
+    if ROOT:
+        groups = run_program("import os\nassert os.getgroups() == [], os.getgroups()\n")
+        assert groups.passed, groups.status
 
 
 ADD = "def add(a, b):\n    return a + b\n"
@@ -131,7 +169,8 @@ def test_process_count_is_limited():
 def outside():
     """A world-writable folder outside /tmp with a world-writable victim file: only the sandbox
     (read-only mounts, another uid) stands between the program and them."""
-    base = Path(tempfile.mkdtemp(prefix=".sandbox-target-", dir=Path(__file__).resolve().parent))
+    where = os.environ.get(OUTSIDE_DIR) or Path(__file__).resolve().parent
+    base = Path(tempfile.mkdtemp(prefix=".sandbox-target-", dir=where))
     try:
         base.chmod(0o777)
         victim = base / "victim.txt"
@@ -308,6 +347,41 @@ def test_bench_refuses_without_isolation_in_one_line(monkeypatch, tmp_path, caps
     assert not (out / "run.json").exists()
 
 
+def test_userns_hint_names_the_setting_that_turns_them_off(tmp_path):
+    for name, value, setting in (("kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone=1"),
+                                 ("user/max_user_namespaces", "0", "user.max_user_namespaces=10000"),
+                                 ("kernel/apparmor_restrict_unprivileged_userns", "1",
+                                  "kernel.apparmor_restrict_unprivileged_userns=0")):
+        proc_sys = tmp_path / name.replace("/", "-")
+        (proc_sys / name).parent.mkdir(parents=True)
+        (proc_sys / name).write_text(value + "\n")
+        assert f"sudo sysctl -w {setting}" in sandbox.userns_hint(str(proc_sys)), name
+    assert "run as root" in sandbox.userns_hint(str(tmp_path / "none"))
+
+
+def test_refusal_without_user_namespaces_says_how_to_get_them(monkeypatch, tmp_path, capsys):
+    """``unshare --user`` refused (as with kernel.unprivileged_userns_clone=0): one line naming the
+    sysctl, root, and --unsafe-exec."""
+    from specdec.cli import main
+
+    fake = tmp_path / "bin" / "unshare"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    (tmp_path / "sys" / "kernel").mkdir(parents=True)
+    (tmp_path / "sys" / "kernel" / "unprivileged_userns_clone").write_text("0\n")
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}")
+    monkeypatch.setattr(sandbox, "PROC_SYS", str(tmp_path / "sys"))
+    iso = sandbox.probe(sandbox.ISOLATED_USERNS)
+    assert not iso.available
+    assert iso.why == ("unshare: unshare failed: Operation not permitted; unprivileged user namespaces are off: "
+                       "enable them with 'sudo sysctl -w kernel.unprivileged_userns_clone=1', or run as root")
+    monkeypatch.setattr(sandbox, "isolation", lambda: iso)
+    assert main(["bench", "--dataset", "fixture", "--no-plots", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "kernel.unprivileged_userns_clone=1" in err and "--unsafe-exec" in err
+
+
 def test_bench_records_the_isolation_in_run_json(monkeypatch):
     from specdec.bench import cli
 
@@ -335,7 +409,7 @@ def test_scorer_runs_humaneval_checks():
     scorer = Scorer(timeout=5)
     sample = load_dataset("fixture").samples[0]
     good = scorer.score(sample, FIXTURE[0]["canonical_solution"])
-    assert good["passed"] is True and good["sandbox"] == sandbox.ISOLATED
+    assert good["passed"] is True and good["sandbox"] == isolation().label
     wrong = scorer.score(sample, "    return a - b\n")
     assert wrong["passed"] is False and wrong["exec_status"].startswith("failed")
     assert scorer.score(sample, "    while True:\n        pass\n")["exec_status"] == "timed out"
@@ -380,3 +454,65 @@ def test_namespace_dies_when_the_caller_is_killed():
     caller.wait()
     time.sleep(7)  # the alarm: timeout + 5 s
     assert _alive_with_name(name) == []
+
+
+# what the unprivileged run repeats: every escape, and the runs around them
+ESCAPE_TESTS = ("passing_and_failing", "early_exit", "check_passes", "infinite_loop", "setsid_orphan",
+                "process_count", "no_write_outside", "writing_inside", "root_only", "kill_of_an_outside",
+                "forged", "network_is_blocked", "memory_bomb", "own_processes")
+NOBODY = 65534
+
+
+def _as_nobody(python: str, args: list[str], env: dict, cwd: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``python args`` as user 65534 with no groups. ``env`` execs it: setpriv keeps its
+    capabilities up to its own exec, which would open paths that user cannot reach."""
+    return subprocess.run([shutil.which("setpriv"), f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--",
+                           shutil.which("env") or "/usr/bin/env", python, *args],
+                          env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+def _python_for_nobody(env: dict, cwd: str) -> tuple[str | None, str, str]:
+    """A Python that user 65534 can run with this checkout's specdec and this one's pytest (this
+    interpreter, else the system's with these site-packages on PYTHONPATH), and why the sandbox
+    is unavailable to that user ("" when it is); or None and why no Python would do."""
+    why = ""
+    probe = "import pytest, specdec.bench.quality; from specdec.bench.sandbox import isolation; print(isolation().why)"
+    for python in dict.fromkeys([sys.executable, shutil.which("python3", path="/usr/bin:/bin")]):
+        if python is None:
+            continue
+        res = _as_nobody(python, ["-c", probe], env, cwd, 120)
+        if res.returncode == 0:
+            return python, res.stdout.strip(), ""
+        why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1]
+    return None, "", why
+
+
+@pytest.mark.skipif(not ROOT, reason="not root: cannot drop to another user (run this way, the tests above are "
+                                     "the unprivileged run)")
+def test_escapes_fail_for_an_unprivileged_user():
+    """As root, the escape tests again as user 65534: the sandbox then has no root to drop from and
+    must give the same guarantees from unprivileged user namespaces."""
+    if not shutil.which("setpriv"):
+        pytest.skip("setpriv (util-linux) is not installed")
+    src = str(Path(sandbox.__file__).resolve().parents[2])
+    home = Path(tempfile.mkdtemp(prefix="specdec-nobody-"))  # pytest's tmp_path is root's alone
+    outside = Path(tempfile.mkdtemp(prefix=".sandbox-unprivileged-", dir=Path(__file__).resolve().parent))
+    try:
+        home.chmod(0o777)
+        outside.chmod(0o777)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "HOME": str(home),
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": os.pathsep.join([src, *site.getsitepackages()])}
+        python, unavailable, why = _python_for_nobody(env, str(home))
+        if python is None:
+            pytest.skip(f"user {NOBODY} cannot run this checkout's Python: {why}")
+        if unavailable:
+            pytest.skip(f"no isolation for user {NOBODY} here: {unavailable}")
+        res = _as_nobody(python, ["-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest", "-rs",
+                                  str(Path(__file__).resolve()), "-k", " or ".join(ESCAPE_TESTS)],
+                         {**env, OUTSIDE_DIR: str(outside)}, str(home), 300)
+    finally:
+        shutil.rmtree(outside)
+        shutil.rmtree(home)
+    summary = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else res.stderr
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-2000:]
+    assert "passed" in summary and "skipped" not in summary and "failed" not in summary, summary

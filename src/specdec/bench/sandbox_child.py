@@ -1,27 +1,36 @@
 """The code that runs inside the sandbox (see :mod:`specdec.bench.sandbox` for the design).
 
 :mod:`.sandbox` starts ``python -I -c <this file's text>``, as pid 1 of new pid, mount, network,
-IPC and UTS namespaces (``unshare``), or as a plain child with ``--unsafe-exec``. Importing this
-module does nothing; run as ``__main__`` it is the *supervisor*:
+IPC and UTS namespaces (``unshare``; not root, inside a new user namespace too, where it is root
+over those namespaces and nothing else), or as a plain child with ``--unsafe-exec``. Importing
+this module does nothing; run as ``__main__`` it is the *supervisor*:
 
 1. reads ``<8-byte length><JSON header><program>`` from stdin, unbuffered, so that no byte of the
-   tests is in memory yet;
-2. isolated: makes every mount private, covers ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``/run``,
-   ``/root``, ``/home``, ``/mnt``, ``/media`` and ``/srv`` with empty tmpfs (binding the Python
-   installation back where it lies under one of them), then makes the whole tree read-only and
-   nosuid (``mount_setattr`` with ``AT_RECURSIVE``) except a size-limited tmpfs work folder;
-3. forks the *program* process: it keeps only its own pipes, drops to a fresh unprivileged uid
-   (isolated), sets its rlimits (memory, CPU, file size, no core, process count, open files),
-   removes the destructive ``os``/``subprocess`` functions and Python's sockets (a second,
-   weaker layer), and executes the program;
-4. with tests: reads the tests only now and forks the *tester* under another fresh uid; it runs
-   ``check(candidate)``, where ``candidate`` and any other name the tests do not define are
-   proxies that call into the program process over two pipes, values crossing as plain data
-   (None, bool, int, float, complex, str, bytes, list, tuple, dict, set, frozenset; nothing
-   else). The tester alone holds the verdict pipe and reports pass or why not;
+   tests is in memory yet; isolated, it makes itself non-dumpable (no process of its uid can read
+   its memory or its ``/proc`` files);
+2. isolated: makes every mount private, replaces ``/dev`` with a tmpfs holding only ``null``,
+   ``zero``, ``full``, ``random`` and ``urandom``, covers ``/tmp``, ``/var/tmp``, ``/dev/shm``,
+   ``/run``, ``/root``, ``/home``, ``/mnt``, ``/media`` and ``/srv`` with empty tmpfs (binding the
+   Python installation back where it lies under one of them), then makes the whole tree read-only
+   and nosuid (``mount_setattr`` with ``AT_RECURSIVE``) except a size-limited tmpfs work folder;
+3. forks the *program* process, isolated into a pid namespace of its own (pid 2 there, a reaper is
+   pid 1) with a mount namespace whose fresh ``/proc`` shows only that pid namespace: the
+   supervisor and the tester cannot even be named. It keeps only its own pipes, takes its own
+   identity (:func:`_become`: as root a fresh unprivileged uid with no groups; not root, a user
+   namespace of its own with every capability dropped), sets ``no_new_privs`` and its rlimits
+   (memory, CPU, file size, no core, process count, open files), removes the destructive
+   ``os``/``subprocess`` functions and Python's sockets (a second, weaker layer), and executes
+   the program;
+4. with tests: reads the tests only now and forks the *tester* with an identity of its own too
+   (another fresh uid, or another user namespace); it runs ``check(candidate)``, where
+   ``candidate`` and any other name the tests do not define are proxies that call into the
+   program process over two pipes, values crossing as plain data (None, bool, int, float,
+   complex, str, bytes, list, tuple, dict, set, frozenset; nothing else). The tester alone holds
+   the verdict pipe and reports pass or why not;
 5. waits for the tester (or, without tests, the program), prints one JSON line (the verdict and
-   exit statuses) on its stdout, and exits: as pid 1, that kills everything left in the namespace.
-   It also exits on its own at ``wall_seconds`` (an alarm), in case the caller died first.
+   exit statuses) on its stdout, and exits: as pid 1, that kills everything left in the namespace
+   (the program's nested pid namespace included). It also exits on its own at ``wall_seconds``
+   (an alarm), in case the caller died first.
 """
 
 from __future__ import annotations
@@ -37,11 +46,16 @@ import sys
 import traceback
 
 HIDDEN = ("/tmp", "/var/tmp", "/dev/shm", "/run", "/root", "/home", "/mnt", "/media", "/srv")
+DEVICES = ("null", "zero", "full", "random", "urandom")  # all of /dev the program gets
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}
 WORK = "/tmp/work"
-MS_NOSUID, MS_BIND, MS_REC, MS_PRIVATE = 2, 4096, 16384, 1 << 18
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 1, 2
 SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE = 442, -100, 0x8000
-PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 4, 38
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x20000, 0x10000000, 0x20000000
+PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 4, 24, 38
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 MESSAGE_LIMIT = 16 << 20
 GUARDED = ("kill", "killpg", "system", "putenv", "remove", "removedirs", "rmdir", "fchdir", "setuid", "fork",
            "forkpty", "rename", "renames", "truncate", "replace", "unlink", "fchmod", "fchown", "chmod", "chown",
@@ -76,6 +90,7 @@ def _setattr(path: str, flags: int, attr_set: int, attr_clr: int) -> None:
 def setup_mounts(cfg: dict) -> None:
     """Step 2 of the module docstring."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _minimal_dev()
     keep = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, *sys.path) if p and os.path.exists(p)}
     for hidden in HIDDEN:
         if os.path.islink(hidden) or not os.path.isdir(hidden):
@@ -89,13 +104,118 @@ def setup_mounts(cfg: dict) -> None:
             _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
             os.close(fd)
     os.mkdir(WORK, 0o700)
-    os.chown(WORK, cfg["uid"], cfg["uid"])
+    if not cfg["userns"]:  # in a user namespace the supervisor's uid is the user's, and so is the program's
+        os.chown(WORK, cfg["uid"], cfg["uid"])
     _setattr("/", AT_RECURSIVE, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID, 0)
     _setattr("/tmp", 0, MOUNT_ATTR_NOSUID, MOUNT_ATTR_RDONLY)
 
 
+def _minimal_dev() -> None:
+    """Cover ``/dev`` with a tmpfs holding only ``DEVICES`` (bound from the host) and ``DEV_LINKS``:
+    no terminal, disk or other device of the user's (or of their groups) is reachable."""
+    fds = {name: os.open(f"/dev/{name}", os.O_PATH) for name in DEVICES if os.path.exists(f"/dev/{name}")}
+    _mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=755")
+    for name, fd in fds.items():
+        with open(f"/dev/{name}", "w"):
+            pass
+        _mount(f"/proc/self/fd/{fd}", f"/dev/{name}", None, MS_BIND)
+        os.close(fd)
+    for name, target in DEV_LINKS.items():
+        os.symlink(target, f"/dev/{name}")
+    os.mkdir("/dev/shm", 0o755)
+
+
+def own_pid_namespace_start() -> int:
+    """The supervisor's next children go to a new pid namespace (the program's); returns a handle
+    on the supervisor's own, for :func:`own_pid_namespace_end`."""
+    fd = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    _check(_libc.unshare(CLONE_NEWPID), "unshare(CLONE_NEWPID)")
+    return fd
+
+
+def own_pid_namespace_end(fd: int) -> None:
+    """The supervisor's next children go to its own pid namespace again."""
+    _check(_libc.setns(fd, CLONE_NEWPID), "setns(pid)")
+    os.close(fd)
+
+
+def reap_forever() -> None:
+    """pid 1 of the program's pid namespace: reaps the orphans the program leaves; the kernel ends
+    it (and with it the namespace) when the supervisor exits."""
+    null = os.open("/dev/null", os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.closerange(3, max(os.sysconf("SC_OPEN_MAX"), 1024))
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+    while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+        signal.sigwait({signal.SIGCHLD})
+
+
+def own_proc() -> None:
+    """A mount namespace of its own with a fresh (writable) ``/proc`` of its pid namespace: in the
+    program's process, the first in its pid namespace, that shows the program's processes only."""
+    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _own_user_namespace(uid: int) -> None:
+    """Not root: a user namespace of its own where the process is ``uid`` (the user's uid outside),
+    then no capabilities at all: none over the sandbox's namespaces (the user namespace that owns
+    them is only the parent of this one), none in its own (dropped), none after an exec (``uid``
+    is not root there, and ``no_new_privs``). Another process of the user's uid is out of its
+    reach where it is non-dumpable (ptrace and ``/proc/<pid>`` then need a capability) and out of
+    sight where it is in another pid namespace (no pid to signal)."""
+    _check(_libc.unshare(CLONE_NEWUSER), "unshare(CLONE_NEWUSER)")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} 0 1")
+    _write("/proc/self/gid_map", f"{uid} 0 1")
+    _drop_capabilities()
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities() -> None:
+    """Empty the bounding set, then the effective, permitted and inheritable sets (the ambient set
+    empties with them)."""
+    with open("/proc/sys/kernel/cap_last_cap") as f:
+        last = int(f.read())
+    for cap in range(last + 1):
+        _check(_libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0), f"drop capability {cap}")
+    data = (_CapData * 2)()
+    _check(_libc.capset(ctypes.byref(_CapHeader(LINUX_CAPABILITY_VERSION_3, 0)), data), "capset")
+
+
+def _become(uid: int, userns: bool) -> None:
+    """Run as ``uid`` from now on: as root a fresh uid with no groups; unprivileged, a user
+    namespace of its own (:func:`_own_user_namespace`)."""
+    if userns:
+        _own_user_namespace(uid)
+        return
+    os.setgroups([])
+    os.setresgid(uid, uid, uid)
+    os.setresuid(uid, uid, uid)
+
+
 def _enter(cfg: dict, uid: int | None, keep: tuple[int, ...], cwd: str) -> None:
-    """In a forked child: only stdout/stderr and ``keep`` stay open; a fresh uid; limits."""
+    """In a forked child: only stdout/stderr and ``keep`` stay open; its own uid; limits."""
     os.dup2(cfg["out_fd"], 1)
     null = os.open("/dev/null", os.O_RDONLY)
     os.dup2(null, 0)
@@ -106,9 +226,7 @@ def _enter(cfg: dict, uid: int | None, keep: tuple[int, ...], cwd: str) -> None:
         low = fd + 1
     os.closerange(low, top)
     if uid is not None:
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
+        _become(uid, cfg["userns"])
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     mem, cpu = cfg["memory_bytes"], cfg["cpu_seconds"]
@@ -374,6 +492,7 @@ def main() -> None:
     program = [_read_exact(0, cfg["program_bytes"])]  # a box, so _start can drop the one reference
     try:
         if cfg["isolated"]:
+            _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # nothing of the user's uid may read our memory
             setup_mounts(cfg)
     except OSError as e:
         print(json.dumps({"error": str(e)}), flush=True)
@@ -396,26 +515,32 @@ def _start(cfg: dict, box: list[bytes], verdict_w: int) -> tuple[int, int | None
     program_uid = cfg["uid"] if isolated else None
     if cfg["tests_bytes"] is None:
         def plain():
+            if isolated:
+                own_proc()
             _enter(cfg, program_uid, (verdict_w,), cwd)
             _guard()
             run_plain(program, verdict_w)
 
-        return _fork(plain), None
+        return _fork_program(plain, isolated), None
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
 
     def program_process():
+        if isolated:
+            own_proc()
         _enter(cfg, program_uid, (req_r, rep_w), cwd)
         _guard()
         serve(program, req_r, rep_w)
 
-    other = _fork(program_process)
+    other = _fork_program(program_process, isolated)
     os.close(req_r)
     os.close(rep_w)
     del program
     tests = _read_exact(0, cfg["tests_bytes"])
 
     def tester():
+        if isolated:
+            own_proc()  # a writable /proc: unprivileged, _own_user_namespace writes its maps there
         _enter(cfg, cfg["uid"] + 1 if isolated else None, (req_w, rep_r, verdict_w), "/" if isolated else cwd)
         run_tests(tests, cfg["entry_point"], req_w, rep_r, verdict_w)
 
@@ -423,6 +548,19 @@ def _start(cfg: dict, box: list[bytes], verdict_w: int) -> tuple[int, int | None
     for fd in (req_w, rep_r):
         os.close(fd)
     return main_pid, other
+
+
+def _fork_program(fn, isolated: bool) -> int:
+    """Fork the program's process; isolated, into a pid namespace of its own (pid 2, after a
+    reaper as pid 1), where it cannot name the supervisor or the tester, let alone signal them."""
+    if not isolated:
+        return _fork(fn)
+    own = own_pid_namespace_start()
+    try:
+        _fork(reap_forever)
+        return _fork(fn)
+    finally:
+        own_pid_namespace_end(own)
 
 
 def _collect(main_pid: int, other: int | None, verdict_r: int) -> dict:
