@@ -211,10 +211,8 @@ class Engine:
             t1 = clock()
             scores = self._score(run, draft)  # 2.
             verdict = self._verify(run, draft, scores)  # 3.
-            if k and run.drafter.observes_target:  # e.g. lookahead's Jacobi window: the target's argmax per row
-                run.drafter.observe(draft, scores.logits.argmax(dim=-1).tolist())
             t2 = clock()
-            self._learn(run, k, draft, verdict, t1 - t0, t2 - t1)
+            self._learn(run, k, draft, verdict, scores, t1 - t0, t2 - t1)
             new = self._commit(run, draft, verdict, stop_check, scores.logits)  # 4.
             self._roll_back(run, draft, verdict)  # 5.
             if new:
@@ -325,9 +323,13 @@ class Engine:
         run.out.stats.mask_seconds += run.guide.seconds - spent
         return logits
 
-    def _learn(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, draft_seconds: float,
+    def _learn(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, scores: Scores, draft_seconds: float,
                verify_seconds: float) -> None:
-        """Record the round in the stats, and teach the k=auto controller its acceptance and costs."""
+        """Record the round in the stats, and teach the k=auto controller its acceptance and costs;
+        a drafter that observes the target (lookahead's Jacobi window) gets its argmax after every
+        row of a pass it drafted for (:meth:`~specdec.drafters.base.Drafter.observe`)."""
+        if k and run.drafter.observes_target:
+            run.drafter.observe(draft, scores.logits.argmax(dim=-1).tolist())
         stats, n, tree = run.out.stats, len(draft), draft.parents is not None and len(draft) > 0
         stats.draft_seconds += draft_seconds
         stats.verify_seconds += verify_seconds
