@@ -241,6 +241,24 @@ def test_sampled_lookahead_reproduces_the_target_distribution():
         assert accepted > 0.1 and relaxed == 0
 
 
+def test_lookahead_stays_inside_a_grammar():
+    """Structured output: guesses are cut where the grammar refuses them, and the target's masks
+    keep the window's paths out; every committed token is one the grammar allows."""
+    pytest.importorskip("llguidance")
+    from specdec.api import Pair, make_config
+    from specdec.constrain import make_guide
+
+    tok = byte_tokenizer()
+    pair = Pair(CausalLM(tiny_model(5, layers=1, hidden=32, initializer_range=0.2)), tok)
+    for temperature in (0.0, 0.8):
+        cfg = make_config(drafter="lookahead", max_new_tokens=30, temperature=temperature, seed=1,
+                          regex=r"[a-c]{2,5}(-[0-9]{1,2}){1,3}")
+        out = pair.engine.generate(list(b"abc-12 abc-3"), cfg)
+        guide = make_guide(tok, cfg.constraint, pair.engine.target.vocab_limit, sorted(pair.engine.eos_ids))
+        assert out.token_ids and guide.valid_prefix(out.token_ids) == len(out.token_ids)
+        assert out.stats.tree_depths
+
+
 # ----------------------------------------------------------------------------- k=auto: priced by width
 def table(seconds_at):
     widths = [1, 2, 4, 8, 16, 32]
@@ -307,3 +325,19 @@ def test_bench_and_server_take_lookahead_options():
     assert cfg.drafter == "lookahead" and cfg.drafter_params == {"lookahead_ngram": 3}
     with pytest.raises(SpecdecError, match="lookahead_ngram"):
         DecodeConfig.from_options(**speculative(dict(DEFAULTS), {"drafter": "lookahead", "lookahead_ngram": 0}, True))
+
+
+def test_bench_runs_lookahead_without_a_draft_model(tiny_dirs, tmp_path):
+    import json
+
+    from specdec.cli import main
+
+    target, _ = tiny_dirs
+    out = tmp_path / "run"
+    argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless:drafter=lookahead:lookahead_window=3",
+            "--max-new-tokens", "8", "--no-warmup", "--out", str(out), "-q", "--no-plots",
+            "--target", str(target), "--draft", "none", "--dtype", "float32", "--device", "cpu"]
+    assert main(argv) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    (name,) = [c for c in summary["configs"] if "lookahead" in c]
+    assert summary["configs"][name]["agreement"]["exact_match"] == 1.0
