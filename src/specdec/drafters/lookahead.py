@@ -16,7 +16,8 @@ The window is itself a token tree hanging off the context (as llama.cpp's ``exam
 lays it out with sequence ids): level 0 is a chain (column 0's level-0 token is the last committed
 token itself, i.e. the tree's root), and column ``i``'s levels ``1..N-2`` are a chain under its
 level-0 node. Each window token then attends to the context, the level-0 tokens up to its column
-and the lower levels of its own column: the paper's lookahead mask. The ``G`` guesses are further
+and the lower levels of its own column: the lookahead mask of the paper's figure, as llama.cpp's
+example builds it (tested against both). The ``G`` guesses are further
 chains from the root. So a whole lookahead pass is one tree draft (``Draft.parents``), scored and
 verified by the engine's tree pass on both backends; the rule walks every path of that tree, so
 whatever it accepts along a window path is as correct as a guess (a bonus over the paper, which
