@@ -211,7 +211,7 @@ def test_greedy_lookahead_equals_plain_decoding_on_llama_cpp(tmp_path):
     assert accepted > 0
 
 
-@pytest.mark.parametrize("policy", ["mars", "typical", "fly+mars"])
+@pytest.mark.parametrize("policy", ["mars", "typical", "dropmatch", "fly+mars"])
 def test_loose_rules_take_lookahead_trees(policy):
     engine = hf_engine()
     # FLy's window (6) needs paths deeper than it: W = 6 makes the window 5 + 2 deep
