@@ -148,6 +148,8 @@ def test_every_registered_drafter_declares_the_contract():
         assert dataclasses.is_dataclass(cls.Options)
         if cls.grows_trees:
             assert cls.depth_limit() >= 1
+            target, draft = cls.tree_paths(cls.depth_limit())
+            assert target >= 1 and draft >= 0 and (draft > 0) == cls.needs_model
         else:
             with pytest.raises(NotImplementedError):
                 cls.depth_limit()

@@ -69,10 +69,16 @@ drafting barely pays never prefill the draft, and long ones do.
 
 One controller lives per (policy, drafter, greedy or sampled) on an engine and keeps its estimates
 across requests (warm start).
+
+Token trees: the ``tree`` drafter grows up to its depth limit under ``k="auto"`` (its own pruning
+sizes it; no controller). A tree drafter without a draft model (``lookahead``), whose width its
+options fix, gets a :class:`PassGate` per generation instead: the whole tree or a plain step, the
+tree's pass priced by its width in nodes, not by K.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -349,6 +355,64 @@ class KController:
             self.drift = self.target_scale
             mark_stale(self.target, f"observed target passes took {self.target_scale:.2f}x the table's seconds "
                                     f"for {DRIFT_ROUNDS} rounds in a row")
+
+
+class PassGate:
+    """``k="auto"`` for a tree drafter without a draft model (lookahead): each round either drafts
+    its whole tree or takes a plain step, whichever yields more tokens per second.
+
+    Such a tree's width is set by its options, not by K (a lookahead pass holds the whole Jacobi
+    window and the pool's guesses whatever the depth), so the round is priced by its width: the
+    target table's seconds for a pass over ``1 + nodes`` tokens, ``nodes`` being the moving
+    average of the trees actually drafted (the table knows chains' passes, of ``K + 1`` tokens;
+    a tree pass of the same width is taken to cost the same, and widths beyond the widest measured
+    one are extrapolated along the table's last slope). Against it: the moving average of the
+    tokens a tree round yielded (``1 +`` accepted), starting from ``OPTIMISTIC_TOKENS`` so the
+    first rounds draft, and a plain step at the table's one-token seconds. Both seconds are
+    corrected by what the passes really took. While plain steps win, one round drafts after
+    ``probe_every`` of them (the window and the pool learn only while drafting), the interval
+    doubling up to ``MAX_PROBE_INTERVAL`` while probes keep losing."""
+
+    #: tokens per tree round assumed before any round (optimistic: the first rounds draft)
+    OPTIMISTIC_TOKENS = 2.0
+
+    def __init__(self, target: CostTable, probe_every: int = PROBE_EVERY, ema: float = COST_EMA):
+        self.target = target
+        self.ema = ema
+        self.probe_every = self.interval = probe_every
+        self.nodes: float | None = None  # moving average of the drafted trees' nodes (None: none drafted yet)
+        self.tokens = self.OPTIMISTIC_TOKENS  # moving average of the tokens a tree round yielded
+        self.tree_scale = 1.0  # observed / table seconds of tree passes
+        self.plain_scale = 1.0  # observed / table seconds of plain steps
+        self.idle = 0  # plain steps since the last tree round
+
+    def rates(self) -> tuple[float, float]:
+        """(tokens per second of a tree round, of a plain step) by the current estimates."""
+        plain = 1.0 / (self.target.forward(1) * self.plain_scale)
+        if self.nodes is None:
+            return math.inf, plain
+        return self.tokens / (self.target.forward(1 + round(self.nodes)) * self.tree_scale), plain
+
+    def choose(self) -> bool:
+        """Draft the tree this round (True) or take a plain step."""
+        tree, plain = self.rates()
+        if tree > plain * (1 + TIE_TOLERANCE):
+            self.idle, self.interval = 0, self.probe_every
+            return True
+        self.idle += 1
+        if self.idle >= self.interval:  # a probe: the estimates learn only from tree rounds
+            self.idle, self.interval = 0, min(2 * self.interval, MAX_PROBE_INTERVAL)
+            return True
+        return False
+
+    def observe(self, nodes: int, accepted: int, seconds: float) -> None:
+        """A round's tree size (0: a plain step), accepted drafts and target-pass seconds."""
+        if nodes <= 0:
+            self.plain_scale = _ema(self.plain_scale, _clamp(seconds / self.target.forward(1)), self.ema)
+            return
+        self.nodes = _ema(self.nodes, nodes, self.ema)
+        self.tokens = _ema(self.tokens, 1.0 + accepted, self.ema)
+        self.tree_scale = _ema(self.tree_scale, _clamp(seconds / self.target.forward(1 + nodes)), self.ema)
 
 
 def _ema(prev: float | None, value: float, weight: float) -> float:

@@ -23,7 +23,7 @@ import torch
 
 from .constrain import Guide, make_guide
 from .drafters import Draft, Drafter, SuffixCache, drafter_class, make_drafter
-from .autok import KController, draft_prefill_estimate, draft_step_estimate
+from .autok import KController, PassGate, draft_prefill_estimate, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores
@@ -66,6 +66,7 @@ class _Run:
     auto: bool  # k="auto"
     depth_limit: int  # a tree drafter's depth limit under k="auto" (0: a chain drafter)
     control: KController | None  # k="auto" with a cost table, chains only
+    gate: PassGate | None  # k="auto" with a cost table, a tree drafter without a model: its tree or a plain step
     generator: torch.Generator | None
     context: list[int]  # the prompt and every committed token
     limit: int  # the model's context length
@@ -144,15 +145,11 @@ class Engine:
         if cls.needs_model and self.draft is None:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cls.grows_trees:
-            nodes = int(cfg.drafter_params.get("tree_nodes", cls.Options.tree_nodes))
             depth = cls.depth_limit(**cfg.drafter_params) if cfg.k == AUTO_K else int(cfg.k)
-            # leaves: the target scores at most tree_nodes nodes; a draft model feeds at most tree_width per depth
-            roles = [("target", self.target, nodes)]
-            if cls.needs_model:
-                width = int(cfg.drafter_params.get("tree_width", cls.Options.tree_width))
-                roles.append(("draft", self.draft, width * depth + 1))
-            for role, lm, leaves in roles:
-                if lm is None:
+            # the most root-to-leaf paths of the tree the target scores and of the one the draft feeds
+            paths = cls.tree_paths(depth, **cfg.drafter_params)
+            for role, lm, leaves in (("target", self.target, paths[0]), ("draft", self.draft, paths[1])):
+                if lm is None or leaves == 0:
                     continue
                 caps = lm.capabilities
                 if not caps.trees:
@@ -161,7 +158,7 @@ class Engine:
                 if caps.max_tree_leaves is not None and leaves > caps.max_tree_leaves:
                     raise SpecdecError(
                         f"drafter {cfg.drafter!r}: a tree of up to {leaves} paths ({role} model) exceeds the "
-                        f"{lm.backend} backend's limit of {caps.max_tree_leaves}; lower tree_nodes, tree_width or k")
+                        f"{lm.backend} backend's limit of {caps.max_tree_leaves}; lower its options or k")
         if policy.needs_hidden:
             for lm in (self.target,):
                 if not lm.capabilities.hidden:
@@ -219,7 +216,7 @@ class Engine:
             scores = self._score(run, draft)  # 2.
             verdict = self._verify(run, draft, scores)  # 3.
             t2 = clock()
-            self._learn(run, k, draft, verdict, t1 - t0, t2 - t1)
+            self._learn(run, k, draft, verdict, scores, t1 - t0, t2 - t1)
             new = self._commit(run, draft, verdict, stop_check, scores.logits)  # 4.
             self._roll_back(run, draft, verdict)  # 5.
             if new:
@@ -252,6 +249,8 @@ class Engine:
         run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, auto=auto, guide=guide,
                    depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
                    control=self.controller(cfg) if auto and not trees else None,
+                   gate=PassGate(self.target_costs) if auto and trees and not cls.needs_model
+                   and self.target_costs is not None else None,
                    generator=make_generator(cfg.sampling.seed, self.target.device),
                    context=list(prompt_ids), limit=self.target.max_length or 1 << 62, t_start=time.perf_counter())
         self.target.reset()
@@ -270,6 +269,8 @@ class Engine:
         if run.drafter is None:
             return 0
         if run.depth_limit:  # k=auto leaves the depth to the tree's own pruning
+            if run.gate is not None and not run.gate.choose():  # a plain step is cheaper than the tree's pass
+                return 0
             return max(0, min(run.depth_limit if run.auto else cfg.k, room - 1))
         if run.control is not None:
             backlog = run.drafter.backlog(run.context)
@@ -331,15 +332,21 @@ class Engine:
         run.out.stats.mask_seconds += run.guide.seconds - spent
         return logits
 
-    def _learn(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, draft_seconds: float,
+    def _learn(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, scores: Scores, draft_seconds: float,
                verify_seconds: float) -> None:
-        """Record the round in the stats, and teach the k=auto controller its acceptance and costs."""
+        """Record the round in the stats, and teach the k=auto controller its acceptance and costs;
+        a drafter that observes the target (lookahead's Jacobi window) gets its argmax after every
+        row of a pass it drafted for (:meth:`~specdec.drafters.base.Drafter.observe`)."""
+        if k and run.drafter.observes_target:
+            run.drafter.observe(draft, scores.logits.argmax(dim=-1).tolist())
         stats, n, tree = run.out.stats, len(draft), draft.parents is not None and len(draft) > 0
         stats.draft_seconds += draft_seconds
         stats.verify_seconds += verify_seconds
         stats.record(n, verdict.accepted, dict(verdict.relaxed), depth=tree_depth(draft.parents) if tree else None)
         if run.auto:
             stats.k_chosen.append(k)
+        if run.gate is not None:
+            run.gate.observe(n, verdict.accepted, verify_seconds)
         if run.control is not None:
             run.control.observe(n, verdict.accepted, draft_seconds, verify_seconds, inner=verdict.inner,
                                 fed=draft.fed)

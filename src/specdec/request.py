@@ -106,7 +106,8 @@ def check_drafter_fits_policy(policy: Policy, cls, k: int | str, drafter_params:
     if cls.grows_trees and k == AUTO_K and cls.depth_limit(**drafter_params) <= w:
         raise SpecdecError(
             f"policy {name!r}: {policy.lookahead_label} needs paths longer than it, but a tree of "
-            f"depth <= {cls.depth_limit(**drafter_params)} cannot grow that deep; raise tree_nodes")
+            f"depth <= {cls.depth_limit(**drafter_params)} cannot grow that deep; raise tree_nodes (tree) "
+            "or lookahead_window/lookahead_ngram (lookahead)")
     if isinstance(k, int) and k <= w:
         raise SpecdecError(
             f"policy {name!r}: {policy.lookahead_label} acts only on draft blocks longer than it, so k={k} "

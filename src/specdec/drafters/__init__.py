@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..checks import check_options, options_of
 from ..errors import SpecdecError
 from .base import Draft, Drafter
+from .lookahead import LookaheadDrafter
 from .lookup import LookupDrafter, lookup
 from .mla import LookupModelDrafter
 from .model import ModelDrafter
@@ -20,10 +21,11 @@ from .tree import TreeDrafter
 #: ``model``: the draft model; ``pld``: prompt lookup; ``model+pld``: the draft model accelerated by
 #: prompt lookup (FLy's multi-level acceleration; same tokens as ``model``, cheaper when text repeats);
 #: ``tree``: a token tree from the draft model (EAGLE-2 style), verified in one target pass;
-#: ``suffix``/``suffix-tree``: suffix decoding's chain/tree from a suffix trie over this and earlier requests' text.
+#: ``suffix``/``suffix-tree``: suffix decoding's chain/tree from a suffix trie over this and earlier requests' text;
+#: ``lookahead``: lookahead decoding (a Jacobi window and an n-gram pool, no draft model), one tree pass.
 DRAFTERS: dict[str, type[Drafter]] = {"model": ModelDrafter, "pld": LookupDrafter, "model+pld": LookupModelDrafter,
-                             "tree": TreeDrafter}
-DRAFTERS.update({"suffix": SuffixDrafter, "suffix-tree": SuffixTreeDrafter})
+                             "tree": TreeDrafter, "suffix": SuffixDrafter, "suffix-tree": SuffixTreeDrafter,
+                             "lookahead": LookaheadDrafter}
 
 #: drafter -> the option names it takes (passed through ``generate(..., ngram_max=4)`` etc.)
 DRAFTER_OPTIONS: dict[str, tuple[str, ...]] = {name: tuple(options_of(cls.Options)) for name, cls in DRAFTERS.items()}
@@ -61,5 +63,5 @@ def make_drafter(name: str, draft_lm, stop_ids: frozenset[int], options: dict,
 
 
 __all__ = ["ALL_DRAFTER_OPTIONS", "DRAFTERS", "DRAFTER_OPTIONS", "check_drafter_options", "drafter_class", "make_drafter",
-           "Draft", "Drafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "SuffixCache", "SuffixDrafter",
-           "SuffixTreeDrafter", "TreeDrafter", "lookup"]
+           "Draft", "Drafter", "LookaheadDrafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "SuffixCache",
+           "SuffixDrafter", "SuffixTreeDrafter", "TreeDrafter", "lookup"]

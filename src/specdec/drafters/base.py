@@ -52,13 +52,16 @@ class Drafter(ABC):
     - ``reads_history``: it also drafts from earlier requests' text: :meth:`build` gets
       ``history``, the request's view of the engine's cross-request cache, scoped to its caller
       (:class:`specdec.drafters.suffix.CacheScope`);
+    - ``observes_target``: after every round it drafted, the engine hands :meth:`observe` the
+      target's argmax after every row of the verify pass (lookahead's Jacobi window learns from
+      it); off by default;
     - ``Options``: a frozen dataclass whose fields, declared with :func:`specdec.checks.option`,
       are the drafter's options (default, range, help): validation, CLI flags and the server's
       option names all come from there.
 
     Class methods: :meth:`check` (constraints across options), :meth:`build` (an instance over the
-    draft model), :meth:`depth_limit` (tree drafters). Instance methods: :meth:`start`,
-    :meth:`propose`, :meth:`commit`, :meth:`backlog`.
+    draft model), :meth:`depth_limit` and :meth:`tree_paths` (tree drafters). Instance methods:
+    :meth:`start`, :meth:`propose`, :meth:`observe`, :meth:`commit`, :meth:`backlog`.
 
     Structured output: ``guide`` is set by the engine before every :meth:`start`: None, or the
     grammar's state after the committed text (:class:`specdec.constrain.Guide`). A drafter should
@@ -73,6 +76,7 @@ class Drafter(ABC):
     needs_model: ClassVar[bool]
     grows_trees: ClassVar[bool] = False
     reads_history: ClassVar[bool] = False
+    observes_target: ClassVar[bool] = False
     Options: ClassVar[type]
     #: structured output: the grammar's state, set by the engine before :meth:`start` (None: none)
     guide = None
@@ -94,6 +98,13 @@ class Drafter(ABC):
         have no such limit (``k="auto"`` asks the cost model), so asking one is a programming error."""
         raise NotImplementedError(f"drafter {cls.name!r} drafts chains; only tree drafters have a depth limit")
 
+    @classmethod
+    def tree_paths(cls, depth: int, **options) -> tuple[int, int]:
+        """Tree drafters: the most root-to-leaf paths of (the tree the target scores, the tree the
+        draft model feeds at once) with these options and depth limit, checked against a backend's
+        ``max_tree_leaves`` before any work (0: that model scores no tree)."""
+        raise NotImplementedError(f"drafter {cls.name!r} drafts chains; only tree drafters have paths")
+
     @abstractmethod
     def start(self, prompt: Sequence[int]) -> None:
         """A new generation begins with ``prompt`` (prefill caches here, or lazily at the first
@@ -110,6 +121,12 @@ class Drafter(ABC):
         or a catch-up after rounds that did not draft): what k=auto weighs against drafting. 0 for
         drafters without a model."""
         return 0
+
+    def observe(self, draft: Draft, argmax: Sequence[int]) -> None:
+        """Drafters with ``observes_target``: after the verify pass over ``draft`` (proposed this
+        round), before :meth:`commit`, the target's argmax (raw logits, no penalty or grammar) after
+        each row: ``argmax[0]`` after the context, then after each draft token (a tree: after node
+        ``i`` at ``argmax[i + 1]``). Not called after a round that drafted nothing (k=0)."""
 
     @abstractmethod
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:

@@ -425,3 +425,8 @@ class SuffixTreeDrafter(SuffixDrafter):
     def depth_limit(cls, tree_nodes: int = SuffixTreeOptions.tree_nodes, **options) -> int:
         """k=auto: the tree's own limits stop it (no deeper than ``tree_nodes`` nor the trie)."""
         return min(int(tree_nodes), DEPTH - 1)
+
+    @classmethod
+    def tree_paths(cls, depth: int, tree_nodes: int = SuffixTreeOptions.tree_nodes, **options) -> tuple[int, int]:
+        """The target scores at most ``tree_nodes`` leaves; no draft model feeds a tree."""
+        return int(tree_nodes), 0

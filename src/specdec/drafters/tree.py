@@ -82,6 +82,12 @@ class TreeDrafter(Windowed, Drafter):
         """k=auto: trees grow up to this depth (their own pruning stops them earlier)."""
         return tree_nodes
 
+    @classmethod
+    def tree_paths(cls, depth: int, tree_nodes: int = TreeOptions.tree_nodes,
+                   tree_width: int = TreeOptions.tree_width, **options) -> tuple[int, int]:
+        """The target scores at most ``tree_nodes`` leaves; the draft feeds at most ``tree_width`` per depth."""
+        return tree_nodes, tree_width * depth + 1
+
     def start(self, prompt: Sequence[int]) -> None:
         super().start(prompt)
         self._base = None
