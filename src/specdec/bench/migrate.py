@@ -279,12 +279,16 @@ def _read_summary(folder: Path) -> dict | None:
 
 def parse_command(command: list[str]) -> argparse.Namespace:
     """``command`` parsed by today's ``specdec`` parser (one line when it does not parse)."""
-    from ..cli import build_parser
+    from . import cli, tune
 
+    parser = argparse.ArgumentParser(prog="specdec")
+    sub = parser.add_subparsers(dest="command")
+    cli.register(sub)  # the two commands that write run folders, as `specdec` parses them
+    tune.register(sub)
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            return build_parser().parse_args(command)
+            return parser.parse_args(command)
     except SystemExit:
         raise SpecdecError(f"today's parser refuses {' '.join(command)!r}: {err.getvalue().strip()[-300:]}") from None
 
@@ -423,12 +427,7 @@ def migrate(folder: Path, *, renames: dict[str, str] | None = None, dry_run: boo
     from . import environment
 
     folder = Path(folder)
-    if not (folder / RUN).is_file():
-        raise SpecdecError(f"{folder} has no {RUN}; nothing to migrate")
-    if not (folder / RESULTS).is_file():
-        raise SpecdecError(f"{folder} has no {RESULTS} (only a summary was kept): its records cannot be re-scored; "
-                           "regenerate it")
-    run = read_run(folder)
+    run = _migratable(folder)
     settings, invocations = dict(run["settings"]), list(run.get("invocations") or [])
     if renames is None:
         root = bench_root(folder)
@@ -474,12 +473,27 @@ def migrate(folder: Path, *, renames: dict[str, str] | None = None, dry_run: boo
         atomic_write_text(folder / RUN, json.dumps(run_out, indent=2) + "\n")
     result = dict(record)
     if stage is None:
-        had_plots = bool((before or {}).get("plots"))
-        plots = had_plots and _has_matplotlib()
-        rewrite_report(folder, command, plots)
-        result["figures"] = figure_changes(before, _read_summary(folder))
-        result["plots"] = "rewritten" if plots else ("kept (no matplotlib)" if had_plots else "none")
+        result.update(_rewrite_reports(folder, command, before))
     return result
+
+
+def _migratable(folder: Path) -> dict:
+    """The folder's run.json, or a one-line refusal when there is nothing to migrate."""
+    if not (folder / RUN).is_file():
+        raise SpecdecError(f"{folder} has no {RUN}; nothing to migrate")
+    if not (folder / RESULTS).is_file():
+        raise SpecdecError(f"{folder} has no {RESULTS} (only a summary was kept): its records cannot be re-scored; "
+                           "regenerate it")
+    return read_run(folder)
+
+
+def _rewrite_reports(folder: Path, command: list[str], before: dict | None) -> dict:
+    """summary.json and report.md again (the plots where the folder had them): the figures that moved."""
+    had_plots = bool((before or {}).get("plots"))
+    plots = had_plots and _has_matplotlib()
+    rewrite_report(folder, command, plots)
+    return {"figures": figure_changes(before, _read_summary(folder)),
+            "plots": "rewritten" if plots else ("kept (no matplotlib)" if had_plots else "none")}
 
 
 def _has_matplotlib() -> bool:
