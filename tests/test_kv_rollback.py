@@ -16,6 +16,7 @@ class ScriptedDrafter:
     none), so every accept length 0..K occurs."""
 
     name = "scripted"
+    observes_target = False  # what the engine reads of a drafter besides its methods (the Drafter contract)
 
     def __init__(self, truth, prompt_len, seed=0):
         self.truth, self.prompt_len, self.rng = truth, prompt_len, random.Random(seed)
