@@ -77,3 +77,16 @@ def test_engine_sampling_on_llama_cpp_matches_target_distribution(pair_paths):
     assert 0.2 < accept_rate < 0.97
     pvalue, outside = chisquare_joint(counts, expected)
     assert pvalue > 1e-3 and outside == 0
+
+
+def test_prefix_caching_reads_only_the_new_part_of_a_prompt(pair_paths):
+    """llama.cpp keeps the cached positions a prompt shares with the request before (the server's
+    default); plain decoding's output is that of a fresh cache."""
+    engine = engine_on(pair_paths)
+    cfg = DecodeConfig(policy="ar", max_new_tokens=12)
+    fresh = [engine.generate(p, cfg).token_ids for p in (PROMPTS[0], PROMPTS[0] + list(b" return"))]
+    engine.prefix_caching = True
+    engine.target.reset()
+    outs = [engine.generate(p, cfg) for p in (PROMPTS[0], PROMPTS[0] + list(b" return"))]
+    assert [o.stats.cached_prompt_tokens for o in outs] == [0, len(PROMPTS[0])]
+    assert [o.token_ids for o in outs] == fresh

@@ -26,7 +26,7 @@ from .drafters import Draft, Drafter, SuffixCache, drafter_class, make_drafter
 from .autok import KController, PassGate, draft_prefill_estimate, draft_step_estimate
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
-from .backends.base import Model, Scores
+from .backends.base import Model, Scores, common_prefix
 from .logprobs import TokenLogprob, token_logprobs
 from .request import AUTO_K, DecodeConfig, check_k, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
 from .sampling import make_generator, next_token, penalize, probabilities
@@ -102,6 +102,13 @@ class Engine:
         self.controllers: OrderedDict[tuple, KController] = OrderedDict()
         #: earlier requests' text for the suffix drafters, per caller (assign another to resize or share it)
         self.suffix_cache = SuffixCache()
+        #: prefix caching (vLLM's and llama-server's default): a generation keeps the target's cached
+        #: positions its prompt shares with what the cache holds from the request before, and reads
+        #: only the rest (an agent's next turn re-sends the whole conversation). Off here by default,
+        #: so that every generation starts from an empty cache and bench's timings compare; the
+        #: server turns it on. Output is the same either way up to floating-point differences of
+        #: batched against incremental passes (near-ties on llama.cpp and in bf16).
+        self.prefix_caching = False
 
     def controller(self, cfg: DecodeConfig) -> KController | None:
         """The k=auto controller for this policy, drafter, sampling mode and whether a grammar
@@ -253,14 +260,24 @@ class Engine:
                    and self.target_costs is not None else None,
                    generator=make_generator(cfg.sampling.seed, self.target.device),
                    context=list(prompt_ids), limit=self.target.max_length or 1 << 62, t_start=time.perf_counter())
-        self.target.reset()
-        if len(run.context) > 1:
-            self.target.forward(run.context[:-1])
+        self._prefill(run.context[:-1], out.stats)
         if drafter is not None:
             drafter.guide = guide
             drafter.start(run.context)
         out.stats.prefill_seconds = time.perf_counter() - run.t_start
         return run
+
+    def _prefill(self, ids: list[int], stats: Stats) -> None:
+        """The target's cache holds ``ids`` (the prompt but its last token) after this: read whole
+        from an empty cache, or with :attr:`prefix_caching` only past the prefix it already holds."""
+        keep = common_prefix(self.target.linear_tokens, ids) if self.prefix_caching else 0
+        if keep:
+            self.target.truncate(keep)
+        else:
+            self.target.reset()
+        stats.cached_prompt_tokens = keep
+        if len(ids) > keep:
+            self.target.forward(ids[keep:])
 
     def _choose_k(self, run: "_Run") -> int:
         """This round's draft length (a tree drafter: its depth limit), within the room left."""

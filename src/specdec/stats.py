@@ -33,6 +33,7 @@ class Stats:
     k: int | str = 0  # draft length, or "auto" (then k_chosen holds each round's K)
     lossy: bool = False
     prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0  # prompt positions the target's cache kept from the request before (prefix caching)
     new_tokens: int = 0
     rounds: int = 0  # target verify passes (plain decoding: one per token)
     drafted: int = 0  # draft tokens proposed

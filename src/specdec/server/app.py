@@ -428,14 +428,18 @@ def _add_middleware(app: FastAPI, served: Served, api_key: str | None, allowed_h
 
 def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
                model_name: str | None = None, allowed_hosts: list[str] | None = None,
-               allow_origins: list[str] = ()) -> FastAPI:
+               allow_origins: list[str] = (), prefix_caching: bool = True) -> FastAPI:
     """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
     set them (:meth:`~specdec.request.DecodeConfig.from_options`' names; see :func:`default_settings`); ``api_key``: required as
     ``Authorization: Bearer <key>`` on every path but ``/health`` and ``/metrics`` when set (an
     empty key is refused); ``model_name``: the served name; ``allowed_hosts``: the names a ``Host``
     header may carry (default: the loopback names; ``"*"``: any); ``allow_origins``: browser
-    origins allowed besides the server's own (``"*"``: any), which also get CORS headers."""
+    origins allowed besides the server's own (``"*"``: any), which also get CORS headers;
+    ``prefix_caching``: a request reads only the part of its prompt that the target's cache does not
+    hold from the request before (:attr:`specdec.engine.Engine.prefix_caching`; vLLM's and
+    llama-server's default), reported as ``usage.prompt_tokens_details.cached_tokens``."""
     defaults, limits = _checked_settings(pair, defaults, api_key, limits)
+    pair.engine.prefix_caching = prefix_caching
     served = Served(pair, defaults, limits, model_name or str(pair.target_name))
     app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",
                   lifespan=served.lifespan, docs_url=None, redoc_url=None, default_response_class=SafeJSONResponse)

@@ -44,6 +44,12 @@ def register(sub) -> None:
                    help="largest request body; larger ones get 413 (default: 2 MiB)")
     g.add_argument("--max-queue", type=int, default=64,
                    help="requests queued or running at once; more get 429 (default: 64)")
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep the target's cached positions a request's prompt shares with the request before, "
+                        "and read only the rest (an agent's or a chat's next turn re-sends the conversation); "
+                        "usage.prompt_tokens_details.cached_tokens counts them. Output is the same up to "
+                        "floating-point differences of batched against incremental passes (default: on, as "
+                        "vLLM and llama-server)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn log level (default: info)")
     add_model_args(p)
@@ -85,7 +91,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     limits = Limits(max_tokens=a.max_tokens_limit, max_body_bytes=a.max_body_bytes, max_queue=a.max_queue,
                     request_timeout_seconds=a.request_timeout)
     app = create_app(pair, kwargs, api_key=a.api_key, limits=limits, model_name=a.served_model_name or a.target,
-                     allowed_hosts=a.allowed_host or default_hosts(a.host), allow_origins=a.allow_origin)
+                     allowed_hosts=a.allowed_host or default_hosts(a.host), allow_origins=a.allow_origin,
+                     prefix_caching=a.enable_prefix_caching)
     print(f"specdec: serving on http://{a.host}:{a.port}/v1 (one request at a time; Ctrl-C stops)",
           file=sys.stderr, flush=True)
     serve(app, a.host, a.port, a.log_level)

@@ -15,7 +15,8 @@ def usage(out: Output) -> dict:
     spec = out.stats.to_dict()
     spec["tau"] = out.stats.mean_acceptance_length
     return {"prompt_tokens": out.prompt_tokens, "completion_tokens": n,
-            "total_tokens": out.prompt_tokens + n, "speculative": spec}
+            "total_tokens": out.prompt_tokens + n,
+            "prompt_tokens_details": {"cached_tokens": out.stats.cached_prompt_tokens}, "speculative": spec}
 
 
 class Shaper:
