@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.testing import save_tiny_pair
+from tinymodels import save_tiny_pair
 
 torch.set_num_threads(1)  # tiny models: threads only add overhead and noise
 

@@ -11,8 +11,8 @@ import pytest
 from specdec.autok import KController
 from specdec.costmodel import CostTable
 from specdec.engine import DecodeConfig, Engine
-from specdec.models import CausalLM
-from specdec.testing import perturbed_copy, tiny_model
+from specdec.backends.hf import HFModel as CausalLM
+from tinymodels import perturbed_copy, tiny_model
 
 WIDTHS = list(range(1, 18)) + [24, 32]
 

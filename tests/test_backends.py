@@ -14,7 +14,7 @@ import torch
 from specdec.backends import Capabilities, check_backend
 from specdec.backends.hf import HFModel
 from specdec.errors import SpecdecError
-from specdec.testing import byte_tokenizer, save_tiny_gguf, tiny_model
+from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
 
 TOL = {"transformers": 1e-4, "llama.cpp": 1e-3}
 CONTEXT = list(b"def add(a, b):\n    return")
@@ -200,7 +200,7 @@ def test_llama_cpp_without_the_package_names_the_extra(monkeypatch):
 
 def test_llama_cpp_refuses_transformers_options_and_non_gguf_models(tmp_path):
     import specdec
-    from specdec.testing import save_tiny_pair
+    from tinymodels import save_tiny_pair
 
     pytest.importorskip("llama_cpp")
     with pytest.raises(SpecdecError, match="dtype"):
@@ -212,7 +212,7 @@ def test_llama_cpp_refuses_transformers_options_and_non_gguf_models(tmp_path):
 
 def test_auto_backend_choice_says_why(tmp_path, monkeypatch):
     from specdec import api, backends
-    from specdec.testing import save_tiny_pair
+    from tinymodels import save_tiny_pair
 
     cpu = torch.device("cpu")
     target, _ = save_tiny_pair(tmp_path)

@@ -7,7 +7,7 @@ import pytest
 
 import specdec
 from specdec.errors import SpecdecError
-from specdec.testing import byte_tokenizer, tiny_model
+from tinymodels import byte_tokenizer, tiny_model
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from specdec.bench.datasets import FIXTURE, load_dataset, parse_dataset
 from specdec.bench.prompts import CODE_STOP, build_prompt
 from specdec.bench.quality import agreement, check_program, last_number, normalize_number, reference_answer
 from specdec.errors import SpecdecError
-from specdec.testing import byte_tokenizer
+from tinymodels import byte_tokenizer
 
 DATA = Path(__file__).parent / "data"
 

@@ -22,7 +22,7 @@ from specdec.bench.summary import summarize  # noqa: E402
 from specdec.cli import main  # noqa: E402
 from specdec.constrain import compile_constraint, constraint_from, make_guide  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
-from specdec.testing import byte_tokenizer  # noqa: E402
+from tinymodels import byte_tokenizer  # noqa: E402
 
 TASKS = json.loads(JSON_EXTRACTION.read_text(encoding="utf-8"))
 SPEC_BENCH = JSON_EXTRACTION.parent / "spec_bench" / "question.jsonl"
@@ -264,7 +264,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys, extra, message):
 @pytest.fixture(scope="module")
 def long_context_pair(tmp_path_factory):
     """A tiny random target and draft with the byte tokenizer and room for the long prompts."""
-    from specdec.testing import perturbed_copy, tiny_model
+    from tinymodels import perturbed_copy, tiny_model
 
     root = tmp_path_factory.mktemp("tiny-long")
     target = tiny_model(0, layers=1, hidden=32, max_positions=4096)

@@ -8,7 +8,7 @@ import torch
 from specdec.engine import DecodeConfig
 from specdec.errors import SpecdecError
 from specdec.sampling import SamplingParams
-from specdec.testing import ToyChain, chisquare_joint, engine_sample, table, tiny_engine
+from tinymodels import ToyChain, chisquare_joint, engine_sample, table, tiny_engine
 from specdec.verify import Block, Lossless, Round, Verdict, make_policy
 from specdec.verify.block import block_accept, block_residual, block_weights
 from specdec.verify.lossless import point_mass

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdec.sampling import SamplingParams
-from specdec.testing import ToyChain, chisquare_joint, engine_sample, table, tiny_engine
+from tinymodels import ToyChain, chisquare_joint, engine_sample, table, tiny_engine
 from specdec.verify import Lossless
 
 pytestmark = pytest.mark.slow

@@ -8,10 +8,10 @@ from specdec.api import Pair
 from specdec.drafters.model import AUTO_WINDOW, window_start
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.models import CausalLM
+from specdec.backends.hf import HFModel as CausalLM
 from specdec.request import make_config
 from specdec.sampling import SamplingParams
-from specdec.testing import byte_tokenizer, chisquare_joint, engine_sample, perturbed_copy, tiny_engine, tiny_model
+from tinymodels import byte_tokenizer, chisquare_joint, engine_sample, perturbed_copy, tiny_engine, tiny_model
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):"
 WINDOWS = [1, 2, 5, 16, 1000, "all", "auto"]

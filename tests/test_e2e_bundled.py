@@ -11,7 +11,7 @@ import pytest
 
 import specdec
 from specdec import bundled
-from specdec.testing import per_rule
+from tinymodels import per_rule
 from specdec.verify import RULES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

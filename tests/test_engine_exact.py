@@ -6,8 +6,8 @@ import torch
 from specdec.api import Pair
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.models import CausalLM
-from specdec.testing import byte_tokenizer, perturbed_copy, tiny_model
+from specdec.backends.hf import HFModel as CausalLM
+from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 PROMPTS = ["def hello():", "abc abc abc", "The quick brown fox", "x"]
 

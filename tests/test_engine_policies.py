@@ -5,9 +5,9 @@ import torch
 
 from specdec.api import Pair
 from specdec.drafters import LookupModelDrafter, ModelDrafter
-from specdec.models import CausalLM
+from specdec.backends.hf import HFModel as CausalLM
 from specdec.sampling import SamplingParams
-from specdec.testing import byte_tokenizer, perturbed_copy, tiny_model
+from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 POLICIES = ["mars", "dropmatch", "typical", "fly", "fly+mars", "fly+dropmatch", "mars+typical",
             "fly+dropmatch+mars+typical"]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import specdec
-from specdec.testing import byte_tokenizer, save_tiny_gguf, tiny_model
+from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
 
 pytest.importorskip("gguf")
 

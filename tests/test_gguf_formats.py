@@ -9,7 +9,7 @@ import pytest
 from specdec.backends.gguf_formats import FORMATS, split_format
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.testing import byte_tokenizer, save_tiny_gguf, tiny_model
+from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
 
 
 def test_split_format_table(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specdec.backends.hf_weights import load_lean, read_safetensors, safetensors_files
-from specdec.testing import tiny_config, tiny_model
+from tinymodels import tiny_config, tiny_model
 
 
 def _save(model, path, **kw):

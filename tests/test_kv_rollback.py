@@ -7,8 +7,8 @@ import torch
 
 from specdec.drafters import Draft
 from specdec.engine import DecodeConfig, Engine
-from specdec.models import CausalLM
-from specdec.testing import perturbed_copy, tiny_model
+from specdec.backends.hf import HFModel as CausalLM
+from tinymodels import perturbed_copy, tiny_model
 
 
 class ScriptedDrafter:

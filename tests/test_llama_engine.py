@@ -8,7 +8,7 @@ import pytest
 
 from specdec.engine import DecodeConfig, Engine
 from specdec.sampling import SamplingParams
-from specdec.testing import byte_tokenizer, chisquare_joint, engine_sample, save_tiny_gguf, tiny_model
+from tinymodels import byte_tokenizer, chisquare_joint, engine_sample, save_tiny_gguf, tiny_model
 
 pytest.importorskip("llama_cpp")
 

@@ -9,9 +9,9 @@ import torch
 
 from specdec.api import Pair
 from specdec.errors import SpecdecError
-from specdec.models import CausalLM
+from specdec.backends.hf import HFModel as CausalLM
 from specdec.request import make_config
-from specdec.testing import byte_tokenizer, perturbed_copy, tiny_model
+from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 TOL = 1e-4
 

@@ -13,9 +13,9 @@ from specdec.drafters import LookaheadDrafter
 from specdec.drafters.lookahead import MAX_NODES, pass_nodes
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.models import CausalLM
+from specdec.backends.hf import HFModel as CausalLM
 from specdec.sampling import SamplingParams
-from specdec.testing import (byte_tokenizer, chisquare_joint, engine_sample, per_rule, save_tiny_gguf, tiny_engine,
+from tinymodels import (byte_tokenizer, chisquare_joint, engine_sample, per_rule, save_tiny_gguf, tiny_engine,
                              tiny_model)
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -16,7 +16,7 @@ import torch
 from scipy.stats import binomtest
 
 from specdec.sampling import SamplingParams, probabilities
-from specdec.testing import ToyChain, chisquare_joint, engine_sample, per_rule, tiny_engine
+from tinymodels import ToyChain, chisquare_joint, engine_sample, per_rule, tiny_engine
 from specdec.verify import Lossless, Round, Verdict, make_policy
 from specdec.verify.dropmatch import js_accept
 

@@ -7,9 +7,9 @@ import torch
 from specdec.api import Pair
 from specdec.costmodel import CostTable
 from specdec.errors import SpecdecError
-from specdec.models import CausalLM
+from specdec.backends.hf import HFModel as CausalLM
 from specdec.sampling import SamplingParams, probabilities
-from specdec.testing import byte_tokenizer, perturbed_copy, tiny_model
+from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 from specdec.verify import Round, make_policy
 
 POLICIES = ["mars", "typical", "dropmatch", "fly", "fly+mars", "mars+typical", "fly+dropmatch+mars+typical"]

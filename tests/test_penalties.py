@@ -11,10 +11,10 @@ from specdec.api import Pair
 from specdec.drafters.base import Draft
 from specdec.engine import row_paths
 from specdec.errors import SpecdecError
-from specdec.models import CausalLM
+from specdec.backends.hf import HFModel as CausalLM
 from specdec.request import make_config
 from specdec.sampling import SamplingParams, penalize
-from specdec.testing import byte_tokenizer, perturbed_copy, tiny_model
+from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 
 def test_repetition_penalty_is_transformers_processor():

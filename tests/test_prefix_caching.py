@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from specdec.api import Pair
-from specdec.models import CausalLM
-from specdec.testing import byte_tokenizer, perturbed_copy, tiny_model
+from specdec.backends.hf import HFModel as CausalLM
+from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 
 @pytest.fixture()

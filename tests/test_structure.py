@@ -141,21 +141,13 @@ def test_no_module_imports_a_module_above_it():
     assert not bad, bad
 
 
-#: circles closed only by imports inside functions (run on first call, not on import), left as
-#: they are: the transformers backend asks calibrate and models for names, and they import it
-EXEMPT_FUNCTION_LEVEL_CIRCLES = [{"backends.hf", "backends.llamacpp", "calibrate", "models"}]
-
-
 def test_no_import_circles():
-    """No import circle among specdec's modules: none at all through the imports that run when a
-    module is imported (module level, incl. ``if``/``try`` blocks and class bodies). Imports inside
-    functions run later, on first call, so a circle through one cannot break an import; those are
-    exempt, but only the circles listed in EXEMPT_FUNCTION_LEVEL_CIRCLES may exist (api and
-    configfile, say, may not import each other even inside a function)."""
+    """No import circle among specdec's modules, through the imports that run when a module is
+    imported (module level, incl. ``if``/``try`` blocks and class bodies) or those inside functions
+    (run on first call): none is allowed by exception."""
     assert not circles(import_graph(module_level=True))
     graph = import_graph(module_level=False)
-    found = circles(graph)
-    assert all(any(c <= exempt for exempt in EXEMPT_FUNCTION_LEVEL_CIRCLES) for c in found), found
+    assert not circles(graph), circles(graph)
     assert "api" not in graph["configfile"]
 
 
@@ -353,8 +345,8 @@ def test_target_without_a_draft_uses_prompt_lookup_by_default(tiny_dirs):
 
 
 #: the only modules that import transformers: its backend, the GGUF->folder conversion, the GGUF
-#: tokenizer loader of the llama.cpp backend, test helpers, and bench's transformers peers and version record
-TRANSFORMERS_IMPORTERS = {"backends/hf.py", "backends/hf_weights.py", "backends/llamacpp.py", "convert.py", "testing.py", "bench/peers.py",
+#: tokenizer loader of the llama.cpp backend, and bench's transformers peers and version record
+TRANSFORMERS_IMPORTERS = {"backends/hf.py", "backends/hf_weights.py", "backends/llamacpp.py", "convert.py", "bench/peers.py",
                           "bench/environment.py"}
 
 
@@ -451,3 +443,30 @@ def test_no_function_is_longer_than_the_limit():
                 if length > MAX_FUNCTION_LINES and f"{rel}:{node.name}" not in LONG_FUNCTIONS_ALLOWED:
                     found.append(f"{rel}:{node.name} ({length} lines, line {node.lineno})")
     assert not found, found
+
+
+def test_drafter_options_and_rule_parameters_never_share_a_name():
+    """Request options are one flat namespace: a name a drafter declares goes to the drafter, every
+    other to the policy (specdec.request.split_options). A drafter option named like a rule's
+    parameter (``theta``, ``mars_theta``, ...) would silently take it, so none may be."""
+    from specdec.drafters import ALL_DRAFTER_OPTIONS
+    from specdec.verify import RULES, rule_params
+
+    rule_names = {n for rule in RULES for p in rule_params(rule) for n in (p, f"{rule}_{p}")}
+    assert not set(ALL_DRAFTER_OPTIONS) & rule_names, sorted(set(ALL_DRAFTER_OPTIONS) & rule_names)
+    request_fields = {"policy", "drafter", "k", "max_new_tokens", "max_tokens", "temperature", "top_p", "top_k",
+                      "seed", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop_token_ids",
+                      "logprobs", "response_format", "json_schema", "regex", "choice", "grammar"}
+    assert not (set(ALL_DRAFTER_OPTIONS) | rule_names) & request_fields
+
+
+def test_test_helpers_are_not_in_the_installed_package():
+    """The tiny models, GGUF writer and chi-square harness live with the tests (tests/tinymodels.py):
+    they import scipy, which the package does not declare outside its test extra."""
+    assert not (SRC / "testing.py").exists()
+    for path in SRC.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                assert not any(n.split(".")[0] == "scipy" for n in names), path

@@ -11,9 +11,9 @@ from specdec.drafters import DRAFTERS, SuffixCache, SuffixDrafter, SuffixTreeDra
 from specdec.drafters.suffix import DEPTH, SuffixTrie, expand
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.models import CausalLM
+from specdec.backends.hf import HFModel as CausalLM
 from specdec.sampling import SamplingParams
-from specdec.testing import chisquare_joint, engine_sample, per_rule, perturbed_copy, tiny_engine, tiny_model
+from tinymodels import chisquare_joint, engine_sample, per_rule, perturbed_copy, tiny_engine, tiny_model
 
 GREEDY = SamplingParams()
 P_MIN = 1e-3
@@ -249,7 +249,7 @@ def test_structured_output_drafts_only_what_the_grammar_allows():
     pytest.importorskip("llguidance")
     from specdec.api import Pair
     from specdec.constrain import constraint_from, make_guide
-    from specdec.testing import byte_tokenizer
+    from tinymodels import byte_tokenizer
 
     tok = byte_tokenizer()
     target = tiny_model(5, layers=1, hidden=32, initializer_range=0.2)
@@ -285,7 +285,7 @@ def test_llama_cpp_greedy_suffix_decoding_equals_plain_decoding(tmp_path):
     pytest.importorskip("llama_cpp")
     from test_llama_engine import PROMPTS as LLAMA_PROMPTS, engine_on
 
-    from specdec.testing import byte_tokenizer, save_tiny_gguf
+    from tinymodels import byte_tokenizer, save_tiny_gguf
 
     kw = dict(layers=1, hidden=16, initializer_range=0.2)
     paths = (save_tiny_gguf(tiny_model(21, **kw), byte_tokenizer(), tmp_path / "target.gguf"),

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.testing import byte_tokenizer
+from tinymodels import byte_tokenizer
 from specdec.text import StopStrings, TextStream
 
 TOK = byte_tokenizer()

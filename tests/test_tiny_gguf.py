@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.testing import byte_tokenizer, perturbed_copy, save_tiny_gguf, tiny_gguf_pair, tiny_model
+from tinymodels import byte_tokenizer, perturbed_copy, save_tiny_gguf, tiny_gguf_pair, tiny_model
 
 llama_cpp = pytest.importorskip("llama_cpp")
 

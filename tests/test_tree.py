@@ -8,9 +8,9 @@ import torch
 
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.models import CausalLM
+from specdec.backends.hf import HFModel as CausalLM
 from specdec.sampling import SamplingParams
-from specdec.testing import chisquare_joint, engine_sample, per_rule, perturbed_copy, tiny_engine, tiny_model
+from tinymodels import chisquare_joint, engine_sample, per_rule, perturbed_copy, tiny_engine, tiny_model
 from specdec.verify import Round, make_policy
 from specdec.verify.tree import TreeRound, tree_children, tree_depth, walk_tree
 

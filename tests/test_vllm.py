@@ -244,7 +244,7 @@ def test_sampling_constraints_use_each_requests_temperature():
 def tiny_models(tmp_path_factory):
     """A tiny float32 Qwen2 target and a perturbed draft (byte tokenizer), with head size 64 (a size
     vLLM's CPU attention supports)."""
-    from specdec.testing import byte_tokenizer, perturbed_copy, tiny_model
+    from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
     root = tmp_path_factory.mktemp("vllm-tiny")
     target = tiny_model(0, hidden=256, layers=2, initializer_range=0.2)
@@ -404,7 +404,7 @@ def test_each_rule_inside_vllm_equals_specdecs_engine(engine_outputs, tiny_model
     + the rule, except possibly in the last round, where specdec's engine drafts fewer than K
     (it never drafts past max_new_tokens) and vLLM may not."""
     from specdec.engine import DecodeConfig, Engine
-    from specdec.models import CausalLM
+    from specdec.backends.hf import HFModel as CausalLM
     from transformers import AutoModelForCausalLM
 
     if name == "dropmatch":

@@ -24,7 +24,7 @@ import torch
 from .costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for, time_step
 from .errors import SpecdecError
 from .kernels import can_pad_rows, pack_linears, set_row_padding
-from .backends.hf import CausalLM, Loaded, folder_config, load as load_model, load_config
+from .backends.hf import CausalLM, Loaded, folder_config, load as load_model, load_config, variant_name
 from .models import DTYPES, resolve_dtype
 from .quant import quantize_int8, resolve_quant
 
@@ -37,11 +37,6 @@ def split_variant(name: str) -> tuple[torch.dtype, str]:
     if dt not in DTYPES or quant not in ("", "int8"):
         raise SpecdecError(f"unknown model variant {name!r}")
     return DTYPES[dt], quant or "none"
-
-
-def variant_name(dtype: torch.dtype, quant: str) -> str:
-    name = str(dtype).replace("torch.", "")
-    return name if quant == "none" else f"{name}+{quant}"
 
 
 def target_candidates(dtype: str | torch.dtype, device: torch.device) -> list[str]:

@@ -106,21 +106,3 @@ def check_same_vocabulary(target_tok, draft_tok, target_name: str, draft_name: s
         "Speculative decoding needs the same token table; pick a draft from the target's family, "
         "or use --drafter pld, which needs no draft model."
     )
-
-
-_MOVED = {"CausalLM": "HFModel", "HFModel": "HFModel", "Loaded": "Loaded", "load": "load", "load_config": "load_config",
-          "resolve": "resolve", "gather_cache": "gather_cache"}
-
-
-def __getattr__(name: str):
-    """The transformers model and loaders moved to :mod:`specdec.backends.hf`; the generic cache
-    helpers to :mod:`specdec.backends.base`. Old imports keep working."""
-    if name in _MOVED:
-        from .backends import hf
-
-        return getattr(hf, _MOVED[name])
-    if name in ("common_prefix", "TreeState"):
-        from .backends import base
-
-        return getattr(base, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,12 @@ from .hf_weights import load_lean
 BACKEND = "transformers"
 
 
+def variant_name(dtype: torch.dtype, quant: str) -> str:
+    """A transformers model's variant as the cost model names it: ``bfloat16``, ``bfloat16+int8``."""
+    name = str(dtype).replace("torch.", "")
+    return name if quant == "none" else f"{name}+{quant}"
+
+
 def gather_cache(cache, index: torch.Tensor) -> None:
     """Keep the cache positions ``index`` (ascending) in every layer, in place. Only plain
     (full-attention) layers can be gathered; a sliding-window or other layer is a user error."""
@@ -56,7 +62,6 @@ class HFModel(Model):
         self.head = head
         param = next(model.parameters())
         self.dtype = param.dtype
-        from ..calibrate import variant_name
         from ..quant import is_quantized
 
         variant = variant_name(self.dtype, "int8" if is_quantized(model) else "none")

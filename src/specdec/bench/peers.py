@@ -30,7 +30,7 @@ def peer_draft(pair, quant: str, models: BenchModels):
         return pair.draft.model
     copies = models.peer_drafts
     if quant not in copies:
-        from ..models import load
+        from ..backends.hf import load
         from ..quant import quantize_int8
 
         model = load(pair.draft_name, pair.draft.dtype, pair.draft.device, progress=False).model

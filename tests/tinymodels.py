@@ -1,7 +1,7 @@
 """Tiny random models and a byte-level tokenizer, built from a config: no downloads; and the
 Monte Carlo harness of the seeded output-distribution (chi-square) tests.
 
-Used by the test suite and by anyone who wants to exercise the engine without real weights.
+The test suite's helpers (not part of the installed package: they import scipy and write test files).
 """
 
 from __future__ import annotations
@@ -276,7 +276,7 @@ class ToyChain:
 
     def target_probs(self, params) -> tuple[torch.Tensor, ...]:
         """The target's sampling distributions under ``params`` (temperature, top-k, top-p)."""
-        from .sampling import probabilities
+        from specdec.sampling import probabilities
 
         return tuple(probabilities(z.reshape(-1, self.vocab), params).reshape(z.shape) for z in self.z)
 
@@ -288,7 +288,7 @@ class ToyChain:
         """Run ``n`` rounds of ``policy`` (K = 2) and complete each output to three tokens by plain
         sampling, as later rounds would. Drafts are drawn from ``q``, or are ``fixed`` (a drafter
         without probabilities). Returns (``[V, V, V]`` counts, rejections, total of ``relaxed``)."""
-        from .verify import Round
+        from specdec.verify import Round
 
         gen = torch.Generator().manual_seed(seed)
         p1, p2, p3 = self.target_probs(params)
@@ -327,8 +327,8 @@ def per_rule(policy: str, params: dict[str, dict]) -> dict:
 def tiny_engine(vocab: int = 4, seeds: tuple[int, int] = (21, 22)):
     """An :class:`~specdec.engine.Engine` over two random one-layer models with ``vocab`` tokens:
     a target and a draft far enough apart that rounds reject often (no EOS)."""
-    from .engine import Engine
-    from .backends.hf import CausalLM
+    from specdec.engine import Engine
+    from specdec.backends.hf import CausalLM
 
     target, draft = (CausalLM(tiny_model(s, vocab_size=vocab, layers=1, hidden=16, initializer_range=0.2))
                      for s in seeds)
@@ -337,7 +337,7 @@ def tiny_engine(vocab: int = 4, seeds: tuple[int, int] = (21, 22)):
 
 def target_joint(target, prompt: list[int], params, vocab: int) -> torch.Tensor:
     """``[V, V, V]``: the joint law of a :class:`~specdec.models.CausalLM`'s first three sampled tokens."""
-    from .sampling import probabilities
+    from specdec.sampling import probabilities
 
     def dist(context):
         target.reset()
@@ -354,7 +354,7 @@ def engine_sample(engine, n: int, params, prompt: tuple[int, ...] = (1, 3, 0, 2)
     counts, the target's ``[V, V, V]`` joint, the fraction of drafts accepted, drafts relaxed)."""
     from dataclasses import replace
 
-    from .engine import DecodeConfig
+    from specdec.engine import DecodeConfig
 
     vocab, prompt = engine.target.vocab_limit, list(prompt)
     counts = torch.zeros(vocab, vocab, vocab)
