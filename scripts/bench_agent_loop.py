@@ -12,14 +12,17 @@ have made) and their tool results. Each answer is the next call: the same JSON s
 the next task's fields, as agents' tool calls are. Greedy, 96 new tokens at most, non-streaming,
 through the openai client on loopback; one warm-up request first. Each configuration starts with
 an empty suffix cache, so its first request drafts only from its own prompt and later ones also
-from the earlier answers (suffix decoding's cross-request cache).
+from the earlier answers (suffix decoding's cross-request cache). The configurations take turns on
+each request (the order rotated from one request to the next), so a drift of the machine's speed
+falls on all of them alike; each keeps its own suffix cache. The server's prefix caching is on, so a
+request reads only what the cache lacks of its prompt: its wall time depends a little on which
+configuration ran before it, its decode time (after the prefill) does not.
 
 Times: each request's wall time at the client (prefill included: every request reads a prompt of
 ~1-3k tokens) and its decode time (the engine's seconds after the prefill, from the response's
 ``usage.speculative``). Writes OUT/records.jsonl (one line per configuration and request: seconds,
 tokens, tau, text),
-OUT/summary.json and OUT/table.md; prints the table. Configurations run one after another, each
-on all 20 requests, in the order given (default: ar first).
+OUT/summary.json and OUT/table.md; prints the table.
 """
 
 from __future__ import annotations
@@ -146,9 +149,10 @@ def main(argv=None) -> int:
             return r.choices[0].message.content, seconds, u
 
         ask(reqs[0], None)  # warm-up
-        for name in names:
-            pair.engine.suffix_cache = SuffixCache()  # each configuration starts with an empty cache
-            for i, messages in enumerate(reqs):
+        caches = {name: SuffixCache() for name in names}  # each configuration's own, empty at the start
+        for i, messages in enumerate(reqs):
+            for name in names[i % len(names):] + names[: i % len(names)]:  # interleaved, order rotated per request
+                pair.engine.suffix_cache = caches[name]
                 text, seconds, u = ask(messages, CONFIGS[name])
                 spec = u.get("speculative") or {}
                 rec = {"config": name, "request": i, "seconds": seconds, "prompt_tokens": u["prompt_tokens"],
