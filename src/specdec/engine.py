@@ -100,6 +100,7 @@ class Engine:
         self.draft_costs = draft_costs
         #: k=auto state, warm across requests; at most MAX_CONTROLLERS, least recently used evicted
         self.controllers: OrderedDict[tuple, KController] = OrderedDict()
+        self.gates: OrderedDict[tuple, PassGate] = OrderedDict()  # the same for model-free tree drafters
         #: earlier requests' text for the suffix drafters, per caller (assign another to resize or share it)
         self.suffix_cache = SuffixCache()
         #: prefix caching (vLLM's and llama-server's default): a generation keeps the target's cached
@@ -109,6 +110,19 @@ class Engine:
         #: server turns it on. Output is the same either way up to floating-point differences of
         #: batched against incremental passes (near-ties on llama.cpp and in bf16).
         self.prefix_caching = False
+
+    def pass_gate(self, cfg: DecodeConfig) -> PassGate:
+        """k=auto's choice between a model-free tree drafter's whole pass and a plain step
+        (:class:`~specdec.autok.PassGate`), kept across requests like :meth:`controller`'s state."""
+        key = ("gate", cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
+               tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy, cfg.constraint is not None)
+        gate = self.gates.pop(key, None)
+        if gate is None or gate.target is not self.target_costs:  # none yet, or priced by another table
+            gate = PassGate(self.target_costs)
+        while len(self.gates) >= MAX_CONTROLLERS:
+            self.gates.popitem(last=False)
+        self.gates[key] = gate
+        return gate
 
     def controller(self, cfg: DecodeConfig) -> KController | None:
         """The k=auto controller for this policy, drafter, sampling mode and whether a grammar
@@ -256,7 +270,7 @@ class Engine:
         run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, auto=auto, guide=guide,
                    depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
                    control=self.controller(cfg) if auto and not trees else None,
-                   gate=PassGate(self.target_costs) if auto and trees and not cls.needs_model
+                   gate=self.pass_gate(cfg) if auto and trees and not cls.needs_model
                    and self.target_costs is not None else None,
                    generator=make_generator(cfg.sampling.seed, self.target.device),
                    context=list(prompt_ids), limit=self.target.max_length or 1 << 62, t_start=time.perf_counter())
