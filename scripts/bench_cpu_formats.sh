@@ -14,13 +14,16 @@ kind=$(grep -qw avx512_bf16 /proc/cpuinfo && echo avx512bf16 || echo avx2)
 FORMATS=${FORMATS:-"q4_k_m q8_0 bf16"}
 DATASETS=${DATASETS:-"humaneval spec-bench"}
 POLICIES=${POLICIES:-"ar,lossless"}
+DRAFT=${DRAFT:-auto}      # none: no draft model (drafters that need none)
+PREFIX=${PREFIX:-cpu-formats}
+SUFFIX=${SUFFIX:-}        # appended to the folder names (another run beside an existing folder)
 for dataset in $DATASETS; do
   limit=20; [ "$dataset" = spec-bench ] && limit=2
   for fmt in $FORMATS; do
     target=qwen2.5-coder-1.5b; [ "$fmt" != q4_k_m ] && target="qwen2.5-coder-1.5b@$fmt"
-    out="benchmarks/cpu-formats-${dataset}${limit}-256-${fmt}-${kind}"
+    out="benchmarks/${PREFIX}-${dataset}${limit}-256-${fmt}-${kind}${SUFFIX}"
     echo "== $dataset, target $target -> $out" >&2
     specdec bench --dataset "$dataset" --limit "$limit" --max-new-tokens 256 --policies "$POLICIES" \
-      --backend llama.cpp --target "$target" --out "$out" --no-plots
+      --backend llama.cpp --target "$target" --draft "$DRAFT" --out "$out" --no-plots
   done
 done
