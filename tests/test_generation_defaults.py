@@ -97,3 +97,14 @@ def test_an_answer_without_a_budget_stops_at_the_context_end(pair):
     prompt = list(range(1, 11))
     out = pair.generate(prompt, policy="ar", max_new_tokens=limit * 2, temperature=0, repetition_penalty=1.0)
     assert len(prompt) + len(out.token_ids) <= limit
+
+
+@pytest.mark.parametrize("content, words", [("{not json", "unreadable"), ("[1, 2]", "not a JSON object")])
+def test_a_bad_generation_config_file_is_one_line(tmp_path, content, words):
+    path = tmp_path / "generation_config.json"
+    path.write_text(content)
+    with pytest.raises(SpecdecError) as err:
+        genconfig.resolve(str(path), "x")
+    assert "\n" not in str(err.value) and words in str(err.value)
+    with pytest.raises(SpecdecError):
+        genconfig.resolve(str(tmp_path), "x")  # the folder holding it: the same check
