@@ -191,9 +191,9 @@ def test_bad_backend_names_are_one_line_errors(bad):
 
 def test_llama_cpp_without_the_package_names_the_extra(monkeypatch):
     import specdec
-    from specdec import backends
+    from specdec.backends.llamacpp_backend import LlamaCppBackend
 
-    monkeypatch.setattr(backends, "available", lambda name: name != "llama.cpp")
+    monkeypatch.setattr(LlamaCppBackend, "available", lambda self: False)
     with pytest.raises(SpecdecError, match=r"specdec\[llama\]"):
         specdec.load("qwen2.5-coder-1.5b", backend="llama.cpp")
 
@@ -211,26 +211,36 @@ def test_llama_cpp_refuses_transformers_options_and_non_gguf_models(tmp_path):
 
 
 def test_auto_backend_choice_says_why(tmp_path, monkeypatch):
-    from specdec import api, backends
+    from specdec.backends import REGISTRY, Request
     from tinymodels import save_tiny_pair
 
     cpu = torch.device("cpu")
+
+    def choose(target, draft, device, options):
+        backend, why = REGISTRY.choose("auto", Request(target, draft, device, options))
+        return backend.name, why
+
     target, _ = save_tiny_pair(tmp_path)
-    assert api.choose_backend("auto", str(target), None, cpu, {}) == ("transformers", "auto: not a GGUF model")
-    assert api.choose_backend("auto", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", cpu, {"dtype": "float32"})[0] == "transformers"
-    monkeypatch.setattr(backends, "available", lambda name: False)
-    chosen, why = api.choose_backend("auto", "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", cpu, {})
+    assert choose(str(target), None, cpu, {}) == ("transformers", "auto: not a GGUF model")
+    assert choose("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", cpu, {"dtype": "float32"}) == (
+        "transformers", "auto: dtype given (transformers options)")
+    llama = type(REGISTRY.get("llama.cpp"))
+    monkeypatch.setattr(llama, "available", lambda self: False)
+    chosen, why = choose("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", cpu, {})
     assert chosen == "transformers" and "specdec[llama]" in why
-    monkeypatch.setattr(backends, "available", lambda name: True)
-    assert api.choose_backend("auto", "qwen2.5-coder-1.5b", None, cpu, {})[0] == "llama.cpp"
-    assert api.choose_backend("auto", "qwen2.5-coder-1.5b", None, torch.device("meta"), {})[0] == "transformers"
+    monkeypatch.setattr(llama, "available", lambda self: True)
+    assert choose("qwen2.5-coder-1.5b", None, cpu, {})[0] == "llama.cpp"
+    assert choose("qwen2.5-coder-1.5b", None, cpu, {"context_length": 512})[0] == "llama.cpp"
+    assert choose("qwen2.5-coder-1.5b", None, torch.device("meta"), {})[0] == "transformers"
+    with pytest.raises(SpecdecError, match="context_length=512: applies to the llama.cpp backend"):
+        choose(str(target), None, cpu, {"context_length": 512})
 
 
 def test_auto_follows_the_measurement_when_both_backends_are_measured(gguf_path, monkeypatch):
     """auto picks llama.cpp for a GGUF on a CPU, and says so; when the transformers backend's
     tables for the same models are cached here and predict a faster request, it follows them."""
     import specdec
-    from specdec import api
+    from specdec.backends.hf_backend import TransformersBackend
     from specdec.costmodel import DtypeChoice
 
     pair = specdec.load(str(gguf_path), draft=None, progress=False)
@@ -239,9 +249,9 @@ def test_auto_follows_the_measurement_when_both_backends_are_measured(gguf_path,
     out = pair.generate([1, 2, 3], policy="ar", max_new_tokens=4)
     assert len(out.token_ids) == 4
     pair.target.close()
-    monkeypatch.setattr(api, "_transformers_measured", lambda t, d: DtypeChoice("float32", None, 1e-9, 0, {}))
+    monkeypatch.setattr(TransformersBackend, "cached_estimate", lambda self, req: DtypeChoice("float32", None, 1e-9, 0, {}))
     pair = specdec.load(str(gguf_path), draft=None, progress=False)
     assert pair.backend == "transformers" and "measured on this machine, transformers" in pair.backend_why
-    monkeypatch.setattr(api, "_transformers_measured", lambda t, d: DtypeChoice("float32", None, 1e9, 0, {}))
+    monkeypatch.setattr(TransformersBackend, "cached_estimate", lambda self, req: DtypeChoice("float32", None, 1e9, 0, {}))
     pair = specdec.load(str(gguf_path), draft=None, progress=False)
     assert pair.backend == "llama.cpp" and "measured on this machine, llama.cpp" in pair.backend_why

@@ -4,6 +4,7 @@ vLLM adapter read only what those declare."""
 
 import ast
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,58 @@ def test_engine_steps_are_short():
     long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
             if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 40]
     assert not long, long
+
+
+# ------------------------------------------------------------------------------------ backends
+@pytest.fixture
+def toy_backend():
+    from specdec.backends import REGISTRY
+
+    REGISTRY.add("toy", "toybackend:ToyBackend")  # the one registry line
+    yield REGISTRY.get("toy")
+    REGISTRY.remove("toy")
+
+
+def test_a_backend_is_one_file_and_one_registry_line(toy_backend, tmp_path, capsys):
+    """load, the engine with k=auto (the backend's measured tables), calibrate and bench run a
+    backend they never name; refusals name the owner of an option and the choices."""
+    from specdec.cli import main
+
+    pair = specdec.load("toy-31", draft="toy-32", backend="toy-backend", progress=False)
+    assert pair.backend == "toy" and pair.backend_why == "asked for"
+    assert pair.costs.target is not None and pair.costs.target.fingerprint["backend"] == "toy"
+    prompt = [65, 66, 67, 68]
+    plain = pair.generate(prompt, policy="ar", max_new_tokens=12)
+    auto = pair.generate(prompt, policy="lossless", k="auto", max_new_tokens=12)
+    assert auto.token_ids == plain.token_ids and pair.engine.controllers  # k=auto ran on the toy's tables
+    with pytest.raises(SpecdecError, match=r"dtype=float32: applies to the transformers backend; toy models take"):
+        specdec.load("toy-31", draft=None, backend="toy", dtype="float32", progress=False)
+    with pytest.raises(SpecdecError, match="choose one of: auto, llama.cpp, transformers, toy"):
+        specdec.load("toy-31", backend="toys")
+    assert main(["calibrate", "--backend", "toy", "--target", "toy-31", "--draft", "toy-32"]) == 0
+    out = capsys.readouterr().out
+    assert "backend: toy (asked for)" in out and "target float32" in out
+    run = tmp_path / "run"
+    assert main(["bench", "--dataset", "fixture", "--limit", "1", "--policies", "ar,lossless", "--backend", "toy",
+                 "--target", "toy-31", "--draft", "toy-32", "--max-new-tokens", "4", "--no-warmup", "--no-plots",
+                 "--out", str(run), "-q"]) == 0
+    records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    assert {r["config"] for r in records} >= {"ar"} and len(records) == 2
+    assert json.loads((run / "run.json").read_text())["settings"]["backend"] == "toy"
+
+
+def test_every_registered_backend_declares_the_contract():
+    from specdec.backends import REGISTRY, Backend
+
+    assert REGISTRY.names() == ("llama.cpp", "transformers")  # auto's order of preference
+    for backend in REGISTRY:
+        assert isinstance(backend, Backend) and backend.name and isinstance(backend.options, dict)
+        assert backend.package is None or backend.install, backend.name
+        for method in ("load", "measure"):
+            assert getattr(type(backend), method) is not getattr(Backend, method), (backend.name, method)
+        fp = backend.fingerprint("cpu")
+        assert fp["device"] == "cpu" and fp["cpu_flags_sha"]
+    from specdec.backends import Request
+
+    anything = Request("no/such/model", None, torch.device("meta"), {})
+    assert REGISTRY.get("transformers").auto_refusal(anything) is None  # the last one is the fallback

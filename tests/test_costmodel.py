@@ -174,7 +174,7 @@ def test_cache_reused_remeasured_on_new_fingerprint_or_corruption(tiny_dirs, cou
     assert len(counting) == 2  # corrupt: measured again, and the file is whole again
     assert costmodel.CostTable.from_dict(json.loads(files[0].read_text())).dtype == "float32"
     real_fp = costmodel.fingerprint
-    elsewhere = lambda d="cpu": {**real_fp(d), "cpu": "another CPU"}  # noqa: E731
+    elsewhere = lambda d="cpu", backend=None: {**real_fp(d, backend), "cpu": "another CPU"}  # noqa: E731
     monkeypatch.setattr(costmodel, "fingerprint", elsewhere)  # what calibrate looks the cache up with
     monkeypatch.setattr(costmodel.fingerprints, "fingerprint", elsewhere)  # what a measured table is saved under
     specdec.load(str(target), draft=None, dtype="float32", progress=False)
@@ -241,7 +241,7 @@ def test_dtype_auto_loads_the_measured_choice(tiny_dirs):
 
 
 def test_kernel_choice_is_recorded_in_the_table_and_rebuilt_from_it(tiny_dirs, counting, monkeypatch):
-    from specdec import calibrate
+    from specdec.backends import hf_dtypes as calibrate
     from specdec.kernels import RowPaddedLinear
 
     target, _ = tiny_dirs

@@ -30,10 +30,10 @@ def test_split_format_table(tmp_path):
 def test_transformers_refuses_a_format_copy():
     import torch
 
-    from specdec.api import choose_backend
+    from specdec.backends import REGISTRY, Request
 
     with pytest.raises(SpecdecError, match="llama.cpp backend"):
-        choose_backend("transformers", "qwen2.5-coder-1.5b@bf16", None, torch.device("cpu"), {})
+        REGISTRY.choose("transformers", Request("qwen2.5-coder-1.5b@bf16", None, torch.device("cpu"), {}))
 
 
 def test_the_bundled_draft_goes_with_a_copy_of_the_bundled_target():

@@ -119,7 +119,7 @@ def test_row_padded_linear_computes_the_two_row_gemm_and_keeps_its_parameters():
 
 @pytest.mark.parametrize("padded_faster, expected", [(True, ["pad1"]), (False, [])])
 def test_choose_kernels_keeps_what_was_measured_faster(monkeypatch, padded_faster, expected):
-    from specdec import calibrate
+    from specdec.backends import hf_dtypes as calibrate
     from specdec.kernels import RowPaddedLinear
 
     model = nn.Sequential(nn.Linear(8, 8).bfloat16())

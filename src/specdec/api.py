@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -12,14 +12,11 @@ import torch
 from . import genconfig
 from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from .configfile import read_config
-from .costmodel import CostTable
 from .engine import Engine, Generation
 from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
-from .backends import AUTO as AUTO_BACKEND, Model, check_backend
-from .models import check_same_vocabulary, resolve_device, resolve_dtype
-from .costmodel import FALLBACK_K, choose_dtypes
-from .quant import resolve_quant
+from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request
+from .models import resolve_device
 from .request import DecodeConfig, default_drafter, make_config, overlay
 from .stats import Stats
 from .text import StopStrings, TextStream, encode_prompt, eos_ids
@@ -52,19 +49,6 @@ class Output:
         if self.logprobs is not None:
             out["logprobs"] = [lp.to_dict() for lp in self.logprobs]
         return out
-
-
-@dataclass
-class Costs:
-    """The measured cost model of a loaded pair: the tables of the variants in use, why the
-    dtypes were chosen (``dtype="auto"``), and every candidate's table (for ``specdec calibrate``)."""
-
-    target: CostTable | None = None
-    draft: CostTable | None = None
-    why: str | None = None
-    candidates: dict = field(default_factory=dict)
-    #: llama.cpp, ``draft="auto"``: which weight format of the draft was chosen, and why
-    draft_why: str | None = None
 
 
 class Stream:
@@ -298,212 +282,18 @@ def load(
 def _load(target: str, draft: str | None, *, backend: str, dtype, draft_dtype, device: str, draft_quant: str,
           calibrate: bool, recalibrate: bool, progress: bool, log: Callable[[str], None],
           context_length: int | None) -> Pair:
-    """:func:`load`'s models, on the backend it chooses."""
+    """:func:`load`'s models, on the backend the registry chooses (:mod:`specdec.backends.registry`)."""
     dev = resolve_device(device)
     draft_auto = draft == _AUTO
     draft = resolve_draft(target, draft)
-    explicit = {k: v for k, v in (("dtype", dtype), ("draft_dtype", draft_dtype), ("draft_quant", draft_quant))
-                if v != "auto"}
-    chosen, why = choose_backend(check_backend(backend), target, draft, dev, explicit)
-    if chosen == "llama.cpp":
-        if context_length is not None:
-            from .checks import check_int
-
-            check_int("context_length", context_length, lo=16)
-        return _load_llama(target, draft, why, calibrate=calibrate, recalibrate=recalibrate, progress=progress,
-                           draft_auto=draft_auto and draft == DEFAULT_DRAFT,
-                           log=log, context_length=context_length)
-    if context_length is not None:
-        raise SpecdecError("context_length applies to the llama.cpp backend; transformers models use their own")
-    return _load_transformers(target, draft, why, dev, dtype=dtype, draft_dtype=draft_dtype, draft_quant=draft_quant,
-                              calibrate=calibrate, recalibrate=recalibrate, progress=progress, log=log)
-
-
-def _is_gguf(source: str | None) -> bool:
-    """Whether a model source is a GGUF file (bundled models are), without loading anything."""
-    from pathlib import Path
-
-    from .backends.gguf_formats import split_format
-    from .bundled import BUNDLED
-
-    if source is None:
-        return True
-    source, fmt = split_format(source)
-    if fmt is not None:
-        return True
-    if source in BUNDLED or str(source).endswith(".gguf"):
-        return True
-    path = Path(str(source)).expanduser()
-    return path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1
-
-
-def choose_backend(backend: str, target: str, draft: str | None, device: torch.device,
-                   explicit: dict) -> tuple[str, str]:
-    """``(backend, why)``. ``auto``: llama.cpp when the models are GGUF files, the device is a CPU,
-    no transformers-only option was given and llama-cpp-python is installed; else transformers."""
-    from .backends import available, require
-
-    if backend == "llama.cpp":
-        require("llama.cpp")
-        if device.type != "cpu":
-            raise SpecdecError("backend 'llama.cpp' runs on the CPU in specdec (llama-cpp-python's CPU build); "
-                               "use --device cpu, or backend 'transformers' on a GPU")
-        if explicit:
-            names = ", ".join(f"{k}={v}" for k, v in explicit.items())
-            raise SpecdecError(f"{names}: dtype and quantization options apply to the transformers backend; "
-                               "llama.cpp runs a GGUF file's weights as stored")
-        for source in (target, draft):
-            if not _is_gguf(source):
-                raise SpecdecError(f"backend 'llama.cpp' needs GGUF models, and {source!r} is not one; "
-                                   "use backend 'transformers'")
-        return "llama.cpp", "asked for"
-    if backend == "transformers":
-        _no_format_copies(target, draft)
-        return "transformers", "asked for"
-    if device.type != "cpu":
-        _no_format_copies(target, draft)
-        return "transformers", f"auto: a {device.type} device"
-    if not (_is_gguf(target) and _is_gguf(draft)):
-        return "transformers", "auto: not a GGUF model"
-    if explicit:
-        _no_format_copies(target, draft)
-        return "transformers", f"auto: {', '.join(explicit)} given (transformers options)"
-    if not available("llama.cpp"):
-        _no_format_copies(target, draft)
-        return "transformers", ("auto: llama-cpp-python is not installed (pip install 'specdec[llama]' runs GGUF "
-                                "models on llama.cpp's kernels, measured 1.8-2.8x faster end to end on a CPU)")
-    return "llama.cpp", "auto: GGUF models on a CPU, llama-cpp-python installed"
-
-
-def _no_format_copies(*sources: str | None) -> None:
-    """``model@format`` names a llama.cpp copy of a GGUF file; the transformers backend has dtypes instead."""
-    from .backends.gguf_formats import split_format
-
-    for source in sources:
-        if split_format(source)[1] is not None:
-            raise SpecdecError(f"{source!r}: a GGUF weight-format copy ('@...') runs on the llama.cpp backend "
-                               "(pip install 'specdec[llama]', backend 'llama.cpp'); on transformers use dtype=")
-
-
-def _load_llama(target: str, draft: str | None, why: str, *, calibrate: bool, recalibrate: bool, progress: bool,
-                log: Callable[[str], None], context_length: int | None, draft_auto: bool = False) -> Pair:
-    """llama.cpp models. ``draft_auto``: the bundled draft was chosen by ``draft="auto"``, so its weight
-    format is chosen too, by measurement (:mod:`specdec.draft_formats`), when calibrating."""
-    from .backends.gguf_formats import model_file as gguf_path
-    from .backends.llamacpp import LlamaCppModel, gguf_tokenizer
-    from .calibrate import llama_table
-
-    t_path = gguf_path(target, progress=progress)
-    d_path = gguf_path(draft, progress=progress) if draft is not None else None
-    tokenizer = gguf_tokenizer(t_path, progress=progress)
-    vocab = len(tokenizer)
-    if d_path is not None:
-        check_same_vocabulary(tokenizer, gguf_tokenizer(d_path, progress=progress), target, draft)
-    t = LlamaCppModel(t_path, target, vocab_limit=vocab, n_ctx=context_length)
-    draft_auto = draft_auto and (calibrate or recalibrate)
-    d = None
-    if d_path is not None and not draft_auto:
-        d = LlamaCppModel(d_path, draft, vocab_limit=vocab, n_ctx=context_length)
-    for m in (t, d):
-        if m is not None and m.vocab_size < vocab:
-            raise SpecdecError(f"{m.name}: the model scores {m.vocab_size} tokens, fewer than the tokenizer's {vocab}")
-    t_table = d_table = None
-    draft_name, draft_why = draft, None  # the chosen copy's name (``draft`` stays the source for transformers)
-    if calibrate or recalibrate:
-        t_table = llama_table(t, remeasure=recalibrate, log=log)
-        if draft_auto:
-            from .draft_formats import choose
-
-            def load_draft(source: str):
-                return LlamaCppModel(gguf_path(source, progress=progress), source, vocab_limit=vocab,
-                                     n_ctx=context_length)
-
-            choice, d, d_table = choose(t, tokenizer, draft, load_draft,
-                                        lambda lm: llama_table(lm, remeasure=recalibrate, log=log), log)
-            draft_name, draft_why = choice.source, choice.why
-        elif d is not None:
-            d_table = llama_table(d, remeasure=recalibrate, log=log)
-        if t_table is None:
-            log(f"specdec: warning: no cost model, so k=auto is k={FALLBACK_K}")
-    costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}},
-                  draft_why=draft_why)
-    if why.startswith("auto") and t_table is not None and (d is None or d_table is not None):
-        other = _transformers_measured(target, draft)
-        if other is not None:
-            mine = choose_dtypes({t.variant: t_table}, {d.variant: d_table} if d is not None else None)
-            if other.seconds < mine.seconds:  # measured faster on this machine: use it
-                for m in (t, d):
-                    if m is not None:
-                        m.close()
-                why = (f"auto: measured on this machine, transformers {other.seconds:.1f}s against llama.cpp "
-                       f"{mine.seconds:.1f}s for a reference request")
-                return _load_transformers(target, draft, why, torch.device("cpu"), dtype="auto", draft_dtype="auto",
-                                          draft_quant="auto", calibrate=True, recalibrate=False, progress=progress,
-                                          log=log)
-            why = (f"auto: GGUF models on a CPU; measured on this machine, llama.cpp {mine.seconds:.1f}s against "
-                   f"transformers {other.seconds:.1f}s for a reference request")
-    return Pair(t, tokenizer, d, names=(target, draft_name), costs=costs, backend_why=why)
-
-
-def _transformers_measured(target: str, draft: str | None):
-    """The transformers backend's expected reference-request time from tables cached on this
-    machine (None when not measured here yet: nothing is converted or measured for this)."""
-    from .calibrate import cached_choice
-
-    try:
-        return cached_choice(target, draft, torch.device("cpu"))
-    except Exception:  # noqa: BLE001 - a comparison must never break a load
-        return None
-
-
-def _load_transformers(target: str, draft: str | None, why: str, dev: torch.device, *, dtype, draft_dtype,
-                       draft_quant, calibrate: bool, recalibrate: bool, progress: bool,
-                       log: Callable[[str], None]) -> Pair:
-    from .backends.hf import HFModel
-    from .calibrate import candidate_tables, draft_candidates, materialize, pick, split_variant, target_candidates
-    from .models import output_rows
-
-    if draft_dtype != "auto":  # (dtype is checked by target_candidates)
-        resolve_dtype(draft_dtype, dev)
-    resolve_quant(draft_quant, dev, torch.float32)  # validates the name
-    t_cands = target_candidates(dtype, dev)
-    d_cands = draft_candidates(dtype, draft_dtype, draft_quant, dev) if draft is not None else []
-    calibrate = calibrate or recalibrate
-    t_tables: dict = {}
-    d_tables: dict = {}
-    t_measured = d_measured = None
-    if calibrate:
-        t_tables, t_measured = candidate_tables(target, "target", t_cands, dev, remeasure=recalibrate,
-                                              progress=progress, log=log)
-        if draft is not None:
-            d_tables, d_measured = candidate_tables(draft, "draft", d_cands, dev, remeasure=recalibrate,
-                                                  progress=progress, log=log)
-    choice = pick(t_tables, d_tables if draft is not None else None) if calibrate else None
-    t_variant = choice.target if choice is not None else (t_cands[-1] if dtype == "auto" else t_cands[0])
-    d_variant = None
-    if draft is not None:
-        d_variant = choice.draft if choice is not None else d_cands[-1]
-    dtype_why = choice.reason() if choice is not None and (len(t_cands) > 1 or len(d_cands) > 1) else None
-    if choice is None and len(t_cands) > 1:
-        dtype_why = f"not measured (calibration {'off' if not calibrate else 'failed'}); bfloat16 as before"
-        if calibrate:
-            log(f"specdec: warning: no cost model, so dtype=auto is bfloat16 and k=auto is k={FALLBACK_K}")
-    t = materialize(target, t_variant, dev, t_measured, progress=progress, table=t_tables.get(t_variant))
-    d = None
-    if draft is not None:
-        d = materialize(draft, d_variant, dev, d_measured, progress=progress, table=d_tables.get(d_variant))
-        check_same_vocabulary(t.tokenizer, d.tokenizer, target, draft)
-    vocab = len(t.tokenizer)
-    widths = [output_rows(m.model.get_output_embeddings()) for m in (t, d) if m is not None]
-    if min(widths) < vocab:
-        raise SpecdecError(f"a model's output layer has {min(widths)} rows, fewer than the tokenizer's {vocab} tokens")
-    # Rows past the tokenizer's table (padding) are never real tokens; cut them so both models agree.
-    target_lm = HFModel(t.model, target, vocab_limit=vocab)
-    draft_lm = HFModel(d.model, draft, vocab_limit=vocab) if d is not None else None
-    costs = Costs(t_tables.get(t_variant), d_tables.get(d_variant) if d_variant else None, dtype_why,
-                  {"target": t_tables, "draft": d_tables})
-    pair = Pair(target_lm, t.tokenizer, draft_lm, names=(target, draft), costs=costs, backend_why=why)
-    pair.draft_quant = split_variant(d_variant)[1] if d_variant else "none"
+    given = {"dtype": dtype, "draft_dtype": draft_dtype, "draft_quant": draft_quant, "context_length": context_length}
+    options = {k: v for k, v in given.items() if v is not None and v != "auto"}
+    req = Request(target, draft, dev, options, calibrate=calibrate, recalibrate=recalibrate, progress=progress,
+                  log=log, draft_auto=draft_auto)
+    loaded = REGISTRY.load(backend, req)
+    pair = Pair(loaded.target, loaded.tokenizer, loaded.draft, names=loaded.names, costs=loaded.costs,
+                backend_why=loaded.why)
+    pair.draft_quant = loaded.draft_quant
     return pair
 
 

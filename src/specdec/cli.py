@@ -244,17 +244,15 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 
 def print_cost_tables() -> None:
-    from .costmodel import cached_tables, fingerprint
+    from .backends import REGISTRY
+    from .costmodel import cached_tables
     from .models import resolve_device
 
     device = resolve_device("auto")
-    tables = cached_tables(fingerprint(device))
-    from .backends import available
-
-    if device.type == "cpu" and available("llama.cpp"):
-        from .backends.llamacpp import default_threads, version
-
-        tables += cached_tables(fingerprint(device, "llama.cpp", default_threads(), version()))
+    tables = []
+    for backend in REGISTRY:  # each backend's tables for a model loaded with its defaults on this device
+        if backend.available():
+            tables += [t for t in cached_tables(backend.fingerprint(device)) if t not in tables]
     if not tables:
         print("cost model: not measured on this machine yet (the first load measures it; or run 'specdec calibrate')")
         return

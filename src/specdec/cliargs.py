@@ -41,6 +41,11 @@ def backend_arg(text: str) -> str:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    from .backends import REGISTRY
+
+    def only(option: str) -> str:  # which backend a load option belongs to (the registry's declaration)
+        return f"{REGISTRY.owner(option)} backend"
+
     g = p.add_argument_group("models")
     g.add_argument("--target", default=DEFAULT_TARGET,
                    help=f"target model: a bundled name ({', '.join(BUNDLED)}), a Hugging Face folder, "
@@ -50,19 +55,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         f"picks {DEFAULT_DRAFT} for the bundled target and none otherwise")
     g.add_argument("--backend", default="auto", type=backend_arg,
                    help="what runs the models: auto (default: llama.cpp for GGUF models on a CPU when "
-                        "llama-cpp-python is installed, else transformers), llama.cpp, or transformers")
+                        f"llama-cpp-python is installed, else transformers), or one of: {', '.join(REGISTRY.names())}")
     g.add_argument(*flag_names("--context-length"), dest="context_length", type=int, default=None, metavar="N",
-                   help="llama.cpp backend: KV cache size in tokens (default: the model's trained context, "
+                   help=f"{only('context_length')}: KV cache size in tokens (default: the model's trained context, "
                         "at most 8192)")
     g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="transformers backend: target dtype (default: auto = measured on this machine: on a CPU the faster of float32 "
+                   help=f"{only('dtype')}: target dtype (default: auto = measured on this machine: on a CPU the faster of float32 "
                         "and bfloat16, prefill and decoding counted; bfloat16 on a GPU)")
     g.add_argument("--draft-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help="transformers backend: draft dtype; the draft only proposes, so lossless output is unchanged (default: auto = "
+                   help=f"{only('draft_dtype')}: draft dtype; the draft only proposes, so lossless output is unchanged (default: auto = "
                         "measured with --dtype auto, else the same as --dtype)")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     g.add_argument("--draft-quant", default="auto", choices=["auto", "int8", "none"],
-                   help="transformers backend: quantize the draft's weights; the draft only proposes, so lossless output is "
+                   help=f"{only('draft_quant')}: quantize the draft's weights; the draft only proposes, so lossless output is "
                         "unchanged (default: auto = int8 for bfloat16 on CPU, none otherwise)")
     g.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="do not measure the cost model (dtype auto is then bfloat16 and -k auto is k=5); "

@@ -293,5 +293,11 @@ class Model(ABC):
         """Release what the model holds beyond its weights (its cache)."""
         self.reset()
 
+    def fingerprint_extra(self) -> dict:
+        """What a timing of this model depends on beyond the machine, torch and the weights (the
+        cost model's cache key, :func:`specdec.costmodel.fingerprint`): e.g. a library's version and
+        thread count. None beyond torch's by default."""
+        return {}
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self.backend} {self.variant}>"

@@ -106,3 +106,17 @@ def formatted(source_file: Path, fmt: str, log: Callable[[str], None] = lambda l
 
     build_atomically(dest.parent, build)
     return dest
+
+
+def is_gguf(source: str | None) -> bool:
+    """Whether a model source is a GGUF file (bundled models are; None, no model, counts as one),
+    without loading anything."""
+    from ..bundled import BUNDLED
+
+    if source is None:
+        return True
+    source, fmt = split_format(source)
+    if fmt is not None or source in BUNDLED or str(source).endswith(".gguf"):
+        return True
+    path = Path(str(source)).expanduser()
+    return path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1

@@ -395,6 +395,9 @@ class LlamaCppModel(Model):
         """Bytes of the KV cache llama.cpp allocated (the whole context, allocated up front)."""
         return self.n_ctx * self.kv_bytes_per_token()
 
+    def fingerprint_extra(self) -> dict:
+        return {"backend": BACKEND, "backend_version": self.backend_version, "threads": self.threads}
+
     def close(self) -> None:
         """Free the context and the model (the object is unusable afterwards)."""
         L = getattr(self, "_L", None)

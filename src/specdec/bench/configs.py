@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ..backends import REGISTRY
 from ..errors import SpecdecError
 from ..request import DEFAULTS, GENERATION_FIELDS, DecodeConfig, check_k
 from ..sampling import SamplingParams
@@ -234,19 +235,18 @@ def build_configs(policies: str, drafters: str, k: int | str, k_sweep: Iterable[
         name, params = parse_item(item, "policy")
         backend = None
         if "backend" in params:
-            from ..backends import check_backend
-
-            backend = check_backend(str(params.pop("backend")))
+            backend = REGISTRY.canonical(str(params.pop("backend")))
             if backend == "auto":
-                raise SpecdecError(f"{item!r}: backend=... names a backend (transformers or llama.cpp), not auto")
+                raise SpecdecError(f"{item!r}: backend=... names a backend ({' or '.join(REGISTRY.names())}), "
+                                   "not auto")
         if name == AR:
             extra = sorted(set(params) - {"dtype"})
             if extra:
                 raise SpecdecError(f"policy 'ar' (plain decoding) takes only dtype=... and backend=..., got {extra}")
             if params and params["dtype"] not in AR_DTYPES:
                 raise SpecdecError(f"ar dtype must be one of {', '.join(AR_DTYPES)}, got {params['dtype']!r}")
-            if params and backend == "llama.cpp":
-                raise SpecdecError(f"{item!r}: dtype=... applies to the transformers backend")
+            if params and backend is not None and "dtype" not in REGISTRY.get(backend).options:
+                raise SpecdecError(f"{item!r}: dtype=... applies to the {REGISTRY.owner('dtype')} backend")
             if params or backend:
                 out.append(Config(AR, None, 0, dict(params), backend=backend))
             continue

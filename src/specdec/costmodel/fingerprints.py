@@ -1,7 +1,7 @@
 """What a measurement depends on besides the weights: the machine's fingerprint and the model's key.
 
 A cost table is cached under both (:mod:`.cache`): a changed CPU, CPU flags, torch version,
-thread count or device (or, for another backend, its name, version and threads) means another
+thread count or device (or what the backend adds: for llama.cpp its name, version and threads) means another
 fingerprint, and so a new measurement, never a table timed on another machine.
 """
 
@@ -45,10 +45,11 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def fingerprint(device: torch.device | str = "cpu", backend: str = "transformers", threads: int | None = None,
-                version: str | None = None) -> dict:
+def fingerprint(device: torch.device | str = "cpu", backend: dict | None = None) -> dict:
     """What a measurement depends on besides the model: the processor, torch, threads, device, and
-    for a backend other than transformers its name, version and threads."""
+    what the backend adds (:meth:`specdec.backends.Model.fingerprint_extra`: for llama.cpp its name,
+    version and threads; nothing for transformers, whose fingerprints keep their old shape so cached
+    tables stay valid)."""
     device = torch.device(device)
     flags = cpu_flags()
     out = {
@@ -60,18 +61,13 @@ def fingerprint(device: torch.device | str = "cpu", backend: str = "transformers
         index = device.index if device.index is not None else torch.cuda.current_device()
         out["gpu"] = torch.cuda.get_device_name(index)
         out["cuda"] = torch.version.cuda
-    if backend != "transformers":  # (transformers fingerprints keep their old shape: cached tables stay valid)
-        out.update(backend=backend, backend_version=version or "unknown")
-        if threads is not None:
-            out["threads"] = int(threads)
+    out.update(backend or {})
     return out
 
 
 def model_fingerprint(lm) -> dict:
     """The fingerprint a model's measurement is cached under (its backend's, see :func:`fingerprint`)."""
-    if getattr(lm, "backend", "transformers") == "transformers":
-        return fingerprint(lm.device)
-    return fingerprint(lm.device, lm.backend, getattr(lm, "threads", None), getattr(lm, "backend_version", None))
+    return fingerprint(lm.device, lm.fingerprint_extra())
 
 
 def model_key(name: str, config) -> str:

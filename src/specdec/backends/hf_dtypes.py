@@ -1,4 +1,5 @@
-"""Which dtype each model runs in, decided by the measured cost model (``dtype="auto"``).
+"""The transformers backend: which dtype each model runs in, decided by the measured cost model
+(``dtype="auto"``).
 
 Candidates: on a CPU, the target in ``float32`` or ``bfloat16``, and the draft in ``float32`` or
 ``bfloat16+int8`` (weight-only int8, bf16 activations; ``bfloat16`` when ``draft_quant="none"``);
@@ -17,18 +18,66 @@ padded to two rows (``pad1``, :class:`specdec.kernels.RowPaddedLinear`).
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-from .costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for, time_step
-from .errors import SpecdecError
-from .kernels import can_pad_rows, pack_linears, set_row_padding
-from .backends.hf import CausalLM, Loaded, folder_config, load as load_model, load_config, variant_name
-from .models import DTYPES, resolve_dtype
-from .quant import quantize_int8, resolve_quant
+from ..costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for, time_step
+from ..errors import SpecdecError
+from ..kernels import can_pad_rows, pack_linears, set_row_padding
+from ..models import DTYPES, resolve_dtype
+from ..quant import quantize_int8, resolve_quant
+from .hf import CausalLM, Loaded, folder_config, load as load_model, load_config, variant_name
 
 Log = Callable[[str], None]
+
+
+@dataclass
+class Variants:
+    """What :func:`choose_variants` decided: each role's variant (None: no draft), every candidate's
+    table by role, the model measured in place by role (``(variant, loaded)`` or None), and why
+    (None when there was nothing to choose)."""
+
+    target: str
+    draft: str | None
+    tables: dict
+    measured: dict
+    why: str | None
+
+
+def choose_variants(req) -> Variants:
+    """The variant of each model for a load request (:class:`specdec.backends.registry.Request`,
+    options ``dtype``, ``draft_dtype``, ``draft_quant``): the cost model's choice among the
+    candidates when calibrating, else the default (bfloat16 for ``auto``)."""
+    from ..costmodel import FALLBACK_K
+
+    dtype, draft_dtype, draft_quant = (req.options.get(k, "auto") for k in ("dtype", "draft_dtype", "draft_quant"))
+    dev, draft, log = req.device, req.draft, req.log
+    if draft_dtype != "auto":  # (dtype is checked by target_candidates)
+        resolve_dtype(draft_dtype, dev)
+    resolve_quant(draft_quant, dev, torch.float32)  # validates the name
+    t_cands = target_candidates(dtype, dev)
+    d_cands = draft_candidates(dtype, draft_dtype, draft_quant, dev) if draft is not None else []
+    calibrate = req.calibrate or req.recalibrate
+    tables: dict = {"target": {}, "draft": {}}
+    measured: dict = {"target": None, "draft": None}
+    if calibrate:
+        for role, source, cands in (("target", req.target, t_cands), ("draft", draft, d_cands)):
+            if source is not None:
+                tables[role], measured[role] = candidate_tables(source, role, cands, dev, remeasure=req.recalibrate,
+                                                                progress=req.progress, log=log)
+    choice = pick(tables["target"], tables["draft"] if draft is not None else None) if calibrate else None
+    t_variant = choice.target if choice is not None else (t_cands[-1] if dtype == "auto" else t_cands[0])
+    d_variant = None
+    if draft is not None:
+        d_variant = choice.draft if choice is not None else d_cands[-1]
+    why = choice.reason() if choice is not None and (len(t_cands) > 1 or len(d_cands) > 1) else None
+    if choice is None and len(t_cands) > 1:
+        why = f"not measured (calibration {'off' if not calibrate else 'failed'}); bfloat16 as before"
+        if calibrate:
+            log(f"specdec: warning: no cost model, so dtype=auto is bfloat16 and k=auto is k={FALLBACK_K}")
+    return Variants(t_variant, d_variant, tables, measured, why)
 
 
 def split_variant(name: str) -> tuple[torch.dtype, str]:
@@ -99,7 +148,7 @@ def candidate_tables(source: str, role: str, cands: list[str], device: torch.dev
     loads in its own variant; several load one float32 master, each other variant measured on a
     cast copy, float32 last on the master itself. Returns the tables and the model measured in
     place as ``(variant, loaded)`` (so choosing that variant loads nothing again), or None."""
-    from .costmodel import fingerprint, load_cached
+    from ..costmodel import fingerprint, load_cached
 
     key = model_key(source, load_config(source, progress))
     fp = fingerprint(device)
@@ -151,9 +200,9 @@ def cached_choice(target: str, draft: str | None, device: torch.device) -> Dtype
     llama.cpp's measured tables when it exists)."""
     from pathlib import Path
 
-    from .bundled import BUNDLED, cache_dir
-    from .convert import check_folder, gguf_cache_dir
-    from .costmodel import fingerprint, load_cached
+    from ..bundled import BUNDLED, cache_dir
+    from ..convert import check_folder, gguf_cache_dir
+    from ..costmodel import fingerprint, load_cached
 
     def folder(source: str) -> Path | None:
         if source in BUNDLED:
@@ -180,22 +229,6 @@ def cached_choice(target: str, draft: str | None, device: torch.device) -> Dtype
             return None
         tables.append(found)
     return choose_dtypes(tables[0], tables[1] or None)
-
-
-def llama_table(lm, remeasure: bool = False, log: Log | None = None) -> CostTable | None:
-    """The cost table of a llama.cpp model (:class:`specdec.backends.llamacpp.LlamaCppModel`): cached
-    for this machine, llama.cpp version, threads, file and weight format, else measured now (widths
-    1..32 as for transformers, each timed ``REPEATS`` times; the bundled pair took 10-30 s on 2 cores when
-    each width was timed twice, and takes longer now)."""
-    from .backends.llamacpp import file_key
-    from .costmodel import load_cached, model_fingerprint
-
-    key = f"{lm.name}|{file_key(lm.path)}"
-    if not remeasure:
-        cached = load_cached(model_fingerprint(lm), key, lm.variant)
-        if cached is not None:
-            return cached
-    return table_for(lm, key, lm.variant, log=log)
 
 
 def pick(targets: dict[str, CostTable | None], drafts: dict[str, CostTable | None] | None) -> DtypeChoice | None:

@@ -1,0 +1,80 @@
+"""The transformers backend's entry in the registry (:mod:`specdec.backends.registry`): Hugging Face
+models (and GGUF files, dequantized once into a cached bf16 folder) in torch, on any device, in
+the dtype the cost model measures fastest (:mod:`specdec.backends.hf_dtypes`). The fallback of
+``backend="auto"``: it loads anything the others refuse."""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import SpecdecError
+from .registry import Backend, Costs, Loaded, Log, Request
+
+
+class TransformersBackend(Backend):
+    name = "transformers"
+    aliases = ("hf",)
+    package = None  # a dependency of specdec itself
+    options = {
+        "dtype": "the target's dtype: auto (measured), bfloat16, float16 or float32",
+        "draft_dtype": "the draft's dtype: auto, or a dtype",
+        "draft_quant": "the draft's weight quantization: auto, int8 or none",
+    }
+    foreign_options = "transformers models use their own context length"
+
+    def auto_refusal(self, req: Request) -> str | None:
+        return None  # the fallback: what it cannot load, check() says
+
+    def check(self, req: Request) -> None:
+        from .gguf_formats import split_format
+
+        for source in (req.target, req.draft):
+            if split_format(source)[1] is not None:
+                raise SpecdecError(f"{source!r}: a GGUF weight-format copy ('@...') runs on the llama.cpp backend "
+                                   "(pip install 'specdec[llama]', backend 'llama.cpp'); on transformers use dtype=")
+        self.check_options(req)
+
+    def load(self, req: Request, why: str) -> Loaded:
+        from ..models import check_same_vocabulary, output_rows
+        from .hf import HFModel
+        from .hf_dtypes import choose_variants, materialize, split_variant
+
+        target, draft, dev = req.target, req.draft, req.device
+        chosen = choose_variants(req)
+        t = materialize(target, chosen.target, dev, chosen.measured["target"], progress=req.progress,
+                        table=chosen.tables["target"].get(chosen.target))
+        d = None
+        if draft is not None:
+            d = materialize(draft, chosen.draft, dev, chosen.measured["draft"], progress=req.progress,
+                            table=chosen.tables["draft"].get(chosen.draft))
+            check_same_vocabulary(t.tokenizer, d.tokenizer, target, draft)
+        vocab = len(t.tokenizer)
+        widths = [output_rows(m.model.get_output_embeddings()) for m in (t, d) if m is not None]
+        if min(widths) < vocab:
+            raise SpecdecError(f"a model's output layer has {min(widths)} rows, fewer than the tokenizer's {vocab} tokens")
+        # Rows past the tokenizer's table (padding) are never real tokens; cut them so both models agree.
+        target_lm = HFModel(t.model, target, vocab_limit=vocab)
+        draft_lm = HFModel(d.model, draft, vocab_limit=vocab) if d is not None else None
+        costs = Costs(chosen.tables["target"].get(chosen.target),
+                      chosen.tables["draft"].get(chosen.draft) if chosen.draft else None, chosen.why,
+                      dict(chosen.tables))
+        draft_quant = split_variant(chosen.draft)[1] if chosen.draft else "none"
+        return Loaded(target_lm, t.tokenizer, draft_lm, (target, draft), costs, why, draft_quant)
+
+    def measure(self, lm, remeasure: bool = False, log: Log | None = None):
+        """The cost table of a loaded model in its variant (``specdec.load`` measures candidates
+        before loading instead: :func:`specdec.backends.hf_dtypes.candidate_tables`)."""
+        from ..costmodel import load_cached, model_key, table_for
+        from .hf_dtypes import choose_kernels
+
+        key = model_key(lm.name, lm.model.config)
+        if not remeasure:
+            cached = load_cached(self.fingerprint(lm.device), key, lm.variant)
+            if cached is not None:
+                return cached
+        return table_for(lm, key, lm.variant, log=log, kernels=choose_kernels(lm.model, lm))
+
+    def cached_estimate(self, req: Request):
+        from .hf_dtypes import cached_choice
+
+        return cached_choice(req.target, req.draft, torch.device("cpu"))
