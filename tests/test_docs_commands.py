@@ -352,3 +352,25 @@ def test_the_check_catches_a_wrong_command():
     assert parse_error(fragment_parser, ["bench", "--no-such-flag"])
     assert parse_error(fragment_parser, ["generate", "--max-new-tokens", "many"])
     assert parse_error(parser, ["generate", "--help"]) is None
+
+
+def test_the_layer_picture_is_the_codes():
+    """docs/architecture.md's picture of the layers is what scripts/architecture_picture.py draws
+    from today's imports, and every room sits in a layer no higher than the rooms that import it."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, str(root / "scripts" / "architecture_picture.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    sys.path.insert(0, str(root / "scripts"))
+    try:
+        import architecture_picture as pic
+    finally:
+        sys.path.pop(0)
+    layer = {room: i for i, (_, rooms) in enumerate(pic.LAYERS) for room in rooms}
+    below = len(pic.LAYERS)
+    for room, deps in pic.graph().items():
+        for dep in deps if room != "__init__" else ():  # the package's face re-exports from every layer
+            assert layer.get(dep, below) >= layer.get(room, below), f"{room} imports {dep}, a layer above it"

@@ -87,10 +87,10 @@ def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, dra
 
 
 def test_draft_auto_takes_the_fastest_format_that_keeps_agreement(tiny_files, monkeypatch):
-    """``draft="auto"``'s format choice (specdec.draft_formats): every candidate is measured, the
+    """``draft="auto"``'s format choice (specdec.backends.llamacpp_draft_formats): every candidate is measured, the
     pick is the cheapest one-token pass among those agreeing with the target as often as the
     shipped file (less AGREEMENT_SLACK), and agreements are cached by the files' identities."""
-    from specdec import draft_formats
+    from specdec.backends import llamacpp_draft_formats as draft_formats
     from specdec.backends.gguf_formats import model_file
     from specdec.backends.llamacpp import LlamaCppModel
     from specdec.costmodel import CostTable
@@ -123,7 +123,7 @@ def test_draft_auto_takes_the_fastest_format_that_keeps_agreement(tiny_files, mo
 
 
 def test_agreement_counts_positions_where_both_models_pick_the_same_token(tiny_files):
-    from specdec import draft_formats
+    from specdec.backends import llamacpp_draft_formats as draft_formats
     from specdec.backends.llamacpp import LlamaCppModel
 
     t_path, d_path = tiny_files

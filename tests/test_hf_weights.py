@@ -99,3 +99,53 @@ def _bin_ok() -> bool:
     from transformers import PreTrainedModel
 
     return "safe_serialization" in inspect.signature(PreTrainedModel.save_pretrained).parameters
+
+
+PEAK_SCRIPT = r"""
+import json, sys
+import torch
+from pathlib import Path
+from transformers import AutoModelForCausalLM
+from specdec.backends.hf_weights import load_lean
+
+folder, how = Path(sys.argv[1]), sys.argv[2]
+def status_mb(key):
+    return int(open("/proc/self/status").read().split(key + ":")[1].split()[0]) / 1024
+def load():
+    if how == "lean":
+        return load_lean(folder, torch.float32)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+first = load()  # once first, so that the modules it imports are not counted
+del first
+import gc; gc.collect()
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) starts again from today's RSS
+before = status_mb("VmRSS")
+model = load()
+kept = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+print(json.dumps({"kept": kept, "peak": status_mb("VmHWM") - before}))
+"""
+
+
+@pytest.mark.slow
+def test_the_lean_load_peaks_at_the_weights_kept(tmp_path):
+    """A bf16 folder loaded as float32: the lean loader's peak is the float32 weights plus a chunk
+    (transformers' loader, which casts from the memory-mapped file, is shown for scale)."""
+    import subprocess
+    import sys
+
+    from transformers import Qwen2ForCausalLM
+
+    config = tiny_config(vocab_size=32768, hidden=512)
+    torch.manual_seed(0)
+    path = _save(Qwen2ForCausalLM(config).to(torch.bfloat16), tmp_path / "m")
+
+    def peak(how):
+        out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT, str(path), how], capture_output=True, text=True,
+                             check=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    lean, hf = peak("lean"), peak("transformers")
+    assert lean["kept"] > 100  # MiB of float32 weights
+    assert lean["peak"] <= lean["kept"] * 1.05 + 24, (lean, hf)
+    assert hf["peak"] > lean["peak"] + lean["kept"] / 4, (lean, hf)  # the measurement sees the difference
+    print(f"lean {lean}, transformers {hf}")

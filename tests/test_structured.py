@@ -19,7 +19,7 @@ import torch
 pytest.importorskip("llguidance")
 
 from specdec.api import Pair, make_config  # noqa: E402
-from specdec.constrain import Constraint, constraint_from, make_guide  # noqa: E402
+from specdec.constrain import Constraint, Constraints, constraint_from, make_guide  # noqa: E402
 from specdec.drafters import DRAFTERS, Draft, Drafter, ModelDrafter  # noqa: E402
 from specdec.drafters.tree import TreeDrafter  # noqa: E402
 from specdec.engine import DecodeConfig, Engine  # noqa: E402
@@ -53,7 +53,7 @@ def complete_text_ok(kind: str, text: str) -> bool:
 
 def check_output(engine: Engine, cfg: DecodeConfig, ids: list[int], finish: str) -> None:
     """Every generated token is one the grammar allows; a text that ended (EOS) is complete."""
-    guide = make_guide(engine.tokenizer, cfg.constraint, engine.target.vocab_limit, sorted(engine.eos_ids))
+    guide = engine.constraints.guide(cfg.constraint)
     assert guide.valid_prefix(ids) == len(ids), (ids, TOK.decode(ids))
     if finish == "stop":
         assert ids[-1] == EOS
@@ -293,7 +293,7 @@ def masked_joint(target, prompt: list[int], params) -> torch.Tensor:
 def test_lossless_sampling_follows_the_masked_target_law(extra_drafters, policy, drafter):
     kw = dict(layers=1, hidden=16, initializer_range=0.2)
     target, draft = CausalLM(tiny_model(21, **kw)), CausalLM(tiny_model(22, **kw))
-    engine = Engine(target, draft, eos_ids=[EOS], tokenizer=TOK)
+    engine = Engine(target, draft, eos_ids=[EOS], constraints=Constraints(TOK, target.vocab_limit, [EOS]))
     params = SamplingParams(temperature=0.9, top_p=0.95)
     prompt = list(b"abcab ca")
     n, counts, accepted, grammar = 4000, torch.zeros(3, 3, 3), 0, Constraint("regex", CHI_REGEX)
@@ -340,7 +340,7 @@ def test_refused_before_any_work(pair, monkeypatch):
     with pytest.raises(SpecdecError, match="needs the tokenizer"):
         Engine(pair.target, eos_ids=[EOS]).generate([1, 2], make_config(policy="ar", regex="a+"))
     with pytest.raises(SpecdecError, match="end-of-sequence"):
-        Engine(pair.target, tokenizer=TOK).generate([1, 2], make_config(policy="ar", regex="a+"))
+        Engine(pair.target, constraints=Constraints(TOK, pair.target.vocab_limit, [])).generate([1, 2], make_config(policy="ar", regex="a+"))
     import specdec.constrain as constrain
 
     monkeypatch.setitem(constrain.LIMITS, "max_grammar_size", 5)
@@ -384,7 +384,7 @@ def test_llama_cpp_backend_respects_the_grammar(tmp_path):
     paths = (save_tiny_gguf(tiny_model(21, **kw), TOK, tmp_path / "t.gguf"),
              save_tiny_gguf(tiny_model(22, **kw), TOK, tmp_path / "d.gguf"))
     target, draft = (LlamaCppModel(p, f"tiny-{i}", n_ctx=256, threads=2) for i, p in enumerate(paths))
-    engine = Engine(target, draft, eos_ids=[EOS], tokenizer=TOK)
+    engine = Engine(target, draft, eos_ids=[EOS], constraints=Constraints(TOK, target.vocab_limit, [EOS]))
     for kind in ("regex", "json"):
         ar_cfg = DecodeConfig(policy="ar", max_new_tokens=30, constraint=constraint(kind))
         ar = engine.generate(list(b"hello"), ar_cfg)

@@ -12,6 +12,7 @@ import torch
 from . import genconfig
 from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
 from .configfile import read_config
+from .constrain import Constraints
 from .engine import Engine, Generation
 from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
@@ -101,7 +102,8 @@ class Pair:
         self.sampling_why = "none"
         self.eos_ids = eos_ids(tokenizer, target.eos_ids())
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
-                             draft_costs=self.costs.draft, tokenizer=tokenizer)
+                             draft_costs=self.costs.draft,
+                             constraints=Constraints(tokenizer, target.vocab_limit, self.eos_ids))
 
     # ----------------------------------------------------------------- requests
     def encode(self, prompt, chat: bool | None = None, system: str | None = None) -> list[int]:

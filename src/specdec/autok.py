@@ -79,8 +79,9 @@ tree's pass priced by its width in nodes, not by K.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from .costmodel import PRIOR_ACCEPTANCE, CostTable, best_k, mark_stale, tokens_per_second
 
@@ -484,3 +485,38 @@ def why_plain_steps(target: CostTable, draft_step: float, drafted: int, accepted
     seen = (f"the {drafted} drafts tried were kept at {accepted / drafted:.0%}" if drafted else "no draft was tried")
     return (f"by this machine's measured pass costs ({costs}) drafting pays only when drafts are kept at "
             f"{need:.0%} or more; {seen}")
+
+
+def controller_for(target: CostTable, draft: CostTable | None, needs_model: bool, window: int) -> KController:
+    """A new request kind's k=auto controller: the draft's cost per token and per token of backlog
+    from the tables (a drafter without a model drafts for ~0), K up to the widest measured pass, and
+    at least one past the rule's lookahead ``window`` (shorter blocks leave the rule inert)."""
+    k_max = max(1, target.widths[-1] - 1)
+    return KController(target, draft_step_estimate(needs_model, target, draft), k_max=max(k_max, window + 1),
+                       window=window, draft_prefill=draft_prefill_estimate(needs_model, target, draft))
+
+
+class WarmStates(OrderedDict):
+    """k=auto's state per request kind, kept across requests (a dict of key -> state): at most
+    ``limit`` kinds, the least recently used evicted first (a server sees any number of distinct
+    request parameters)."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def get_or_make(self, key, make: Callable[[], Any], stale: Callable[[Any], bool] = lambda state: False):
+        """The state for ``key``, made by ``make()`` when there is none yet or it is ``stale``; now
+        the most recently used."""
+        state = self.pop(key, None)
+        if state is None or stale(state):
+            state = make()
+        while len(self) >= self.limit:
+            self.popitem(last=False)
+        self[key] = state
+        return state
+
+    def copy(self) -> "WarmStates":
+        new = WarmStates(self.limit)
+        new.update(self)
+        return new

@@ -510,3 +510,17 @@ def make_guide(tokenizer, constraint: Constraint | None, width: int, stop_ids: S
     if constraint is None:
         return None
     return Guide(compile_constraint(tokenizer, constraint), width, stop_ids)
+
+
+class Constraints:
+    """What turns a request's constraint into a generation's :class:`Guide`, for one tokenizer,
+    logits width and set of end-of-sequence ids (compiled once per constraint, cached). Made
+    beside the engine (:class:`specdec.api.Pair`), so the engine itself holds no tokenizer."""
+
+    def __init__(self, tokenizer, width: int, stop_ids: Sequence[int]):
+        self.tokenizer, self.width, self.stop_ids = tokenizer, int(width), sorted(int(i) for i in stop_ids)
+
+    def guide(self, constraint: Constraint | None) -> Guide | None:
+        """A new generation's guide (None without a constraint); a constraint that cannot serve is
+        a one-line error."""
+        return make_guide(self.tokenizer, constraint, self.width, self.stop_ids)

@@ -15,15 +15,15 @@ target's rows are masked by the grammar (row 0 from the committed state, row ``i
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .constrain import Guide, make_guide
+from .constrain import Constraints, Guide
 from .drafters import Draft, Drafter, SuffixCache, drafter_class, make_drafter
-from .autok import KController, PassGate, draft_prefill_estimate, draft_step_estimate
+from .autok import KController, PassGate, WarmStates, controller_for
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores, common_prefix
@@ -73,34 +73,35 @@ class _Run:
     t_start: float
     guide: Guide | None = None  # structured output: the grammar's state after the committed text
 
-
-def row_paths(draft: Draft) -> list[list[int]]:
-    """For each row of the verify pass over ``draft``, the draft tokens it follows: a chain's row
-    ``i`` follows drafts ``1..i``; a tree's row ``j + 1`` follows node ``j``'s path from the root."""
-    tokens = list(draft.tokens)
-    if draft.parents is None:
-        return [tokens[:i] for i in range(len(tokens) + 1)]
-    paths: list[list[int]] = [[]]
-    for j, parent in enumerate(draft.parents):
-        paths.append((paths[parent + 1] if parent >= 0 else []) + [tokens[j]])
-    return paths
+    @contextmanager
+    def grammar_time(self, field_name: str) -> Iterator[None]:
+        """Add the seconds the grammar spends inside the block (:attr:`Guide.seconds`, its own clock)
+        to the stats' ``field_name``: the one place structured output's cost is booked."""
+        spent = self.guide.seconds if self.guide is not None else 0.0
+        try:
+            yield
+        finally:
+            if self.guide is not None:
+                self.out.stats.add_seconds(field_name, self.guide.seconds - spent)
 
 
 class Engine:
     """Speculative and plain decoding over a target (and optionally a draft) :class:`~specdec.backends.base.Model`."""
 
     def __init__(self, target: Model, draft: Model | None = None, eos_ids: Sequence[int] = (),
-                 target_costs: CostTable | None = None, draft_costs: CostTable | None = None, tokenizer=None):
+                 target_costs: CostTable | None = None, draft_costs: CostTable | None = None,
+                 constraints: Constraints | None = None):
         self.target = target
-        #: the Hugging Face tokenizer that structured output compiles constraints against (None: none)
-        self.tokenizer = tokenizer
+        #: structured output: what makes a request's constraint a generation's grammar state
+        #: (:class:`specdec.constrain.Constraints`, made for the tokenizer outside; None: no constraints)
+        self.constraints = constraints
         self.draft = draft
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.target_costs = target_costs
         self.draft_costs = draft_costs
         #: k=auto state, warm across requests; at most MAX_CONTROLLERS, least recently used evicted
-        self.controllers: OrderedDict[tuple, KController] = OrderedDict()
-        self.gates: OrderedDict[tuple, PassGate] = OrderedDict()  # the same for model-free tree drafters
+        self.controllers: WarmStates = WarmStates(MAX_CONTROLLERS)
+        self.gates: WarmStates = WarmStates(MAX_CONTROLLERS)  # the same for model-free tree drafters
         #: earlier requests' text for the suffix drafters, per caller (assign another to resize or share it)
         self.suffix_cache = SuffixCache()
         #: prefix caching (vLLM's and llama-server's default): a generation keeps the target's cached
@@ -111,41 +112,28 @@ class Engine:
         #: batched against incremental passes (near-ties on llama.cpp and in bf16).
         self.prefix_caching = False
 
+    @staticmethod
+    def _kind(cfg: DecodeConfig) -> tuple:
+        """What k=auto keeps apart: policy, drafter, their parameters, sampling mode, and whether a
+        grammar constrains the text (it changes what drafts survive)."""
+        return (cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
+                tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy, cfg.constraint is not None)
+
     def pass_gate(self, cfg: DecodeConfig) -> PassGate:
         """k=auto's choice between a model-free tree drafter's whole pass and a plain step
-        (:class:`~specdec.autok.PassGate`), kept across requests like :meth:`controller`'s state."""
-        key = ("gate", cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
-               tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy, cfg.constraint is not None)
-        gate = self.gates.pop(key, None)
-        if gate is None or gate.target is not self.target_costs:  # none yet, or priced by another table
-            gate = PassGate(self.target_costs)
-        while len(self.gates) >= MAX_CONTROLLERS:
-            self.gates.popitem(last=False)
-        self.gates[key] = gate
-        return gate
+        (:class:`~specdec.autok.PassGate`), kept across requests like :meth:`controller`'s state
+        (made again when the target's cost table changed)."""
+        return self.gates.get_or_make(self._kind(cfg), lambda: PassGate(self.target_costs),
+                                      stale=lambda gate: gate.target is not self.target_costs)
 
     def controller(self, cfg: DecodeConfig) -> KController | None:
-        """The k=auto controller for this policy, drafter, sampling mode and whether a grammar
-        constrains the text (None without a target cost table: then k=auto drafts a fixed
-        FALLBACK_K)."""
+        """The k=auto controller for this kind of request (:meth:`_kind`), made by
+        :func:`specdec.autok.controller_for` (None without a target cost table: then k=auto drafts
+        a fixed FALLBACK_K)."""
         if self.target_costs is None:
             return None
-        key = (cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
-               tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy,
-               cfg.constraint is not None)  # a grammar changes what drafts survive
-        if key in self.controllers:
-            self.controllers.move_to_end(key)
-        else:
-            while len(self.controllers) >= MAX_CONTROLLERS:
-                self.controllers.popitem(last=False)
-            needs_model = drafter_class(cfg.drafter).needs_model
-            step = draft_step_estimate(needs_model, self.target_costs, self.draft_costs)
-            k_max = max(1, self.target_costs.widths[-1] - 1)
-            window = lookahead_of(cfg.parsed)  # blocks no longer than the lookahead leave it inert
-            self.controllers[key] = KController(
-                self.target_costs, step, k_max=max(k_max, window + 1), window=window,
-                draft_prefill=draft_prefill_estimate(needs_model, self.target_costs, self.draft_costs))
-        return self.controllers[key]
+        return self.controllers.get_or_make(self._kind(cfg), lambda: controller_for(
+            self.target_costs, self.draft_costs, drafter_class(cfg.drafter).needs_model, lookahead_of(cfg.parsed)))
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
         """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`); one that
@@ -187,14 +175,15 @@ class Engine:
                                        f"{lm.backend} backend cannot give")
 
     def guide_for(self, cfg: DecodeConfig) -> Guide | None:
-        """A new generation's grammar state (None without a constraint). The constraint compiles
-        for this engine's tokenizer once (cached), so :meth:`check_config` calls this too: a
-        constraint that cannot serve is a one-line error before any work."""
+        """A new generation's grammar state (None without a constraint). A constraint compiles once
+        (cached), so :meth:`check_config` calls this too: a constraint that cannot serve is a
+        one-line error before any work."""
         if cfg.constraint is None:
             return None
-        if self.tokenizer is None:
-            raise SpecdecError("structured output needs the tokenizer; this engine was made without one (tokenizer=...)")
-        return make_guide(self.tokenizer, cfg.constraint, self.target.vocab_limit, sorted(self.eos_ids))
+        if self.constraints is None:
+            raise SpecdecError("structured output needs the tokenizer; this engine was made without it "
+                               "(constraints=specdec.constrain.Constraints(tokenizer, ...))")
+        return self.constraints.guide(cfg.constraint)
 
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
         if len(prompt_ids) == 0:
@@ -229,10 +218,8 @@ class Engine:
                 break
             k = self._choose_k(run)
             t0 = clock()
-            spent = run.guide.seconds if run.guide is not None else 0.0
-            draft = run.drafter.propose(run.context, k, cfg.sampling, run.generator) if k else Draft()  # 1.
-            if run.guide is not None:
-                run.out.stats.draft_mask_seconds += run.guide.seconds - spent
+            with run.grammar_time("draft_mask_seconds"):
+                draft = run.drafter.propose(run.context, k, cfg.sampling, run.generator) if k else Draft()  # 1.
             t1 = clock()
             scores = self._score(run, draft)  # 2.
             verdict = self._verify(run, draft, scores)  # 3.
@@ -317,7 +304,7 @@ class Engine:
         """One target pass over ``[last, d_1..d_K]`` (a tree: ``[last]`` and the tree's nodes, with a
         tree attention mask); ``[K+1, V]`` logits, and hidden states when the policy reads them."""
         hidden = bool(run.policy and run.policy.needs_hidden)
-        if draft.parents is not None and len(draft):
+        if draft.is_tree:
             return self.target.score_tree(run.context, draft.tokens, draft.parents, hidden=hidden)
         return self.target.score(run.context + draft.tokens, len(draft) + 1, hidden=hidden)
 
@@ -326,7 +313,7 @@ class Engine:
         params, logits = run.cfg.sampling, self._restrict(run, draft, scores.logits)
         penalize_rows = None
         if params.penalized:
-            prompt, written, paths = run.context[:len(run.context) - len(run.out.token_ids)], run.out.token_ids, row_paths(draft)
+            prompt, written, paths = run.context[:len(run.context) - len(run.out.token_ids)], run.out.token_ids, draft.row_paths()
             logits = penalize(logits, params, prompt, written, paths)
 
             def penalize_rows(rows: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -339,7 +326,7 @@ class Engine:
                       lm_head=self.target.head_logits, draft_logits=draft.logits, penalize_rows=penalize_rows,
                       target_probs=None if params.greedy else probabilities(logits, params))
         drafts = torch.tensor(draft.tokens, device=logits.device)
-        if draft.parents is not None:  # each node judged against its parent's row; the policy walks the tree
+        if draft.is_tree:  # each node judged against its parent's row; the policy walks the tree
             rnd, verify = TreeRound(tokens=drafts, parents=draft.parents, **shared), run.policy.verify_tree
         else:
             rnd, verify = Round(draft_tokens=drafts, draft_probs=draft.probs, **shared), run.policy.verify
@@ -355,13 +342,10 @@ class Engine:
         without a constraint. Before the round is built, so every rule reads the masked target."""
         if run.guide is None:
             return logits
-        spent = run.guide.seconds
-        if draft.parents is not None and len(draft):
-            logits = run.guide.restrict_tree(logits, draft.tokens, draft.parents)
-        else:
-            logits = run.guide.restrict(logits, draft.tokens)
-        run.out.stats.mask_seconds += run.guide.seconds - spent
-        return logits
+        with run.grammar_time("mask_seconds"):
+            if draft.is_tree:
+                return run.guide.restrict_tree(logits, draft.tokens, draft.parents)
+            return run.guide.restrict(logits, draft.tokens)
 
     def _learn(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, scores: Scores, draft_seconds: float,
                verify_seconds: float) -> None:
@@ -370,10 +354,10 @@ class Engine:
         row of a pass it drafted for (:meth:`~specdec.drafters.base.Drafter.observe`)."""
         if k and run.drafter.observes_target:
             run.drafter.observe(draft, scores.logits.argmax(dim=-1).tolist())
-        stats, n, tree = run.out.stats, len(draft), draft.parents is not None and len(draft) > 0
+        stats, n = run.out.stats, len(draft)
         stats.draft_seconds += draft_seconds
         stats.verify_seconds += verify_seconds
-        stats.record(n, verdict.accepted, dict(verdict.relaxed), depth=tree_depth(draft.parents) if tree else None)
+        stats.record(n, verdict.accepted, dict(verdict.relaxed), depth=tree_depth(draft.parents) if draft.is_tree else None)
         if run.auto:
             stats.k_chosen.append(k)
         if run.gate is not None:
@@ -390,26 +374,21 @@ class Engine:
         finish reason. Returns what this round added (a stop may also cut earlier rounds' tokens).
         ``rows``: the verify pass's raw logits, for the tokens' log-probabilities when asked."""
         out, context = run.out, run.context
-        tree = draft.parents is not None
-        kept = [draft.tokens[i] for i in verdict.path or ()] if tree else draft.tokens[:verdict.accepted]
-        new = kept + [verdict.token]
+        new = draft.kept(verdict) + [verdict.token]
         for i, t in enumerate(new):
             if t in self.eos_ids or t in run.cfg.stop_token_ids:
                 new, out.finish_reason = new[: i + 1], "stop"
                 break
         if run.cfg.logprobs is not None and rows is not None:
-            # each token was judged on the row after what precedes it: a chain's i-th on row i, a
-            # tree's first on row 0 and each next one on the row after the node kept before it
-            at = [0] + [p + 1 for p in verdict.path or ()] if tree else list(range(len(new)))
+            at = draft.judged_rows(verdict)
             if out.logprobs is None:
                 out.logprobs = []
             out.logprobs += token_logprobs(rows[at[: len(new)]], new, run.cfg.logprobs)
         out.token_ids += new
         context += new
         if run.guide is not None:
-            spent = run.guide.seconds
-            run.guide.advance(new)  # up to an end-of-sequence id; a stop string below ends the run anyway
-            out.stats.mask_seconds += run.guide.seconds - spent
+            with run.grammar_time("mask_seconds"):
+                run.guide.advance(new)  # up to an end-of-sequence id; a stop string below ends the run anyway
         if stop_check is not None:
             keep = stop_check(out.token_ids, len(new))
             if keep is not None:
@@ -427,7 +406,7 @@ class Engine:
     def _roll_back(self, run: "_Run", draft: Draft, verdict: Verdict) -> None:
         """Both caches back to the committed text (after a tree: keep its path first); the drafter
         learns what was kept."""
-        if draft.parents is not None and len(draft):
+        if draft.is_tree:
             self.target.keep_path(verdict.path or ())
         self.target.truncate(len(run.context) - 1)
         if run.drafter is not None:

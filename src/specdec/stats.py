@@ -66,6 +66,10 @@ class Stats:
     peak_rss_mb: float = 0.0
     params: dict = field(default_factory=dict)  # policy/drafter parameters, for the record
 
+    def add_seconds(self, name: str, seconds: float) -> None:
+        """Add ``seconds`` to the timing field ``name`` (``mask_seconds``, ...)."""
+        setattr(self, name, getattr(self, name) + seconds)
+
     def record(self, drafted: int, accepted: int, relaxed: dict[str, int] | None = None, depth: int | None = None) -> None:
         """Count one verify round that drafted ``drafted`` tokens and kept ``accepted``. A token
         tree also gives its ``depth``: then the per-position counts are per depth (a chain's depth

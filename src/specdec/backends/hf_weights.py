@@ -4,8 +4,9 @@
 bf16 folder as float32 keeps the whole file's pages resident while the float32 copy grows, so the
 load peaks at ~1.5x the weights kept (measured: 10.5 GB for a 6.8 GB float32 1.5B model). Here the
 model is built with empty parameters (buffers such as rotary frequencies computed as usual), and
-each tensor is read with plain file reads into its own buffer, cast, and put in place before the
-next is read: the peak is the weights kept plus the largest tensor.
+each tensor is read through the ``safetensors`` library with plain reads (its ``pread`` backend:
+no memory map), cast a few megabytes of rows at a time into its own buffer, and put in place
+before the next is read: the peak is the weights kept plus one chunk (tested).
 
 Only plain folders that need a cast take this path: safetensors weights (one file or an index of
 shards) stored in another floating-point dtype than the one asked for, and a config without
@@ -17,7 +18,7 @@ tensor names do not match its parameters) returns None, and the caller uses ``fr
 from __future__ import annotations
 
 import json
-import struct
+import math
 from pathlib import Path
 from typing import Iterator
 
@@ -43,59 +44,42 @@ def safetensors_files(folder: Path) -> list[Path]:
 CHUNK_BYTES = 8 << 20
 
 
+def _open(path: Path):
+    """The file through the ``safetensors`` library, read with ``pread`` (no memory map, so no page
+    of the file stays resident; a slice reads only its own bytes)."""
+    from safetensors import safe_open
+
+    return safe_open(str(path), framework="pt", backend="pread")
+
+
 def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` for every tensor in the file, read with plain reads (no memory map, so no
-    page of the file stays resident) straight into the tensor's own memory; with ``dtype``,
-    floating-point tensors are cast to it ``CHUNK_BYTES`` at a time on the way in."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-        base = 8 + n
-        header.pop("__metadata__", None)
-        for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
-            stored = DTYPES.get(info["dtype"])
+    """``(name, tensor)`` for every tensor in the file, in file order; with ``dtype``, floating-point
+    tensors are cast to it on the way in, ``CHUNK_BYTES`` of rows at a time."""
+    with _open(path) as f:
+        names = f.offset_keys() if hasattr(f, "offset_keys") else f.keys()
+        for name in names:
+            part = f.get_slice(name)
+            stored = DTYPES.get(part.get_dtype())
             if stored is None:
-                raise ValueError(f"{path.name}: tensor {name} has dtype {info['dtype']}, which is not read here")
-            start, end = info["data_offsets"]
-            f.seek(base + start)
+                raise ValueError(f"{path.name}: tensor {name} has dtype {part.get_dtype()}, which is not read here")
             want = dtype if dtype is not None and stored.is_floating_point else stored
-            out = torch.empty(info["shape"], dtype=want)
-            if want == stored:
-                _read_into(f, out.reshape(-1).view(torch.uint8), end - start, path, name)
-            else:
-                _read_cast(f, out.reshape(-1), stored, end - start, path, name)
+            shape = list(part.get_shape())
+            if want == stored or not shape:
+                yield name, f.get_tensor(name).to(want)
+                continue
+            out = torch.empty(shape, dtype=want)
+            row = stored.itemsize * max(1, math.prod(shape[1:]))
+            step = max(1, CHUNK_BYTES // row)
+            for lo in range(0, shape[0], step):
+                hi = min(lo + step, shape[0])  # (a slice past the end is an error here)
+                out[lo:hi].copy_(part[lo:hi])
             yield name, out
-
-
-def _read_into(f, dest: torch.Tensor, size: int, path: Path, name: str) -> None:
-    """Fill ``dest`` (a flat uint8 view) with the next ``size`` bytes of ``f``."""
-    if dest.numel() != size:
-        raise ValueError(f"{path.name}: tensor {name} holds {size} bytes, its shape needs {dest.numel()}")
-    if size and f.readinto(memoryview(dest.numpy())) != size:
-        raise ValueError(f"{path.name}: tensor {name} is cut short")
-
-
-def _read_cast(f, dest: torch.Tensor, stored: torch.dtype, size: int, path: Path, name: str) -> None:
-    """Fill ``dest`` (flat, its own dtype) from the next ``size`` bytes of ``f``, stored as ``stored``,
-    one chunk at a time."""
-    item = torch.empty((), dtype=stored).element_size()
-    if dest.numel() * item != size:
-        raise ValueError(f"{path.name}: tensor {name} holds {size} bytes, its shape needs {dest.numel() * item}")
-    step = max(1, CHUNK_BYTES // item)
-    buf = torch.empty(min(step, dest.numel()), dtype=stored)
-    for lo in range(0, dest.numel(), step):
-        part = buf[: min(step, dest.numel() - lo)]
-        _read_into(f, part.view(torch.uint8), part.numel() * item, path, name)
-        dest[lo:lo + part.numel()].copy_(part)
 
 
 def stored_dtypes(path: Path) -> set[torch.dtype | None]:
     """The dtypes of a safetensors file's tensors, from its header alone (None: not one of DTYPES)."""
-    with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    header.pop("__metadata__", None)
-    return {DTYPES.get(info["dtype"]) for info in header.values()}
+    with _open(path) as f:
+        return {DTYPES.get(f.get_slice(name).get_dtype()) for name in f.keys()}
 
 
 def needs_cast(files: list[Path], dtype: torch.dtype) -> bool:
@@ -106,7 +90,7 @@ def needs_cast(files: list[Path], dtype: torch.dtype) -> bool:
 
 
 def load_lean(folder: Path, dtype: torch.dtype):
-    """The folder's causal LM in ``dtype`` with a load peak of the weights plus the largest tensor,
+    """The folder's causal LM in ``dtype`` with a load peak of the weights plus one chunk,
     or None when the folder is not a plain safetensors checkpoint (module docstring)."""
     try:
         from accelerate import init_empty_weights

@@ -55,7 +55,7 @@ class LlamaCppBackend(Backend):
 
     def load(self, req: Request, why: str) -> Loaded:
         """The GGUF models; with ``req.draft_auto`` (the bundled draft chosen by ``draft="auto"``) the
-        draft's weight format is chosen too, by measurement (:mod:`specdec.draft_formats`), when
+        draft's weight format is chosen too, by measurement (:mod:`specdec.backends.llamacpp_draft_formats`), when
         calibrating."""
         from ..bundled import DEFAULT_DRAFT
         from ..costmodel import FALLBACK_K
@@ -87,7 +87,7 @@ class LlamaCppBackend(Backend):
 
             t_table = table(t)
             if draft_auto:
-                from ..draft_formats import choose
+                from .llamacpp_draft_formats import choose
 
                 def load_draft(source: str):
                     return LlamaCppModel(model_file(source, progress=req.progress), source, vocab_limit=vocab,

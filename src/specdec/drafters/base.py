@@ -34,6 +34,35 @@ first, not a chain."""
     def __len__(self) -> int:
         return len(self.tokens)
 
+    @property
+    def is_tree(self) -> bool:
+        """A token tree with at least one node (an empty draft is read as a chain)."""
+        return self.parents is not None and len(self.tokens) > 0
+
+    def row_paths(self) -> list[list[int]]:
+        """For each row of the verify pass over this draft, the draft tokens it follows: a chain's
+        row ``i`` follows drafts ``1..i``; a tree's row ``j + 1`` follows node ``j``'s path."""
+        if self.parents is None:
+            return [self.tokens[:i] for i in range(len(self.tokens) + 1)]
+        paths: list[list[int]] = [[]]
+        for j, parent in enumerate(self.parents):
+            paths.append((paths[parent + 1] if parent >= 0 else []) + [self.tokens[j]])
+        return paths
+
+    def kept(self, verdict) -> list[int]:
+        """The draft tokens a verdict keeps: a chain's first ``accepted``, a tree's ``path``."""
+        if self.is_tree:
+            return [self.tokens[i] for i in verdict.path or ()]
+        return self.tokens[:verdict.accepted]
+
+    def judged_rows(self, verdict) -> list[int]:
+        """The verify pass's row each token a verdict commits was judged on (the kept drafts, then
+        the verdict's own token): a chain's i-th on row i; a tree's first on row 0 and each next
+        one on the row after the node kept before it."""
+        if self.is_tree:
+            return [0] + [p + 1 for p in verdict.path or ()]
+        return list(range(verdict.accepted + 1))
+
 
 class Drafter(ABC):
     """The drafter contract: everything the registry, the engine, bench and the server use of a

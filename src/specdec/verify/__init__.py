@@ -11,22 +11,17 @@ from typing import Any
 from ..errors import SpecdecError
 from .base import Lossless, Policy, Round, Verdict, finish, lossless_mask
 from .block import Block
-from .policy import RULES, LoosePolicy, parse_policy, rule_params
+from .policy import AR, EXACT, POLICIES, RULES, LoosePolicy, parse_policy, rule_params
 
 __all__ = [
-    "POLICIES", "RULES", "Block", "Lossless", "LoosePolicy", "Policy", "Round", "Verdict", "finish", "lossless_mask",
+    "AR", "EXACT", "POLICIES", "RULES", "Block", "Lossless", "LoosePolicy", "Policy", "Round", "Verdict", "finish", "lossless_mask",
     "make_policy", "rule_params",
 ]
-
-#: Single policy names. ``ar`` is plain decoding (no drafting, no verification); ``lossless`` and
-#: ``block`` are exact; the loose rules can also be combined with ``+`` (e.g. ``fly+mars``).
-POLICIES = ("ar", "lossless", "block", *RULES)
-
 
 def make_policy(name: str, params: dict[str, Any] | None = None) -> Policy | None:
     """The policy called ``name`` (None for ``ar``); unknown names and bad parameters are user errors."""
     params = dict(params or {})
-    if name == "ar":
+    if name == AR:
         if params:
             raise SpecdecError(f"policy 'ar' takes no parameters, got {sorted(params)}")
         return None

@@ -47,6 +47,14 @@ from .typical import Typical
 #: file in verify/ and one entry here.
 RULES: dict[str, type] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typical, "fly": Fly}
 
+#: plain decoding's name: no drafts, no verification (:func:`specdec.verify.make_policy` gives None)
+AR = "ar"
+#: The exact policies by name: each one class, taking no parameters, that verifies on its own (it
+#: does not combine with loose rules, which compose with the token-wise lossless rule already).
+EXACT: dict[str, type] = {"lossless": Lossless, "block": Block}
+#: every single policy name, in the order the CLI's help lists them
+POLICIES = (AR, *EXACT, *RULES)
+
 
 def rule_params(rule: str) -> list[str]:
     return list(options_of(RULES[rule]))
@@ -208,21 +216,20 @@ def parse_policy(name: str, params: dict[str, Any]):
     """``name`` (``lossless``, ``mars``, ``fly+mars``, ...) and its parameters -> a policy object."""
     if not isinstance(name, str) or not name:
         raise SpecdecError(f"policy must be a non-empty string, got {name!r}")
-    exact = {"lossless": Lossless, "block": Block}
-    if name in exact:
+    if name in EXACT:
         if params:
             raise SpecdecError(f"policy {name!r} takes no parameters, got {sorted(params)}")
-        return exact[name]()
+        return EXACT[name]()
     parts = [p.strip() for p in name.split("+")]
-    if "block" in parts:
-        raise SpecdecError(
-            f"policy {name!r}: block verification is exact and verifies a chain as a whole, so it does not combine "
-            "with loose rules; loose rules compose with the token-wise lossless rule (write just the rules, e.g. fly+mars)")
-    known = ", ".join(["ar", "lossless", "block", *RULES])
     for part in parts:
+        if part in EXACT and part != "lossless":
+            raise SpecdecError(
+                f"policy {name!r}: {part} verification is exact and verifies on its own, so it does not combine "
+                "with loose rules; loose rules compose with the token-wise lossless rule (write just the rules, e.g. "
+                "fly+mars)")
         if part not in RULES:
             raise SpecdecError(
-                f"unknown policy {name!r}: {part!r} is not a rule; choose from {known}, "
+                f"unknown policy {name!r}: {part!r} is not a rule; choose from {', '.join(POLICIES)}, "
                 "or combine loose rules with '+' (e.g. fly+mars)"
             )
     if len(set(parts)) != len(parts):

@@ -72,7 +72,7 @@ class DraftChoice:
 
 
 def cache_file() -> Path:
-    from .convert import specdec_home
+    from ..convert import specdec_home
 
     return specdec_home() / "costs" / "draft-formats.json"
 
@@ -111,7 +111,7 @@ def choose(target, tokenizer, base: str, load: Callable[[str], object], table: C
     :data:`CANDIDATES` copies (module docstring). ``load(source)`` makes a
     :class:`~specdec.backends.llamacpp.LlamaCppModel`, ``table(lm)`` its cost table (None when the
     measurement failed). Returns the choice, the loaded draft and its table; the others are closed."""
-    from .backends.llamacpp import file_key
+    from .llamacpp import file_key
 
     ids = tokenizer(REFERENCE)["input_ids"]
     cache = _read_cache()
