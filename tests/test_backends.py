@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.backends import Capabilities, check_backend
+from specdec.backends import REGISTRY, Capabilities, check_backend
 from specdec.backends.hf import HFModel
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
@@ -27,14 +27,27 @@ def gguf_path(tmp_path_factory):
     return save_tiny_gguf(tiny_model(0), byte_tokenizer(), path)
 
 
-@pytest.fixture(params=["transformers", "llama.cpp"])
-def lm(request):
-    if request.param == "transformers":
-        model = HFModel(tiny_model(0), "tiny")
-    else:
-        from specdec.backends.llamacpp import LlamaCppModel
+def _hf(request):
+    return HFModel(tiny_model(0), "tiny")
 
-        model = LlamaCppModel(request.getfixturevalue("gguf_path"), "tiny", n_ctx=512, threads=2)
+
+def _llama(request):
+    from specdec.backends.llamacpp import LlamaCppModel
+
+    return LlamaCppModel(request.getfixturevalue("gguf_path"), "tiny", n_ctx=512, threads=2)
+
+
+#: how each registered backend's model of the tiny test weights is made (one entry per backend)
+TINY = {"transformers": _hf, "llama.cpp": _llama}
+
+
+def test_every_registered_backend_has_a_tiny_model_here():
+    assert set(TINY) == set(REGISTRY.names())
+
+
+@pytest.fixture(params=list(REGISTRY.names()))
+def lm(request):
+    model = TINY[request.param](request)
     yield model
     model.close()
 

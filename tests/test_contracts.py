@@ -184,6 +184,7 @@ def test_no_code_outside_verify_names_a_rule_or_probes_a_capability():
     assert not bad, bad
     engine = (SRC / "engine.py").read_text()
     assert "getattr(" not in engine and '"pld"' not in engine
+    assert "policy is None" not in engine  # plain decoding is a policy too (verify.Plain)
 
 
 def test_engine_steps_are_short():

@@ -3,8 +3,9 @@
 Each round: (1) the drafter proposes up to K tokens; (2) the target scores ``[last, d_1..d_K]``
 in one forward pass; (3) the policy keeps a prefix of the drafts and picks one more token;
 (4) the round's tokens are committed, cut at the first stop; (5) both KV caches roll back to the
-committed text and the drafter is told what was kept. Plain decoding (``policy="ar"``) is the
-same loop with no drafts, through the same model wrapper, so speed comparisons are fair.
+committed text and the drafter is told what was kept. Plain decoding (``policy="ar"``) is a policy
+like the others (:class:`~specdec.verify.Plain`) that drafts nothing: the same loop through the
+same model wrapper, so speed comparisons are fair.
 
 Structured output (a request's ``constraint``, :mod:`specdec.constrain`): before step (3) the
 target's rows are masked by the grammar (row 0 from the committed state, row ``i`` after drafts
@@ -61,7 +62,7 @@ class _Run:
 
     cfg: DecodeConfig
     out: Generation
-    policy: Policy | None  # None: plain decoding
+    policy: Policy  # plain decoding: verify.Plain, which drafts nothing
     drafter: Drafter | None
     auto: bool  # k="auto"
     depth_limit: int  # a tree drafter's depth limit under k="auto" (0: a chain drafter)
@@ -148,7 +149,7 @@ class Engine:
         constraint that does not compile for this tokenizer."""
         self.guide_for(cfg)
         policy = cfg.parsed
-        if policy is None:
+        if not policy.drafts:
             return
         cls = drafter_class(cfg.drafter)
         if cls.needs_model and self.draft is None:
@@ -244,14 +245,13 @@ class Engine:
         token, which each round feeds again."""
         policy = cfg.parsed
         out = out if out is not None else Generation(list(prompt_ids))
-        drafter = None if policy is None else self.make_drafter(cfg)
-        cls = None if policy is None else drafter_class(cfg.drafter)
+        drafter = self.make_drafter(cfg) if policy.drafts else None  # plain decoding runs none
+        cls = drafter_class(cfg.drafter) if policy.drafts else None
         trees = cls is not None and cls.grows_trees
-        auto = policy is not None and cfg.k == AUTO_K
+        auto = policy.drafts and cfg.k == AUTO_K
         out.stats = Stats(
-            policy=cfg.policy, drafter=None if policy is None else cfg.drafter, k=0 if policy is None else cfg.k,
-            lossy=bool(policy and policy.lossy), prompt_tokens=len(prompt_ids),
-            params={**(policy.params if policy else {}), **cfg.drafter_params},
+            policy=cfg.policy, drafter=cfg.drafter if policy.drafts else None, k=cfg.k if policy.drafts else 0,
+            lossy=policy.lossy, prompt_tokens=len(prompt_ids), params={**policy.params, **cfg.drafter_params},
         )
         guide = self.guide_for(cfg)
         run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, auto=auto, guide=guide,
@@ -303,7 +303,7 @@ class Engine:
     def _score(self, run: "_Run", draft: Draft) -> Scores:
         """One target pass over ``[last, d_1..d_K]`` (a tree: ``[last]`` and the tree's nodes, with a
         tree attention mask); ``[K+1, V]`` logits, and hidden states when the policy reads them."""
-        hidden = bool(run.policy and run.policy.needs_hidden)
+        hidden = run.policy.needs_hidden
         if draft.is_tree:
             return self.target.score_tree(run.context, draft.tokens, draft.parents, hidden=hidden)
         return self.target.score(run.context + draft.tokens, len(draft) + 1, hidden=hidden)

@@ -199,8 +199,9 @@ class DecodeConfig:
     #: (``suffix``) read only the same caller's; set with :meth:`with_settings`, never a request option
     caller: str = ""
 
-    #: the parsed policy (None for ``ar``): parsed once, here, and used by the engine as is
-    parsed: Policy | None = field(default=None, init=False, repr=False, compare=False)
+    #: the parsed policy (``ar``: :class:`~specdec.verify.Plain`): parsed once, here, and used by the
+    #: engine as is
+    parsed: Policy = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # unknown names and bad parameters raise here, before any work; the result is kept
@@ -209,7 +210,7 @@ class DecodeConfig:
             object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
         object.__setattr__(self, "k", check_k(self.k))
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
-        if self.parsed is not None:
+        if self.parsed.drafts:
             check_drafter_fits_policy(self.parsed, drafter_class(self.drafter), self.k, self.drafter_params)
         check_constraint_fits(self)
         object.__setattr__(self, "stop_token_ids", check_stop_token_ids(self.stop_token_ids))

@@ -71,7 +71,9 @@ class Policy(Protocol):
       a fixed ``k <= W`` is refused up front, and ``k="auto"`` weighs short blocks by
       ``Verdict.inner`` and long ones by ``Verdict.accepted``;
     - ``lookahead_label`` / ``lookahead_remedy``: how errors name that lookahead and how to shrink it;
-    - ``verifies_trees``: :meth:`verify_tree` judges token trees (else only chains are drafted).
+    - ``verifies_trees``: :meth:`verify_tree` judges token trees (else only chains are drafted);
+    - ``drafts``: it verifies drafts (False only for plain decoding, :class:`Plain`: no drafter runs
+      and every round is the target's next token).
     """
 
     name: str
@@ -81,6 +83,7 @@ class Policy(Protocol):
     lookahead_label: str
     lookahead_remedy: str
     verifies_trees: bool
+    drafts: bool
     params: dict
 
     def verify(self, rnd: Round) -> Verdict: ...
@@ -156,6 +159,7 @@ class Lossless:
     lookahead_label = ""
     lookahead_remedy = ""
     verifies_trees = True
+    drafts = True
 
     @property
     def params(self) -> dict:
@@ -189,3 +193,14 @@ def rule_draft_probs(rnd: Round) -> torch.Tensor:
         t = rnd.params.temperature if rnd.params.temperature > 0 else 1.0
         return torch.softmax(rnd.draft_logits / t, dim=-1)
     return point_mass(rnd.draft_tokens, rnd.target_logits.shape[-1])
+
+
+@dataclass(frozen=True)
+class Plain(Lossless):
+    """Plain decoding (``ar``): a policy that drafts nothing, so each round is one target step and
+    its next token (the engine runs no drafter for it). The same loop and model wrapper as every
+    other policy, so speed comparisons against it are fair."""
+
+    name: str = "ar"
+    verifies_trees = False
+    drafts = False

@@ -47,7 +47,7 @@ from .typical import Typical
 #: file in verify/ and one entry here.
 RULES: dict[str, type] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typical, "fly": Fly}
 
-#: plain decoding's name: no drafts, no verification (:func:`specdec.verify.make_policy` gives None)
+#: plain decoding's name: no drafts (:class:`~specdec.verify.base.Plain`)
 AR = "ar"
 #: The exact policies by name: each one class, taking no parameters, that verifies on its own (it
 #: does not combine with loose rules, which compose with the token-wise lossless rule already).
@@ -69,6 +69,7 @@ class LoosePolicy:
     window: WindowRule | None = None
     lossy = True
     verifies_trees = True
+    drafts = True
 
     @property
     def needs_hidden(self) -> bool:
