@@ -268,3 +268,16 @@ def test_auto_follows_the_measurement_when_both_backends_are_measured(gguf_path,
     monkeypatch.setattr(TransformersBackend, "cached_estimate", lambda self, req: DtypeChoice("float32", None, 1e9, 0, {}))
     pair = specdec.load(str(gguf_path), draft=None, progress=False)
     assert pair.backend == "llama.cpp" and "measured on this machine, llama.cpp" in pair.backend_why
+
+
+def test_bad_load_options_are_one_line_errors(gguf_path):
+    """A load option no backend declares, and llama.cpp's context_length below its floor, are
+    refused before any model loads."""
+    import specdec
+    from specdec.backends import REGISTRY, Request
+
+    with pytest.raises(SpecdecError, match=r"unknown load option\(s\) bogus; known: context_length, dtype"):
+        REGISTRY.choose("auto", Request(str(gguf_path), None, torch.device("cpu"), {"bogus": 1}))
+    with pytest.raises(SpecdecError, match="context_length") as err:
+        specdec.load(str(gguf_path), draft=None, backend="llama.cpp", context_length=4, progress=False)
+    assert "\n" not in str(err.value)

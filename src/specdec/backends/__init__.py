@@ -15,15 +15,5 @@ def check_backend(name) -> str:
     return REGISTRY.canonical(name)
 
 
-def available(backend: str) -> bool:
-    """Whether ``backend``'s library can be imported here (without importing it)."""
-    return REGISTRY.get(backend).available()
-
-
-def require(backend: str) -> None:
-    """A one-line error naming how to install ``backend``'s library when it is missing."""
-    REGISTRY.get(backend).require()
-
-
 __all__ = ["AUTO", "Backend", "Capabilities", "Costs", "Loaded", "Model", "REGISTRY", "Request", "Scores", "TreeState",
-           "available", "check_backend", "common_prefix", "require"]
+           "check_backend", "common_prefix"]

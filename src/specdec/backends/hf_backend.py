@@ -64,12 +64,12 @@ class TransformersBackend(Backend):
     def measure(self, lm, remeasure: bool = False, log: Log | None = None):
         """The cost table of a loaded model in its variant (``specdec.load`` measures candidates
         before loading instead: :func:`specdec.backends.hf_dtypes.candidate_tables`)."""
-        from ..costmodel import load_cached, model_key, table_for
+        from ..costmodel import load_cached, model_fingerprint, model_key, table_for
         from .hf_dtypes import choose_kernels
 
         key = model_key(lm.name, lm.model.config)
         if not remeasure:
-            cached = load_cached(self.fingerprint(lm.device), key, lm.variant)
+            cached = load_cached(model_fingerprint(lm), key, lm.variant)  # what table_for saves under
             if cached is not None:
                 return cached
         return table_for(lm, key, lm.variant, log=log, kernels=choose_kernels(lm.model, lm))

@@ -55,7 +55,7 @@ def lib():
     global _initialized, _log_callback
     try:
         import llama_cpp
-    except ImportError as exc:  # pragma: no cover - checked before by backends.require
+    except ImportError as exc:  # pragma: no cover - checked before by the registry entry's require()
         raise SpecdecError("backend 'llama.cpp' needs llama-cpp-python: pip install 'specdec[llama]'") from exc
     with _init_lock:
         if not _initialized:
