@@ -394,3 +394,15 @@ def test_speed_pairs_only_samples_timed_at_one_machine_speed():
     # the tune's steady-state speed pairs the same way
     from specdec.bench.certify import decode_speedup
     assert decode_speedup(records, MARS["id"]) == pytest.approx(2.0)
+
+
+def test_the_stats_line_names_what_a_lossy_rule_relaxed_or_none():
+    from specdec.stats import Stats
+
+    quiet = Stats(policy="mars", drafter="model", k="auto", lossy=True)
+    assert "LOSSY rule (kept drafts the lossless rule would reject: none)" in quiet.summary()
+    busy = Stats(policy="mars+fly", drafter="model", k=4, lossy=True)
+    busy.record(4, 3, relaxed={"mars": 2})
+    busy.record(4, 4, relaxed={"fly": 1, "mars": 1})
+    assert "reject: fly 1, mars 3)" in busy.summary()
+    assert "LOSSY" not in Stats(policy="lossless", drafter="model", k=4).summary()

@@ -181,5 +181,6 @@ class Stats:
             if self.tree_depths:
                 line += f", trees of {self.mean_tree_nodes:.1f} nodes, depth {self.mean_tree_depth:.1f}"
             if self.lossy:
-                line += f", LOSSY (relaxed: {self.relaxed})"
+                kept = ", ".join(f"{rule} {n}" for rule, n in sorted(self.relaxed.items())) or "none"
+                line += f", LOSSY rule (kept drafts the lossless rule would reject: {kept})"
         return line + f", peak RSS {self.peak_rss_mb:.0f} MiB"

@@ -789,6 +789,8 @@ def _speed(row: dict | None) -> str:
     """Tokens/s over ar's, and (in brackets) ar's time over this setting's on the same problems."""
     if not row:
         return "–"
+    if row.get("speedup_vs_ar") is None:  # no pair timed at one machine speed
+        return "–" + speed_basis(row)
     return f"{_f(row.get('speedup_vs_ar'))}x ({_f(row.get('time_speedup_vs_ar'))}x){speed_basis(row)}"
 
 
