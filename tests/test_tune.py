@@ -421,9 +421,10 @@ def test_default_budget_can_be_certified_on_the_bundled_pairs_split():
 
 
 def test_a_speed_no_pair_timed_at_one_speed_is_a_dash_with_its_basis():
+    """As in tune's --status table and bench's report: a missing ratio is a dash, without its unit."""
     from specdec.bench.tune import _speed
 
-    assert _speed({"speedup_vs_ar": None, "time_speedup_vs_ar": None, "speed_samples": 0, "samples": 82}) == "– on 0/82"
+    assert _speed({"speedup_vs_ar": None, "time_speedup_vs_ar": None, "speed_samples": 0, "samples": 82}) == "– (–) on 0/82"
     assert _speed({"speedup_vs_ar": 1.25, "time_speedup_vs_ar": 1.5, "speed_samples": 80, "samples": 82}) == \
         "1.25x (1.50x) on 80/82"
     assert _speed(None) == "–"

@@ -56,7 +56,7 @@ from . import certify
 from . import configs as cfgs
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
                       parse_float, parse_selection, parse_settings, run_settings, sandbox_setting)
-from .report import speed_basis
+from .report import _f, speed_basis
 from .summary import paired_quality, verdicts
 
 #: the tuning split when --samples is not given (HumanEval: the second half; the first half,
@@ -775,10 +775,6 @@ def tune_record(a, plan: _TunePlan, pair, proxy_rows, rows, validate_rows, resul
 
 
 # ------------------------------------------------------------------------------- the table
-def _f(x, spec=".2f") -> str:
-    return "–" if x is None else format(x, spec)
-
-
 def _rec(rec, ci) -> str:
     if rec is None:
         return "–"
@@ -789,9 +785,7 @@ def _speed(row: dict | None) -> str:
     """Tokens/s over ar's, and (in brackets) ar's time over this setting's on the same problems."""
     if not row:
         return "–"
-    if row.get("speedup_vs_ar") is None:  # no pair timed at one machine speed
-        return "–" + speed_basis(row)
-    return f"{_f(row.get('speedup_vs_ar'))}x ({_f(row.get('time_speedup_vs_ar'))}x){speed_basis(row)}"
+    return f"{_f(row.get('speedup_vs_ar'), '.2f', 'x')} ({_f(row.get('time_speedup_vs_ar'), '.2f', 'x')}){speed_basis(row)}"
 
 
 
