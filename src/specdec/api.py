@@ -102,7 +102,7 @@ class Pair:
         self.sampling_why = "none"
         self.eos_ids = eos_ids(tokenizer, target.eos_ids())
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
-                             draft_costs=self.costs.draft,
+                             draft_costs=self.costs.draft, prior=self.costs.prior,
                              constraints=Constraints(tokenizer, target.vocab_limit, self.eos_ids))
 
     # ----------------------------------------------------------------- requests

@@ -90,7 +90,7 @@ def decoding_notes(s, pair) -> list[str]:
     at least half the rounds, nothing was rejected for them, and the note says why (the measured
     costs against the acceptance drafting would need). A cost table the passes drifted far from
     gets a note too."""
-    from .autok import draft_step_estimate, why_plain_steps
+    from .autok import why_plain_steps
     from .drafters import drafter_class
 
     lines = []
@@ -101,8 +101,8 @@ def decoding_notes(s, pair) -> list[str]:
         if s.backlog_declined and s.backlog_declined >= zero / 2:
             why = why_backlog(s, pair.costs.draft)
         elif table is not None:
-            why = why_plain_steps(table, draft_step_estimate(drafter_class(s.drafter).needs_model, table, pair.costs.draft), s.drafted,
-                                  s.accepted)
+            why = why_plain_steps(table, pair.costs.draft, drafter_class(s.drafter).needs_model, s.drafted, s.accepted,
+                                  pair.costs.prior)
         lines.append(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds, "
                      f"so no draft was rejected there: {why} ('specdec calibrate' measures the costs again, e.g. if "
                      "the machine was busy when they were measured)")
@@ -113,7 +113,7 @@ def decoding_notes(s, pair) -> list[str]:
                      "or --policy ar.")
     if s.cost_drift is not None:
         lines.append(f"specdec: note: the target's passes took {s.cost_drift:.2f}x the seconds of its measured cost "
-                     "table; the cached table is marked stale and the next load measures it again")
+                     "table; if the machine was busy when it was measured, 'specdec calibrate' measures it again")
     return lines
 
 

@@ -24,7 +24,7 @@ import torch
 
 from .constrain import Constraints, Guide
 from .drafters import Draft, Drafter, SuffixCache, drafter_class, make_drafter
-from .autok import KController, PassGate, WarmStates, controller_for
+from .autok import AcceptancePrior, KPolicy, WarmStates, k_policy
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores, common_prefix
@@ -39,9 +39,12 @@ from .verify.tree import TreeRound, tree_depth
 #: sequence ends inside the last ``n_new`` tokens, else None.
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
-#: k=auto controllers kept per engine, one per distinct (policy, parameters, drafter, sampling mode);
+#: k=auto's K policies kept per engine, one per distinct (policy, parameters, drafter, sampling mode);
 #: the least recently used goes first (a server sees any number of distinct request parameters)
 MAX_CONTROLLERS = 64
+#: a generation of at least DRIFT_ROUNDS rounds whose target passes took outside DRIFT_LOW..DRIFT_HIGH
+#: times the table's seconds says so in its stats (``cost_drift``): the table may be stale ('specdec calibrate')
+DRIFT_LOW, DRIFT_HIGH, DRIFT_ROUNDS = 0.5, 4.0, 32
 
 
 @dataclass
@@ -65,9 +68,7 @@ class _Run:
     policy: Policy  # plain decoding: verify.Plain, which drafts nothing
     drafter: Drafter | None
     auto: bool  # k="auto"
-    depth_limit: int  # a tree drafter's depth limit under k="auto" (0: a chain drafter)
-    control: KController | None  # k="auto" with a cost table, chains only
-    gate: PassGate | None  # k="auto" with a cost table, a tree drafter without a model: its tree or a plain step
+    kpolicy: KPolicy | None  # how many drafts each round (None: plain decoding)
     generator: torch.Generator | None
     context: list[int]  # the prompt and every committed token
     limit: int  # the model's context length
@@ -91,7 +92,7 @@ class Engine:
 
     def __init__(self, target: Model, draft: Model | None = None, eos_ids: Sequence[int] = (),
                  target_costs: CostTable | None = None, draft_costs: CostTable | None = None,
-                 constraints: Constraints | None = None):
+                 constraints: Constraints | None = None, prior: AcceptancePrior | None = None):
         self.target = target
         #: structured output: what makes a request's constraint a generation's grammar state
         #: (:class:`specdec.constrain.Constraints`, made for the tokenizer outside; None: no constraints)
@@ -100,9 +101,11 @@ class Engine:
         self.eos_ids = frozenset(int(i) for i in eos_ids)
         self.target_costs = target_costs
         self.draft_costs = draft_costs
+        #: how often the draft's tokens are kept by its own probability of them, measured at calibration
+        #: (None: the draft's probabilities taken as calibrated)
+        self.prior = prior
         #: k=auto state, warm across requests; at most MAX_CONTROLLERS, least recently used evicted
         self.controllers: WarmStates = WarmStates(MAX_CONTROLLERS)
-        self.gates: WarmStates = WarmStates(MAX_CONTROLLERS)  # the same for model-free tree drafters
         #: earlier requests' text for the suffix drafters, per caller (assign another to resize or share it)
         self.suffix_cache = SuffixCache()
         #: prefix caching (vLLM's and llama-server's default): a generation keeps the target's cached
@@ -120,21 +123,24 @@ class Engine:
         return (cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
                 tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy, cfg.constraint is not None)
 
-    def pass_gate(self, cfg: DecodeConfig) -> PassGate:
-        """k=auto's choice between a model-free tree drafter's whole pass and a plain step
-        (:class:`~specdec.autok.PassGate`), kept across requests like :meth:`controller`'s state
-        (made again when the target's cost table changed)."""
-        return self.gates.get_or_make(self._kind(cfg), lambda: PassGate(self.target_costs),
-                                      stale=lambda gate: gate.target is not self.target_costs)
+    def k_policy(self, cfg: DecodeConfig) -> KPolicy:
+        """The request's K policy (:func:`specdec.autok.k_policy`): ``k=N`` a fixed one; ``k="auto"``
+        the one kept for this kind of request (:meth:`_kind`), made again when a cost table changed."""
+        cls = drafter_class(cfg.drafter)
 
-    def controller(self, cfg: DecodeConfig) -> KController | None:
-        """The k=auto controller for this kind of request (:meth:`_kind`), made by
-        :func:`specdec.autok.controller_for` (None without a target cost table: then k=auto drafts
-        a fixed FALLBACK_K)."""
-        if self.target_costs is None:
-            return None
-        return self.controllers.get_or_make(self._kind(cfg), lambda: controller_for(
-            self.target_costs, self.draft_costs, drafter_class(cfg.drafter).needs_model, lookahead_of(cfg.parsed)))
+        def make() -> KPolicy:
+            trees = cls.grows_trees
+            return k_policy(cfg.k, self.target_costs, self.draft_costs, needs_model=cls.needs_model, trees=trees,
+                            depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
+                            window=lookahead_of(cfg.parsed),
+                            fallback_k=max(FALLBACK_K, lookahead_of(cfg.parsed) + 1), prior=self.prior)
+
+        if cfg.k != AUTO_K:
+            return make()
+        costs = (self.target_costs, self.draft_costs, self.prior)
+        state = self.controllers.get_or_make(self._kind(cfg), lambda: (costs, make()),
+                                             stale=lambda st: any(a is not b for a, b in zip(st[0], costs)))
+        return state[1]
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
         """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`); one that
@@ -235,10 +241,16 @@ class Engine:
         self._finish(run)
 
     def _finish(self, run: "_Run") -> None:
-        """The generation ended: k=auto learns how long answers run; the memory peak is recorded."""
-        if run.control is not None and run.out.finish_reason in ("stop", "length"):
-            run.control.finished(len(run.out.token_ids))
-        run.out.stats.peak_rss_mb = peak_rss_mb()
+        """The generation ended: the K policy learns how long answers run; the memory peak and how far
+        the target's passes drifted from its cost table are recorded."""
+        if run.kpolicy is not None and run.out.finish_reason in ("stop", "length"):
+            run.kpolicy.end(len(run.out.token_ids))
+        stats = run.out.stats
+        stats.peak_rss_mb = peak_rss_mb()
+        if stats.predicted_verify_seconds > 0 and stats.rounds >= DRIFT_ROUNDS:
+            ratio = stats.verify_seconds / stats.predicted_verify_seconds
+            if not DRIFT_LOW <= ratio <= DRIFT_HIGH:
+                stats.cost_drift = ratio
 
     def _start(self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None) -> "_Run":
         """The generation's state, and the prefill: every cache holds the prompt but its last
@@ -246,24 +258,22 @@ class Engine:
         policy = cfg.parsed
         out = out if out is not None else Generation(list(prompt_ids))
         drafter = self.make_drafter(cfg) if policy.drafts else None  # plain decoding runs none
-        cls = drafter_class(cfg.drafter) if policy.drafts else None
-        trees = cls is not None and cls.grows_trees
         auto = policy.drafts and cfg.k == AUTO_K
+        kpolicy = self.k_policy(cfg) if policy.drafts else None
+        if kpolicy is not None:
+            kpolicy.begin(cfg.max_new_tokens)
         out.stats = Stats(
             policy=cfg.policy, drafter=cfg.drafter if policy.drafts else None, k=cfg.k if policy.drafts else 0,
             lossy=policy.lossy, prompt_tokens=len(prompt_ids), params={**policy.params, **cfg.drafter_params},
         )
         guide = self.guide_for(cfg)
-        run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, auto=auto, guide=guide,
-                   depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
-                   control=self.controller(cfg) if auto and not trees else None,
-                   gate=self.pass_gate(cfg) if auto and trees and not cls.needs_model
-                   and self.target_costs is not None else None,
+        run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, auto=auto, guide=guide, kpolicy=kpolicy,
                    generator=make_generator(cfg.sampling.seed, self.target.device),
                    context=list(prompt_ids), limit=self.target.max_length or 1 << 62, t_start=time.perf_counter())
         self._prefill(run.context[:-1], out.stats)
         if drafter is not None:
             drafter.guide = guide
+            drafter.more = kpolicy.more
             drafter.start(run.context)
         out.stats.prefill_seconds = time.perf_counter() - run.t_start
         return run
@@ -281,24 +291,20 @@ class Engine:
             self.target.forward(ids[keep:])
 
     def _choose_k(self, run: "_Run") -> int:
-        """This round's draft length (a tree drafter: its depth limit), within the room left."""
-        cfg = run.cfg
-        room = min(cfg.max_new_tokens - len(run.out.token_ids), run.limit - len(run.context))
+        """This round's most drafts (a tree drafter: its depth limit), by the request's K policy,
+        within the room left; a round the policy leaves plain only because the draft model's reading
+        of its backlog would not pay is counted in the stats."""
         if run.drafter is None:
             return 0
-        if run.depth_limit:  # k=auto leaves the depth to the tree's own pruning
-            if run.gate is not None and not run.gate.choose():  # a plain step is cheaper than the tree's pass
-                return 0
-            return max(0, min(run.depth_limit if run.auto else cfg.k, room - 1))
-        if run.control is not None:
-            backlog = run.drafter.backlog(run.context)
-            k = run.control.choose(room - 1, backlog=backlog)
-            if run.control.declined:  # drafting would pay, but not the draft model's reading first
-                run.out.stats.backlog_declined += 1
-                run.out.stats.declined_backlog = backlog
-            return k
-        fixed = max(FALLBACK_K, lookahead_of(run.policy) + 1) if run.auto else cfg.k  # k=auto, no cost table
-        return max(0, min(fixed, room - 1))
+        cfg, stats = run.cfg, run.out.stats
+        room = min(cfg.max_new_tokens - len(run.out.token_ids), run.limit - len(run.context))
+        backlog = run.drafter.backlog(run.context)
+        declined = run.kpolicy.declined
+        k = max(0, min(run.kpolicy.budget(len(run.out.token_ids), room - 1, backlog), room - 1))
+        if run.kpolicy.declined > declined:
+            stats.backlog_declined += 1
+            stats.declined_backlog = backlog
+        return k
 
     def _score(self, run: "_Run", draft: Draft) -> Scores:
         """One target pass over ``[last, d_1..d_K]`` (a tree: ``[last]`` and the tree's nodes, with a
@@ -359,14 +365,11 @@ class Engine:
         stats.verify_seconds += verify_seconds
         stats.record(n, verdict.accepted, dict(verdict.relaxed), depth=tree_depth(draft.parents) if draft.is_tree else None)
         if run.auto:
-            stats.k_chosen.append(k)
-        if run.gate is not None:
-            run.gate.observe(n, verdict.accepted, verify_seconds)
-        if run.control is not None:
-            run.control.observe(n, verdict.accepted, draft_seconds, verify_seconds, inner=verdict.inner,
-                                fed=draft.fed)
-            if run.control.drift is not None:  # the cost table drifted far from the observed passes
-                stats.cost_drift = run.control.drift
+            stats.k_chosen.append(n if n and not draft.is_tree else k)  # a chain: the drafts proposed
+        if run.kpolicy is not None:
+            run.kpolicy.observe(n, verdict.accepted, verify_seconds)
+        if self.target_costs is not None:  # what the table predicted for this pass, for the stats' drift
+            stats.predicted_verify_seconds += self.target_costs.forward(n + 1)
 
     def _commit(self, run: "_Run", draft: Draft, verdict: Verdict, stop_check: StopCheck | None,
                 rows: torch.Tensor | None = None) -> list[int]:

@@ -43,17 +43,20 @@ class Stats:
     accepted_at: list[int] = field(default_factory=list)  # [k] rounds that kept position (tree: depth) i
     tree_depths: list[int] = field(default_factory=list)  # token trees: each round's tree depth
     relaxed: dict[str, int] = field(default_factory=dict)  # loose rule -> drafts it added
-    k_chosen: list[int] = field(default_factory=list)  # k=auto: the K of each round (0 = plain step)
+    #: k=auto: each round's drafts (a chain: those proposed; a tree: its depth limit; 0 = plain step)
+    k_chosen: list[int] = field(default_factory=list)
     #: k=auto: rounds that took a plain step although drafting would pay at the measured pass costs,
     #: because the draft model would first read more tokens (its backlog: the prompt's window, or
-    #: text written since it last drafted) than drafting is expected to save; and the last such backlog
+    #: text written since it last drafted) than drafting was expected to save on what is left of the
+    #: answer (:meth:`specdec.autok.AutoK.start`); and the last such backlog
     backlog_declined: int = 0
     declined_backlog: int = 0
     accepted_per_round: list[int] = field(default_factory=list)  # drafts kept in each round
     round_ends: list[float] = field(default_factory=list)  # seconds from the start to each round's commit
-    #: k=auto: observed / table target pass seconds when they drifted far from the cost table
-    #: (its cached copy is then marked stale; :mod:`specdec.autok`), else None
+    #: the target's verify passes took this many times the seconds its cost table predicts, when that
+    #: is far from 1 over a long generation (the table may be stale: 'specdec calibrate'), else None
     cost_drift: float | None = None
+    predicted_verify_seconds: float = 0.0  # the cost table's seconds for this generation's verify passes
     prefill_seconds: float = 0.0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0  # target forward + verification rule

@@ -38,6 +38,9 @@ class Costs:
     candidates: dict = field(default_factory=dict)
     #: ``draft="auto"``: which weight format of the draft was chosen, and why (llama.cpp)
     draft_why: str | None = None
+    #: how often the draft's tokens are kept by its own probability of them, measured with the tables on
+    #: a reference text (:class:`specdec.autok.AcceptancePrior`; None: not measured)
+    prior: Any = None
 
 
 @dataclass

@@ -39,6 +39,9 @@ class CostTable:
     noisy: str = ""
     #: set on the cached copy when observed passes drifted far from it (:func:`specdec.costmodel.mark_stale`)
     stale: str = ""
+    #: a pass's extra seconds per token of context beyond ``context``, as a share of its seconds
+    #: (``specdec calibrate --export`` measures it; 0: not measured)
+    context_slope: float = 0.0
 
     def __post_init__(self) -> None:
         ok = (len(self.widths) == len(self.seconds) >= 1 and self.widths[0] == 1
@@ -69,6 +72,17 @@ class CostTable:
                      self.seconds[-1] / self.widths[-1])
         return tokens * per_token
 
+    def read(self, tokens: int) -> float:
+        """Seconds for one pass that reads ``tokens`` and needs logits after the last only (a prefill,
+        or a draft model catching up): a one-token pass for one token, the measured prefill pass's
+        seconds per token from its width on, and linear between the two."""
+        if tokens <= 1:
+            return self.seconds[0] if tokens == 1 else 0.0
+        full = self.prefill(self.context)
+        if tokens >= self.context or self.context <= 1:
+            return self.prefill(tokens)
+        return self.seconds[0] + (tokens - 1) / (self.context - 1) * (full - self.seconds[0])
+
     def ms(self, widths: Sequence[int] = (1, 8, 16)) -> str:
         """Milliseconds of a pass at a few widths, for people: ``"12 / 30 / 55"``."""
         return " / ".join(f"{self.forward(w) * 1e3:.0f}" for w in widths)
@@ -86,4 +100,4 @@ class CostTable:
                    prefill_seconds=None if d.get("prefill_seconds") is None else float(d["prefill_seconds"]),
                    kernels=[str(k) for k in d.get("kernels") or []],
                    spread=[float(x) for x in d.get("spread") or []], noisy=str(d.get("noisy") or ""),
-                   stale=str(d.get("stale") or ""))
+                   stale=str(d.get("stale") or ""), context_slope=float(d.get("context_slope") or 0.0))

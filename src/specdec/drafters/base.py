@@ -109,6 +109,10 @@ class Drafter(ABC):
     Options: ClassVar[type]
     #: structured output: the grammar's state, set by the engine before :meth:`start` (None: none)
     guide = None
+    #: ``more(i, p)``: after its i-th draft token (1-based), of draft probability ``p``, whether to
+    #: propose another (the request's K policy, :meth:`specdec.autok.KPolicy.more`, set by the engine
+    #: before :meth:`start`). Drafters with a model ask it after every token; others may ignore it.
+    more = staticmethod(lambda i, p: True)
 
     @classmethod
     def check(cls, **options) -> None:

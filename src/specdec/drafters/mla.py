@@ -93,8 +93,9 @@ class LookupModelDrafter(ModelDrafter):
             for i, t in enumerate(new):
                 tokens.append(t)
                 raw.append(logits[i])
-                if t in self.stop_ids or self.unsure(logits[i], t):
-                    k = len(tokens)  # stop drafting after this token (EOS, or the draft is unsure)
+                q = None if params.greedy else probabilities(logits[i][None], params)[0]
+                if self.stop_after(len(tokens), logits[i], t, q) or t in self.stop_ids:
+                    k = len(tokens)  # stop drafting after this token (the K policy, EOS, or the draft is unsure)
                     break
             if self.guide is not None and len(tokens) < k:
                 self.guide.advance(new)

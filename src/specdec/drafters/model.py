@@ -106,11 +106,16 @@ class ModelDrafter(Windowed, Drafter):
         self.min_confidence = float(min_confidence)
         self.draft_window = draft_window
 
-    def unsure(self, logits: torch.Tensor, token: int) -> bool:
-        """True when the draft gave ``token`` less than ``min_confidence`` (off at 0)."""
-        if self.min_confidence <= 0:
-            return False
-        return float(torch.softmax(logits, dim=-1)[token]) < self.min_confidence
+    def stop_after(self, i: int, logits: torch.Tensor, token: int, q: torch.Tensor | None = None) -> bool:
+        """After draft ``i`` (1-based), ``token`` drawn from ``logits`` (``q``: the distribution it was
+        sampled from; None at T=0): stop here when the draft gave it less than ``min_confidence``
+        (softmax at T=1; off at 0) or the K policy wants no more (:attr:`Drafter.more`, always asked,
+        so it sees every draft's probability: ``q[token]``, else the softmax at T=1)."""
+        p = float(q[token]) if q is not None else float(torch.softmax(logits.float(), dim=-1)[token])
+        more = self.more(i, p)
+        if self.min_confidence > 0 and float(torch.softmax(logits.float(), dim=-1)[token]) < self.min_confidence:
+            return True
+        return not more
 
     def propose(
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
@@ -132,14 +137,15 @@ class ModelDrafter(Windowed, Drafter):
             if self.guide is not None:
                 logits = self.guide.restrict(logits)
             raw.append(logits)
+            q = None
             if params.greedy:
                 token = int(logits.argmax())
             else:
-                q = probabilities(logits[None], params)  # [1, V]
-                token = int(draw(q, generator)[0])
-                rows.append(q[0])
+                q = probabilities(logits[None], params)[0]  # [V]
+                token = int(draw(q[None], generator)[0])
+                rows.append(q)
             tokens.append(token)
-            if i == k - 1 or token in self.stop_ids or self.unsure(logits, token):
+            if self.stop_after(i + 1, logits, token, q) or i == k - 1 or token in self.stop_ids:
                 break
             if self.guide is not None:
                 self.guide.advance([token])

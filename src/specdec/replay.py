@@ -1,0 +1,210 @@
+"""Replaying greedy generations on any machine's cost tables: plain decoding, every fixed K, k=auto
+as implemented, and the oracle.
+
+A trace (:mod:`specdec.trace`) fixes every round of greedy lossless decoding given a K schedule;
+a cost table (:class:`~specdec.costmodel.CostTable`, this machine's or another's, ``specdec
+calibrate --export``) prices each pass. So the end-to-end seconds of a generation are computed,
+not measured, the way the engine spends them:
+
+- the target's prefill of the prompt but its last token (one pass, logits at the last);
+- per round that drafts: the draft model reads its backlog in one pass (its window of the prompt
+  at the first draft, else the 1-2 tokens since its last draft, more after plain steps), which
+  gives the first draft token, then one pass per further draft token; then the target's verify
+  pass over ``K + 1`` tokens at its measured width;
+- per plain step: the target's one-token pass.
+
+Each pass costs its table's seconds times ``1 + context_slope * (context - table.context)`` (the
+tables are measured over a 32-token cache; an exported table carries the slope it measured).
+
+:func:`replay` runs a :class:`~specdec.autok.KPolicy` (the engine's own objects: :class:`Fixed`,
+:class:`AutoK`) over a trace; :func:`oracle` is the schedule with hindsight that minimises the
+time: dynamic programming over (answer position, draft backlog), where each round's K is chosen
+knowing how many drafts will be kept and how long the answer runs, so it is an upper bound no
+controller reaches (it never drafts for a short answer, and stops every block just before its
+first rejection).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .autok import K_MAX, KPolicy
+from .costmodel import CostTable
+from .trace import DraftTrace, Trace
+
+
+@dataclass
+class Clock:
+    """The seconds of each pass, from a target's and a draft's cost tables."""
+
+    target: CostTable
+    draft: CostTable | None = None
+
+    @staticmethod
+    def _scale(table: CostTable, context: int) -> float:
+        return 1.0 + getattr(table, "context_slope", 0.0) * max(0, context - table.context)
+
+    def verify(self, width: int, context: int) -> float:
+        return self.target.forward(width) * self._scale(self.target, context)
+
+    def prefill(self, tokens: int) -> float:
+        return self.target.read(tokens) * self._scale(self.target, tokens // 2)
+
+    def draft_read(self, tokens: int, context: int) -> float:
+        if self.draft is None:
+            return 0.0
+        return self.draft.read(tokens) * self._scale(self.draft, context)
+
+    def draft_reads(self, size: int) -> np.ndarray:
+        """``draft_read(b, context)`` for ``b`` in ``0..size-1`` at the table's own context (times
+        :meth:`draft_scale` for another)."""
+        if self.draft is None:
+            return np.zeros(size)
+        return np.array([self.draft.read(b) for b in range(size)])
+
+    def draft_scale(self, context: int) -> float:
+        return 1.0 if self.draft is None else self._scale(self.draft, context)
+
+    def draft_step(self, context: int) -> float:
+        return 0.0 if self.draft is None else self.draft.forward(1) * self._scale(self.draft, context)
+
+
+@dataclass
+class Replayed:
+    """One generation's replayed seconds and rounds."""
+
+    seconds: float = 0.0
+    prefill: float = 0.0
+    draft: float = 0.0
+    verify: float = 0.0
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    k_chosen: list[int] = field(default_factory=list)  # drafts proposed per round (0: a plain step)
+    accepted_per_round: list[int] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per round (the target's own included)."""
+        return self.tokens / self.rounds if self.rounds else 0.0
+
+
+def _proposal(dt: DraftTrace, t: int, i: int, n: int, state: dict) -> tuple[float, bool, bool]:
+    """The ``i``-th draft (1-based) of a round from answer position ``t``: (its draft probability,
+    whether it is a stop id, whether the trace knows it exactly). On the answer while every draft so
+    far agreed; after the first disagreement, the recorded chain (else the answer's probabilities
+    at those positions stand in)."""
+    pos = t + i - 1
+    if state.get("off") is None:
+        if pos >= n:
+            return 0.0, True, False  # past the answer's end: the generation is over after this round
+        if not dt.agree[pos]:
+            state["off"], state["chain"] = pos, (dt.chains or {}).get(pos) if dt.chains is not None else None
+        return dt.top1[pos], dt.stops[pos], True
+    chain = state["chain"]
+    j = pos - state["off"] - 1
+    if chain is not None:
+        if j < len(chain):
+            return chain[j][0], chain[j][1], True
+        return 0.0, False, False  # the chain stopped where keeping every draft had become unlikely
+    return (dt.top1[pos] if pos < n else 0.0), False, False
+
+
+def replay(trace: Trace, draft: str | None, policy: KPolicy | None, clock: Clock) -> Replayed:
+    """The seconds of ``trace``'s generation under ``policy`` (None: plain decoding) with the draft
+    ``draft`` (a name in ``trace.drafts``); the policy is asked exactly as the engine asks it."""
+    n, prompt = len(trace.answer), trace.prompt_tokens
+    out = Replayed()
+    out.prefill = clock.prefill(prompt - 1)
+    dt = trace.drafts[draft] if policy is not None else None
+    view = dt.view if dt is not None else 0
+    read = 0  # tokens of the draft's view it has read
+    t = 0
+    if policy is not None:
+        policy.begin(trace.max_new_tokens)
+    while t < n:
+        room = trace.max_new_tokens - t
+        k = 0
+        if policy is not None:
+            backlog = view + t - min(read, view + t - 1)
+            k = max(0, min(policy.budget(t, room - 1, backlog), room - 1))
+        if k == 0:
+            sec = clock.verify(1, prompt + t)
+            out.verify += sec
+            out.rounds += 1
+            out.tokens += 1
+            out.k_chosen.append(0)
+            out.accepted_per_round.append(0)
+            if policy is not None:
+                policy.observe(0, 0, sec)
+            t += 1
+            continue
+        out.draft += clock.draft_read(backlog, view + t)
+        state: dict = {}
+        drafted = 0
+        for i in range(1, k + 1):
+            p, stop, _ = _proposal(dt, t, i, n, state)
+            drafted = i
+            more = policy.more(i, p)
+            if not more or i == k or stop:
+                break
+            out.draft += clock.draft_step(view + t + i)
+        accepted = 0
+        while accepted < drafted and t + accepted < n and dt.agree[t + accepted]:
+            accepted += 1
+        sec = clock.verify(drafted + 1, prompt + t)
+        out.verify += sec
+        policy.observe(drafted, accepted, sec)
+        read = view + t + min(accepted, drafted - 1)
+        out.rounds += 1
+        out.drafted += drafted
+        out.accepted += accepted
+        out.tokens += min(accepted + 1, n - t)
+        out.k_chosen.append(drafted)
+        out.accepted_per_round.append(accepted)
+        t += accepted + 1
+    if policy is not None:
+        policy.end(n)
+    out.seconds = out.prefill + out.draft + out.verify
+    return out
+
+
+def runs(dt: DraftTrace, n: int) -> np.ndarray:
+    """``runs[t]``: how many answer positions from ``t`` on the draft agrees with in a row."""
+    out = np.zeros(n + 1, dtype=np.int64)
+    for t in range(n - 1, -1, -1):
+        out[t] = out[t + 1] + 1 if dt.agree[t] else 0
+    return out
+
+
+def oracle(trace: Trace, draft: str, clock: Clock, k_max: int = K_MAX) -> float:
+    """The least end-to-end seconds of ``trace``'s generation over every K schedule (module
+    docstring): ``V[t, b]``, the seconds to finish from answer position ``t`` with a draft backlog
+    of ``b`` tokens, is the cheaper of a plain step (to ``t + 1``, backlog ``b + 1``) and a round
+    that reads the backlog and drafts the best ``K`` (to ``t + a + 1``, backlog 1, or 2 when all
+    ``K`` were kept)."""
+    n, prompt = len(trace.answer), trace.prompt_tokens
+    dt = trace.drafts[draft]
+    view = dt.view
+    run = runs(dt, n)
+    size = view + n + 2
+    values = np.zeros((n + 2, size))  # rows past the answer's end cost nothing more
+    reads = clock.draft_reads(size)
+    for t in range(n - 1, -1, -1):
+        room = trace.max_new_tokens - t
+        plain = clock.verify(1, prompt + t) + np.append(values[t + 1, 1:], values[t + 1, -1])
+        best = np.inf
+        step = clock.draft_step(view + t)
+        for k in range(1, min(k_max, room - 1, int(run[t]) + 1) + 1):
+            a = min(k, int(run[t]))
+            nxt = min(t + a + 1, n)
+            cost = (k - 1) * step + clock.verify(k + 1, prompt + t) + values[nxt, 2 if a == k else 1]
+            best = min(best, cost)
+        if np.isfinite(best):
+            values[t] = np.minimum(plain, reads * clock.draft_scale(view + t) + best)
+        else:
+            values[t] = plain
+    return clock.prefill(prompt - 1) + float(values[0, view])

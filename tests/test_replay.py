@@ -1,0 +1,164 @@
+"""Traces and replay: a replay of a trace redoes the engine's rounds exactly (fixed K and k=auto,
+the same controller code), the oracle is the best schedule (against brute force on hand-made
+traces), and bad trace files are one-line errors."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import pytest
+
+from specdec.autok import AutoK, Fixed
+from specdec.backends.hf import HFModel as CausalLM
+from specdec.costmodel import CostTable
+from specdec.engine import DecodeConfig, Engine
+from specdec.errors import SpecdecError
+from specdec.replay import Clock, oracle, replay
+from specdec.trace import DraftTrace, Trace, header, read_traces, trace_answer, write_traces
+from tinymodels import perturbed_copy, tiny_model
+
+WIDTHS = list(range(1, 18)) + [24, 32]
+
+
+def bf16_like(step=0.100, per_token=0.008) -> CostTable:
+    """A 16-bit target on a CPU with native bf16: wide passes cost little more than one token."""
+    return CostTable("t", "bf16", WIDTHS, [step + per_token * (w - 1) for w in WIDTHS], context=32,
+                     prefill_seconds=0.3)
+
+
+def q4_like(step=0.040) -> CostTable:
+    """A 4-bit target on a small CPU: each extra token costs most of a step."""
+    return CostTable("t", "q4", WIDTHS, [step * (1 + 0.8 * (w - 1)) for w in WIDTHS], context=32,
+                     prefill_seconds=0.45)
+
+
+def draft_table(step=0.015) -> CostTable:
+    return CostTable("d", "q4", [1, 2, 4, 8, 16, 32], [step, 1.6 * step, 2.5 * step, 4 * step, 6 * step, 11 * step],
+                     context=32, prefill_seconds=0.12)
+
+
+def tiny_pair(noise=0.05):
+    target = tiny_model(7)
+    return CausalLM(target), CausalLM(perturbed_copy(target, noise, 17))
+
+
+@pytest.mark.parametrize("k", [1, 3, "auto"])
+@pytest.mark.parametrize("window", ["all", 16])
+def test_replay_redoes_the_engine_s_rounds_exactly(k, window):
+    target, draft = tiny_pair()
+    tt, dt = bf16_like(), draft_table()
+    prompt = list(range(3, 60))
+    engine = Engine(target, draft, eos_ids=[], target_costs=tt, draft_costs=dt)
+    results = []
+    for new in (40, 25):  # two requests in a row: k=auto's state carries over, in both
+        cfg = DecodeConfig(policy="lossless", drafter="model", k=k, max_new_tokens=new,
+                           drafter_params={"draft_window": window})
+        out = engine.generate(prompt, cfg)
+        results.append((new, out))
+    policy = AutoK(tt, dt) if k == "auto" else Fixed(k)
+    for new, out in results:
+        trace = trace_answer(target, {"d": (draft, window, 64)}, prompt, out.token_ids, out.finish_reason, new,
+                             frozenset())
+        assert trace.target_agree == 1.0
+        rep = replay(trace, "d", policy, Clock(tt, dt))
+        assert rep.accepted_per_round == out.stats.accepted_per_round
+        assert rep.rounds == out.stats.rounds and rep.drafted == out.stats.drafted
+        if k == "auto":
+            assert rep.k_chosen == out.stats.k_chosen
+            assert sum(rep.k_chosen) > 0  # it drafted
+
+
+def test_a_cold_engine_drafts_in_its_first_round_where_drafting_pays_and_never_where_it_cannot():
+    target, draft = tiny_pair()
+    prompt = list(range(3, 200))
+    cfg = DecodeConfig(policy="lossless", drafter="model", k="auto", max_new_tokens=30)
+    pays = Engine(target, draft, eos_ids=[], target_costs=bf16_like(), draft_costs=draft_table())
+    out = pays.generate(prompt, cfg)
+    assert out.stats.k_chosen[0] > 0
+    flat = CostTable("t", "q4", WIDTHS, [0.04 * w for w in WIDTHS], context=32, prefill_seconds=0.45)
+    never = Engine(target, draft, eos_ids=[], target_costs=flat, draft_costs=draft_table())
+    out = never.generate(prompt, cfg)
+    assert set(out.stats.k_chosen) == {0} and out.stats.drafted == 0
+
+
+def test_short_answers_after_long_prompts_do_not_read_the_prompt_once_answers_are_known_to_be_short():
+    target, draft = tiny_pair()
+    engine = Engine(target, draft, eos_ids=[], target_costs=bf16_like(step=0.05), draft_costs=draft_table())
+    prompt = [3 + i % 250 for i in range(400)]
+    cfg = DecodeConfig(policy="lossless", drafter="model", k="auto", max_new_tokens=6,
+                       drafter_params={"draft_window": "all"})
+    for _ in range(3):
+        out = engine.generate(prompt, cfg)
+    assert out.stats.drafted == 0 and out.stats.backlog_declined > 0
+
+
+# ------------------------------------------------------------------------------- the oracle
+def hand_trace(agree: str, prompt=40, view=8, max_new=None) -> Trace:
+    n = len(agree)
+    dt = DraftTrace(view, view, [c == "1" for c in agree], [0.9 if c == "1" else 0.4 for c in agree], [False] * n, {})
+    return Trace("s", prompt, list(range(n)), "stop", max_new or n + 5, {"d": dt})
+
+
+def brute_force(trace: Trace, clock: Clock, k_max: int) -> float:
+    """Every schedule, by recursion over (position, backlog) choices without the DP's shortcuts."""
+    dt, n, prompt = trace.drafts["d"], len(trace.answer), trace.prompt_tokens
+
+    @functools.lru_cache(maxsize=None)
+    def best(t: int, b: int) -> float:
+        if t >= n:
+            return 0.0
+        options = [clock.verify(1, prompt + t) + best(t + 1, b + 1)]
+        for k in range(1, min(k_max, trace.max_new_tokens - t - 1) + 1):
+            a = 0
+            while a < k and t + a < n and dt.agree[t + a]:
+                a += 1
+            cost = clock.draft_read(b, dt.view + t) + (k - 1) * clock.draft_step(dt.view + t) + clock.verify(k + 1, prompt + t)
+            options.append(cost + best(min(t + a + 1, n), 2 if a == k else 1))
+        return min(options)
+
+    return clock.prefill(prompt - 1) + best(0, dt.view)
+
+
+@pytest.mark.parametrize("agree", ["1111011110", "0000000000", "1111111111111", "10", "110111011111110110"])
+@pytest.mark.parametrize("target", [bf16_like(), q4_like()])
+def test_the_oracle_is_the_best_schedule(agree, target):
+    trace = hand_trace(agree)
+    clock = Clock(target, draft_table())
+    assert oracle(trace, "d", clock, k_max=6) == pytest.approx(brute_force(trace, clock, 6))
+    plain = replay(trace, None, None, clock).seconds
+    assert oracle(trace, "d", clock, k_max=6) <= plain + 1e-12
+    for k in (1, 2, 4):
+        assert oracle(trace, "d", clock, k_max=6) <= replay(trace, "d", Fixed(k), clock).seconds + 1e-12
+
+
+def test_replay_of_plain_decoding_adds_one_step_per_token():
+    trace = hand_trace("1111")
+    t = bf16_like()
+    rep = replay(trace, None, None, Clock(t))
+    assert rep.rounds == 4 and rep.seconds == pytest.approx(t.read(39) + 4 * t.forward(1))
+
+
+# ------------------------------------------------------------------------------- files
+def test_trace_files_round_trip_and_bad_ones_are_one_line_errors(tmp_path):
+    trace = hand_trace("1101")
+    path = tmp_path / "t.jsonl"
+    write_traces(path, header("qwen@bf16", "tok1", count=1), [trace])
+    head, traces = read_traces(path, target="qwen@bf16|abc", tokenizer_fp="tok1")
+    assert traces[0].drafts["d"].agree == trace.drafts["d"].agree and head["count"] == 1
+    with pytest.raises(SpecdecError, match="not 'qwen-other'"):
+        read_traces(path, target="qwen-other")
+    with pytest.raises(SpecdecError, match="another tokenizer"):
+        read_traces(path, tokenizer_fp="tok2")
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text(path.read_text()[:-20])
+    with pytest.raises(SpecdecError, match="cut short or broken"):
+        read_traces(cut)
+    short = tmp_path / "short.jsonl"
+    short.write_text(path.read_text().splitlines()[0] + "\n")
+    with pytest.raises(SpecdecError, match="cut short"):
+        read_traces(short)
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"hello": 1}) + "\n")
+    with pytest.raises(SpecdecError, match="not a specdec trace file"):
+        read_traces(other)
