@@ -79,6 +79,21 @@ def version() -> str:
         return "unknown"
 
 
+def extra_buffer_types() -> bool:
+    """Whether llama.cpp may put weights in its extra buffer types (repacked layouts for its CPU
+    kernels, and AMX tiles on CPUs that have them). Off on a CPU with AMX (``amx_tile``): there
+    llama-cpp-python 0.3.36 built for the machine crashed (segmentation fault) in the first pass
+    of the bundled Q4_K_M draft and of Q4_0 and Q8_0 copies, on a 2-core Xeon (Sapphire Rapids,
+    ``amx_tile amx_bf16 amx_int8``); BF16, F16 and IQ4_NL files ran. ``SPECDEC_LLAMA_EXTRA_BUFTS=1``
+    (or ``0``) overrides the choice."""
+    forced = os.environ.get("SPECDEC_LLAMA_EXTRA_BUFTS")
+    if forced in ("0", "1"):
+        return forced == "1"
+    from ..costmodel.fingerprints import cpu_flags
+
+    return "amx_tile" not in cpu_flags()
+
+
 def default_threads() -> int:
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -168,6 +183,7 @@ class LlamaCppModel(Model):
         self._L = L
         mp = L.llama_model_default_params()
         mp.load_mode = 1 if MMAP else 0  # LLAMA_LOAD_MODE_MMAP or _NONE (read into memory)
+        mp.use_extra_bufts = extra_buffer_types()
         self._model = L.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self._model:
             raise SpecdecError(f"{self.path}: llama.cpp could not load this GGUF file (not a model it supports, or corrupt)")
