@@ -8,7 +8,7 @@ import torch
 
 import specdec
 from specdec import costmodel
-from specdec.autok import AcceptanceEstimate, KController
+from specdec.autok import AcceptanceEstimate
 from specdec.costmodel import CostTable, best_k, choose_dtypes, expected_tokens
 
 W = [1, 2, 4, 8, 16, 32]
@@ -93,57 +93,6 @@ def test_acceptance_estimate_is_conditional_per_position():
     r = est.rates(4)
     assert r[0] == pytest.approx(1.0) and r[1] == pytest.approx(0.5) and r[2] == pytest.approx(1.0)
     assert len(est.rates(6)) == 6  # positions never drafted borrow the pooled rate
-
-
-def test_controller_learns_and_probes_when_plain_decoding_wins():
-    # plain decoding wins at the prior acceptance (0.75), near-perfect drafts would pay: probes
-    c = KController(table([0.2, 0.26, 0.38, 0.62, 1.1, 2.06]), draft_step=0.1, k_max=8, probe_every=4)
-    ks = [c.choose(room=100) for _ in range(28)]
-    assert [i for i, k in enumerate(ks) if k] == [3, 11, 27]  # probes after 4, 8, 16 rounds: failing probes back off
-    # a pass over w tokens costs w steps: nothing could pay, so nothing is probed
-    c = KController(linear(0.2), draft_step=0.05, k_max=8, probe_every=4)
-    assert [c.choose(room=100) for _ in range(28)] == [0] * 28
-    c = KController(flat(0.2), draft_step=0.01, k_max=20)
-    for _ in range(30):
-        c.observe(drafted=10, accepted=10, draft_seconds=0.1, verify_seconds=0.2)
-    assert c.choose(room=100) >= 15 and c.choose(room=3) == 3  # bounded by the room left
-    before = c.choose(room=100)
-    for _ in range(60):
-        c.observe(drafted=4, accepted=0, draft_seconds=0.04, verify_seconds=0.2)
-    assert c.acceptance.rates(1)[0] < 0.3 and c.choose(room=100) < before  # recent rounds count most
-
-
-def test_controller_with_a_window_drafts_short_when_only_the_window_fails_to_pay():
-    # translation-like text: without the window half the first drafts are kept; the window adds
-    # nothing. One draft at a time pays (1.5 tokens for 0.22 + 0.05 s), a block past the window does not.
-    costs = table([0.2, 0.22, 0.3, 0.5, 0.9, 1.7])  # a pass over 2 tokens costs ~1.1x one
-    c = KController(costs, draft_step=0.05, k_max=16, window=6)
-    for _ in range(40):
-        c.observe(drafted=7, accepted=0, draft_seconds=0.35, verify_seconds=costs.forward(8), inner=0)
-        c.observe(drafted=1, accepted=1, draft_seconds=0.05, verify_seconds=costs.forward(2))
-    assert c.choose(room=100) == 1
-    # a policy that could only draft 0 or past its window would not draft at all here
-    assert best_k(c.verify_cost, c.draft_cost, c.acceptance.rates(16), 16, k_min=7) == 0
-    # the window is probed after 16 short rounds, then after 32 (failing probes back off)
-    ks = [c.choose(room=100) for _ in range(47)]
-    assert [i for i, k in enumerate(ks) if k != 1] == [14, 46] and min(ks[14], ks[46]) > 6
-
-
-def test_controller_with_a_window_drafts_long_where_the_window_pays():
-    # a flat cost (native bf16): long blocks are nearly free; the window keeps most of them
-    c = KController(flat(0.2), draft_step=0.01, k_max=20, window=6)
-    for _ in range(40):
-        c.observe(drafted=12, accepted=11, draft_seconds=0.12, verify_seconds=0.2, inner=2)
-    assert c.choose(room=100) > 6
-    assert c.inner.rates(3)[2] < 0.5 < c.acceptance.rates(3)[2]  # each estimate learned its own count
-
-
-def test_controller_with_a_window_learns_the_windowed_rate_only_from_long_rounds():
-    c = KController(flat(0.2), draft_step=0.01, k_max=20, window=6)
-    c.observe(drafted=4, accepted=4, draft_seconds=0.04, verify_seconds=0.2)
-    assert c.acceptance.reached == [] and c.inner.reached == [1, 1, 1, 1]
-    c.observe(drafted=8, accepted=8, draft_seconds=0.08, verify_seconds=0.2, inner=1)
-    assert c.acceptance.kept == [1.0] * 8 and c.inner.kept[:2] == pytest.approx([1.97, 0.97])
 
 
 # ------------------------------------------------------------------------ the cache on disk
@@ -268,17 +217,3 @@ def test_a_cached_table_of_an_older_format_is_measured_again(tiny_dirs, counting
     path.write_text(json.dumps(old))
     specdec.load(str(target), draft=None, dtype="float32", progress=False)
     assert len(counting) == 2 and json.loads(path.read_text())["format"] == costmodel.FORMAT
-
-
-def test_no_probe_where_even_perfect_drafts_cannot_pay():
-    """A compute-bound machine: a pass over w tokens costs w steps. K = 0 every round, and no probe
-    (the draft model's catch-up would make each one cost more than it could ever find)."""
-    from specdec.autok import KController
-
-    linear = CostTable("t", "gguf", [1, 2, 4, 8], [0.1, 0.2, 0.4, 0.8], 8)
-    control = KController(linear, draft_step=0.03, k_max=7)
-    assert not control.could_pay(7)
-    assert [control.choose(100) for _ in range(300)] == [0] * 300
-    flat = CostTable("t", "gguf", [1, 2, 4, 8], [0.1, 0.1, 0.11, 0.12], 8)
-    control = KController(flat, draft_step=0.03, k_max=7)
-    assert control.could_pay(7)

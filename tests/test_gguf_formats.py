@@ -86,10 +86,11 @@ def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, dra
             assert out.token_ids == ar, (target_fmt, draft_fmt, drafter)
 
 
-def test_draft_auto_takes_the_fastest_format_that_keeps_agreement(tiny_files, monkeypatch):
-    """``draft="auto"``'s format choice (specdec.backends.llamacpp_draft_formats): every candidate is measured, the
-    pick is the cheapest one-token pass among those agreeing with the target as often as the
-    shipped file (less AGREEMENT_SLACK), and agreements are cached by the files' identities."""
+def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, monkeypatch):
+    """``draft="auto"``'s format choice (specdec.backends.llamacpp_draft_formats): every candidate is
+    measured and replayed under k=auto on the reference request with its own agreement and costs; the
+    least time wins (a faster draft that agrees much less loses), and the measurements are cached by
+    the files' identities."""
     from specdec.backends import llamacpp_draft_formats as draft_formats
     from specdec.backends.gguf_formats import model_file
     from specdec.backends.llamacpp import LlamaCppModel
@@ -97,38 +98,46 @@ def test_draft_auto_takes_the_fastest_format_that_keeps_agreement(tiny_files, mo
 
     t_path, d_path = tiny_files
     target = LlamaCppModel(t_path, "t", n_ctx=512, threads=2)
-    step = {"draft.gguf": 0.030, "draft-q4_0.gguf": 0.020, "draft-iq4_nl.gguf": 0.025}  # made-up costs
+    step = {"draft.gguf": 0.030, "draft-q4_0.gguf": 0.010, "draft-iq4_nl.gguf": 0.020}  # made-up costs
+    widths = list(range(1, 18)) + [24, 32]
+    target_table = CostTable("t", "bf16", widths, [0.1 + 0.005 * (w - 1) for w in widths], context=32,
+                             prefill_seconds=0.3)
 
     def load(source):
         return LlamaCppModel(model_file(source, progress=False), source, n_ctx=512, threads=2)
 
     def table(lm):
         s = step[lm.path.name]
-        return CostTable(lm.name, lm.variant, [1, 2], [s, 2 * s], context=32)
+        return CostTable(lm.name, lm.variant, [1, 2], [s, 2 * s], context=32, prefill_seconds=s * 8)
 
-    agreements = {"draft.gguf": 0.50, "draft-q4_0.gguf": 0.45, "draft-iq4_nl.gguf": 0.495}
-    monkeypatch.setattr(draft_formats, "agreement", lambda t, d, ids: agreements[d.path.name])
-    choice, lm, t = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None)
-    assert choice.source == f"{d_path}@iq4_nl" and lm.path.name == "draft-iq4_nl.gguf" and t.forward(1) == 0.025
-    assert "as shipped 30 ms / 0.50" in choice.why
-    cached = draft_formats._read_cache()
-    assert sorted(cached.values()) == [0.45, 0.495, 0.5]
+    # q4_0 is fastest but agrees far less often; iq4_nl nearly as often as the file as shipped
+    agree = {"draft.gguf": "1111111110" * 20, "draft-q4_0.gguf": "1000000000" * 20, "draft-iq4_nl.gguf": "1111111100" * 20}
+    calls = []
 
-    def fail(*a):
-        raise AssertionError("agreement measured again")
+    def along(t, d, ids):
+        calls.append(d.path.name)
+        a = agree[d.path.name]
+        return {"agreement": a.count("1") / len(a), "agree": a, "top1": [0.9 if c == "1" else 0.3 for c in a]}
 
-    monkeypatch.setattr(draft_formats, "agreement", fail)
-    again, *_ = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None)
-    assert again == choice
+    monkeypatch.setattr(draft_formats, "along", along)
+    choice, lm, t, prior = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None,
+                                                target_table=target_table)
+    assert choice.source == f"{d_path}@iq4_nl" and lm.path.name == "draft-iq4_nl.gguf" and t.forward(1) == 0.020
+    assert "as shipped 30 ms / 0.90" in choice.why and prior.mean == 0.8
+    assert sorted(calls) == sorted(step)
+    again, *_ = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None,
+                                     target_table=target_table)
+    assert again == choice and sorted(calls) == sorted(step)  # cached: measured once
 
 
-def test_agreement_counts_positions_where_both_models_pick_the_same_token(tiny_files):
+def test_along_counts_positions_where_both_models_pick_the_same_token(tiny_files):
     from specdec.backends import llamacpp_draft_formats as draft_formats
     from specdec.backends.llamacpp import LlamaCppModel
 
     t_path, d_path = tiny_files
     target = LlamaCppModel(t_path, "t", n_ctx=512, threads=2)
     ids = list(b"def add(a, b):\n    return a + b\n")
-    assert draft_formats.agreement(target, LlamaCppModel(t_path, "t2", n_ctx=512, threads=2), ids) == 1.0
-    other = draft_formats.agreement(target, LlamaCppModel(d_path, "d", n_ctx=512, threads=2), ids)
-    assert 0.0 <= other < 1.0
+    same = draft_formats.along(target, LlamaCppModel(t_path, "t2", n_ctx=512, threads=2), ids)
+    assert same["agreement"] == 1.0 and set(same["agree"]) == {"1"} and len(same["top1"]) == len(ids) - 1
+    other = draft_formats.along(target, LlamaCppModel(d_path, "d", n_ctx=512, threads=2), ids)
+    assert 0.0 <= other["agreement"] < 1.0

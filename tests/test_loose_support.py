@@ -69,10 +69,10 @@ def test_fly_with_k_auto_keeps_a_window_aware_controller(tiny_dirs):
     out = p.generate("abc abc abc", chat=False, policy="fly", max_new_tokens=60)
     ks = out.stats.k_chosen
     assert len(ks) == out.stats.rounds and any(ks) and max(ks) < 60
-    (control,) = [c for key, c in p.engine.controllers.items() if key[0] == "fly"]
-    assert control.window == 6 and sum(control.inner.reached) > 0  # every drafting round taught the inner estimate
-    long = sum(1 for k in ks if k > 6)
-    assert (sum(control.acceptance.reached) > 0) == (long > 0)  # the windowed one only from blocks past the window
+    ((_, control),) = [c for key, c in p.engine.controllers.items() if key[0] == "fly"]
+    assert control.window == 6 and sum(control.bins.reached) > 0  # every drafting round taught the acceptance model
+    # a drafting round runs past the window (shorter blocks would leave it inert), unless the answer's end is nearer
+    assert all(k == 0 or k > 6 for k in ks[:-3])
 
 
 def test_dropmatch_paths_build_no_autograd_graph(pair):

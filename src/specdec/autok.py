@@ -281,7 +281,6 @@ class AutoK(KPolicy):
 
     def budget(self, t: int, room: int, backlog: int) -> int:
         self.probs, self.kept_p, self.limit = [], 1.0, 0
-        room = min(room, self.k_max)
         if room <= 0:
             return 0
         k, _ = self.plan()
@@ -296,6 +295,7 @@ class AutoK(KPolicy):
             if self.start_at is None or t < self.start_at:
                 self.declined += 1
                 return 0
+        room = min(room, self.k_max)
         if not self.needs_model:  # no probabilities: the block with the most tokens per second
             k = best_k(self.target.forward, 0.0, self.positions.rates(room), room, allow_zero=False,
                        k_min=min(room, self.window + 1) if self.window else 1, allowed=self.allowed | {room})

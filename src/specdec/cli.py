@@ -1,4 +1,4 @@
-"""``specdec``: generate, models, calibrate, bench, tune, serve. A thin caller of the engine.
+"""``specdec``: generate, models, calibrate, bench, tune, trace, replay, serve. A thin caller of the engine.
 
 User errors print one line (``specdec: error: ...``) and exit 2; no traceback. That includes an
 argument or a stdin prompt with bytes that are not UTF-8 (the arguments are checked before parsing).
@@ -16,6 +16,7 @@ from .bench.tune import register as register_tune
 from .bundled import BUNDLED
 from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_config, decode_kwargs, load_pair, startup_summary
 from .errors import SpecdecError
+from .replaycli import register as register_replay
 from .server.cli import register as register_serve
 from .text import surrogate_at
 
@@ -102,7 +103,7 @@ def decoding_notes(s, pair) -> list[str]:
             why = why_backlog(s, pair.costs.draft)
         elif table is not None:
             why = why_plain_steps(table, pair.costs.draft, drafter_class(s.drafter).needs_model, s.drafted, s.accepted,
-                                  pair.costs.prior)
+                                  getattr(pair.costs, "prior", None))
         lines.append(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds, "
                      f"so no draft was rejected there: {why} ('specdec calibrate' measures the costs again, e.g. if "
                      "the machine was busy when they were measured)")
@@ -240,7 +241,33 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     pad1 = ("; kernels: pad1 = one-token passes run each linear over two rows, measured faster here"
             if any("pad1" in t.kernels for t in shown) else "")
     print(f"(* = the variant in use{pad1}; cached under $SPECDEC_HOME/costs for this machine)")
+    if a.export:
+        export_costs(pair, a.export, fp)
     return 0
+
+
+def export_costs(pair, path: str, machine: dict) -> None:
+    """Write every measured table of the pair (the ones in use with their context slope measured
+    now), and the draft's acceptance prior, as one file that 'specdec replay --costs' reads."""
+    import dataclasses
+    from pathlib import Path
+
+    from .costmodel.timing import context_slope
+
+    tables = []
+    for role, lm, used in (("target", pair.target, pair.costs.target), ("draft", pair.draft, pair.costs.draft)):
+        for t in pair.costs.candidates.get(role, {}).values():
+            if t is None:
+                continue
+            if t is used and lm is not None:
+                t = dataclasses.replace(t, context_slope=round(context_slope(lm), 7))
+            tables.append({"role": role, **t.to_dict()})
+    out = {"kind": "specdec-costs", "format": 1, "machine": machine, "tables": tables,
+           "prior": None if pair.costs.prior is None else pair.costs.prior.to_dict(),
+           "draft_why": pair.costs.draft_why}
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1))
+    print(f"exported {len(tables)} cost tables to {path} (read by 'specdec replay --costs')")
 
 
 def print_cost_tables() -> None:
@@ -307,11 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "pass at widths 1..32 again (replacing the cached tables), print the tables and "
                                    "the dtypes 'auto' chooses. 'specdec models' shows the cached tables.")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    c.add_argument("--export", default=None, metavar="FILE",
+                   help="also write the tables (with each model's cost per token of context) and the draft's "
+                        "acceptance prior to FILE, for 'specdec replay --costs' on any machine")
     add_model_args(c)
     c.set_defaults(func=cmd_calibrate)
 
     register_bench(sub)
     register_tune(sub)
+    register_replay(sub)
     register_serve(sub)
     return p
 

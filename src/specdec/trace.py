@@ -77,7 +77,7 @@ class DraftTrace:
         chains = None
         if d.get("chains") is not None:
             chains = {int(t): [(float(p), bool(s)) for p, s in c] for t, c in d["chains"].items()}
-        window = d["window"] if d["window"] == "all" else int(d["window"])
+        window = d["window"] if d["window"] in ("all", "auto") else int(d["window"])
         return cls(window, int(d["view"]), agree, top1, stops, chains)
 
 
@@ -176,6 +176,21 @@ def trace_answer(target, drafts: dict[str, tuple[object, int | str, int]], promp
            for name, (lm, window, chain_max) in drafts.items()}
     agree = target_agreement(target, prompt, answer) if check_target else 1.0
     return Trace(sample_id, len(prompt), list(answer), finish_reason, max_new_tokens, out, category, agree)
+
+
+def measure_prior(target, draft, ids: Sequence[int], source: str = "reference text"):
+    """The acceptance prior (:class:`specdec.autok.AcceptancePrior`) of ``draft`` against ``target``
+    on ``ids``: one teacher-forced pass of each, the draft's top-1 probability at each position and
+    whether its argmax is the target's."""
+    from .autok import AcceptancePrior
+
+    n = len(ids) - 1
+    t = _rows(target, ids, n).argmax(-1)
+    probs = torch.softmax(_rows(draft, ids, n), dim=-1)
+    top1, arg = probs.max(dim=-1)
+    target.reset()
+    draft.reset()
+    return AcceptancePrior.measured(top1.tolist(), (arg == t).tolist(), source)
 
 
 # ---------------------------------------------------------------------------------------- files

@@ -79,7 +79,7 @@ class LlamaCppBackend(Backend):
         for m in (t, d):
             if m is not None and m.vocab_size < vocab:
                 raise SpecdecError(f"{m.name}: the model scores {m.vocab_size} tokens, fewer than the tokenizer's {vocab}")
-        t_table = d_table = None
+        t_table = d_table = prior = None
         draft_name, draft_why = draft, None  # the chosen copy's name
         if calibrate:
             def table(lm):
@@ -93,14 +93,17 @@ class LlamaCppBackend(Backend):
                     return LlamaCppModel(model_file(source, progress=req.progress), source, vocab_limit=vocab,
                                          n_ctx=n_ctx)
 
-                choice, d, d_table = choose(t, tokenizer, draft, load_draft, table, log)
+                choice, d, d_table, prior = choose(t, tokenizer, draft, load_draft, table, log, target_table=t_table)
                 draft_name, draft_why = choice.source, choice.why
             elif d is not None:
+                from .llamacpp_draft_formats import measured, prior_of
+
                 d_table = table(d)
+                prior = prior_of(measured(t, d, tokenizer))
             if t_table is None:
                 log(f"specdec: warning: no cost model, so k=auto is k={FALLBACK_K}")
         costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}},
-                      draft_why=draft_why)
+                      draft_why=draft_why, prior=prior)
         return Loaded(t, tokenizer, d, (target, draft_name), costs, why)
 
     def measure(self, lm, remeasure: bool = False, log: Log | None = None):

@@ -12,11 +12,14 @@ made once per machine and pair and cached:
    and prose, teacher-forced: one pass of each model, the fraction of positions where both models'
    most likely next tokens are the same; under greedy lossless decoding that is the chance a draft
    token is kept);
-3. among the candidates whose agreement is within :data:`AGREEMENT_SLACK` of the shipped file's, the
-   one with the cheapest one-token pass wins (the shipped file on a tie).
+3. the candidate with the least end-to-end time of k=auto replayed (:mod:`specdec.replay`) on a
+   reference request (a 256-token prompt and the reference text as its answer, the candidate's
+   agreement along it) on the two cost tables wins (the shipped file on a tie): a faster draft
+   that agrees less often, or reads the prompt more slowly, is weighed by what it costs end to end.
 
-Agreements are cached in ``$SPECDEC_HOME/costs/draft-formats.json`` by the two files' identities
-and weight formats.
+The chosen candidate's agreement also gives k=auto its acceptance prior
+(:class:`specdec.autok.AcceptancePrior`). Both are cached in ``$SPECDEC_HOME/costs/draft-formats.json``
+by the two files' identities and weight formats.
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ from typing import Callable
 
 #: the formats tried beside the file as shipped (pure 4-bit copies: measured faster one-token passes)
 CANDIDATES = ("q4_0", "iq4_nl")
-#: a candidate may agree with the target this much less often than the shipped draft and still win
-AGREEMENT_SLACK = 0.01
 #: code and prose, the two kinds of text the bundled pair is used for (~300 tokens)
 REFERENCE = '''\
 def merge_sorted(a: list[int], b: list[int]) -> list[int]:
@@ -92,30 +93,71 @@ def _write_cache(data: dict) -> None:
     os.replace(tmp, path)
 
 
-def agreement(target, draft, ids: list[int]) -> float:
-    """The fraction of positions of ``ids`` (after the first) where ``target`` and ``draft`` (two
-    :class:`~specdec.backends.base.Model`) rank the same next token first, one pass each."""
+def along(target, draft, ids: list[int]) -> dict:
+    """One teacher-forced pass of each model over ``ids``: at each position after the first, whether
+    the draft's most likely next token is the target's (``agree``, a string of 0/1) and the draft's
+    probability of it (``top1``); ``agreement`` is the share that agree (under greedy lossless
+    decoding, the chance a draft token is kept)."""
+    import torch
+
     n = len(ids) - 1
     target.reset()
     draft.reset()
     t = target.forward(ids, num_logits=n).argmax(-1)
-    d = draft.forward(ids, num_logits=n).argmax(-1)
+    top1, d = torch.softmax(draft.forward(ids, num_logits=n).float(), dim=-1).max(dim=-1)
     target.reset()
     draft.reset()
-    return float((t == d).float().mean())
+    agree = (t == d).tolist()
+    return {"agreement": round(sum(agree) / max(1, n), 4), "agree": "".join("1" if a else "0" for a in agree),
+            "top1": [round(float(p), 4) for p in top1.tolist()]}
+
+
+def replayed_seconds(entry: dict, target_table, draft_table) -> float:
+    """k=auto's seconds for a reference request (a ``REFERENCE_PROMPT``-token prompt, the reference
+    text as its answer, the draft's agreement along it) replayed on the two tables
+    (:mod:`specdec.replay`): what the draft's steps, its reading and its acceptance add up to."""
+    from ..autok import AutoK
+    from ..costmodel import REFERENCE_PROMPT
+    from ..replay import Clock, replay
+    from ..trace import DraftTrace, Trace
+    from ..drafters.model import AUTO_WINDOW
+
+    agree = [c == "1" for c in entry["agree"]]
+    n = len(agree)
+    view = min(AUTO_WINDOW, REFERENCE_PROMPT)
+    dt = DraftTrace("auto", view, agree, list(entry["top1"]), [False] * n, None)
+    trace = Trace("reference", REFERENCE_PROMPT, [0] * n, "length", n, {"d": dt})
+    return replay(trace, "d", AutoK(target_table, draft_table, prior=prior_of(entry)), Clock(target_table, draft_table)).seconds
+
+
+def prior_of(entry: dict):
+    """The acceptance prior (:class:`specdec.autok.AcceptancePrior`) of a measured entry of :func:`along`."""
+    from ..autok import AcceptancePrior
+
+    return AcceptancePrior.measured(entry["top1"], [c == "1" for c in entry["agree"]], "reference text")
+
+
+def measured(target, draft, tokenizer) -> dict:
+    """:func:`along` for this pair of files and formats, cached in :func:`cache_file`."""
+    from .llamacpp import file_key
+
+    key = f"{file_key(target.path)}|{target.variant}|{file_key(draft.path)}|{draft.variant}"
+    cache = _read_cache()
+    entry = cache.get(key)
+    if not isinstance(entry, dict) or "agree" not in entry:
+        entry = along(target, draft, tokenizer(REFERENCE)["input_ids"])
+        cache[key] = entry
+        _write_cache(cache)
+    return entry
 
 
 def choose(target, tokenizer, base: str, load: Callable[[str], object], table: Callable[[object], object],
-           log: Callable[[str], None]) -> tuple[DraftChoice, object, object]:
+           log: Callable[[str], None], target_table=None) -> tuple[DraftChoice, object, object, object]:
     """The draft for ``draft="auto"``: ``base`` (the bundled draft's name) as shipped or one of its
     :data:`CANDIDATES` copies (module docstring). ``load(source)`` makes a
     :class:`~specdec.backends.llamacpp.LlamaCppModel`, ``table(lm)`` its cost table (None when the
-    measurement failed). Returns the choice, the loaded draft and its table; the others are closed."""
-    from .llamacpp import file_key
-
-    ids = tokenizer(REFERENCE)["input_ids"]
-    cache = _read_cache()
-    tkey = file_key(target.path)
+    measurement failed). Returns the choice, the loaded draft, its table and its acceptance prior;
+    the others are closed."""
     tried = []
     for source in [base] + [f"{base}@{fmt}" for fmt in CANDIDATES]:
         lm = load(source)
@@ -123,22 +165,18 @@ def choose(target, tokenizer, base: str, load: Callable[[str], object], table: C
         if t is None:
             lm.close()
             continue
-        key = f"{tkey}|{target.variant}|{file_key(lm.path)}|{lm.variant}"  # same-size copies share a file key
-        if key not in cache:
-            cache[key] = round(agreement(target, lm, ids), 4)
-            _write_cache(cache)
-        tried.append((source, lm, t, cache[key]))
+        entry = measured(target, lm, tokenizer)
+        seconds = replayed_seconds(entry, target_table, t) if target_table is not None else t.forward(1)
+        tried.append((source, lm, t, entry, seconds))
     if not tried:
         raise RuntimeError("no draft candidate could be measured")
-    shipped = tried[0][3] if tried[0][0] == base else max(a for *_, a in tried)
-    keep = [c for c in tried if c[3] >= shipped - AGREEMENT_SLACK]
-    best = min(keep, key=lambda c: (c[2].forward(1), c[0] != base))
-    for source, lm, _, _ in tried:
+    best = min(tried, key=lambda c: (c[4], c[0] != base))
+    for source, lm, *_ in tried:
         if lm is not best[1]:
             lm.close()
-    parts = ", ".join(f"{s.split('@')[-1] if '@' in s else 'as shipped'} {t.forward(1) * 1e3:.0f} ms / {a:.2f}"
-                      for s, _, t, a in tried)
-    why = (f"{best[0]}: the fastest one-token pass among the draft's formats that agree with the target as "
-           f"often as the shipped file (one-token pass / agreement: {parts})")
+    parts = ", ".join(f"{s.split('@')[-1] if '@' in s else 'as shipped'} {t.forward(1) * 1e3:.0f} ms / "
+                      f"{e['agreement']:.2f} / {sec:.1f} s" for s, _, t, e, sec in tried)
+    why = (f"{best[0]}: the least k=auto time replayed on the reference text among the draft's formats "
+           f"(one-token pass / agreement with the target / replayed seconds: {parts})")
     log(f"specdec: draft auto: {why}")
-    return DraftChoice(best[0], why), best[1], best[2]
+    return DraftChoice(best[0], why), best[1], best[2], prior_of(best[3])

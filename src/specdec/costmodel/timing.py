@@ -218,3 +218,14 @@ def machine_load(threads: int) -> str | None:
         return (f"the 1-minute load average is {load:.1f} on {cores} cores and the measurement runs {threads} "
                 "thread(s)")
     return None
+
+
+#: :func:`context_slope` times a step over a cache this long beside one of ``STEP_CONTEXT`` tokens
+SLOPE_CONTEXT = 512
+
+
+def context_slope(lm, context: int = SLOPE_CONTEXT) -> float:
+    """How much dearer a pass gets per token of context: ``(step at context / step at STEP_CONTEXT
+    - 1) / (context - STEP_CONTEXT)``, from best-of timings of one-token steps (at least 0)."""
+    short, long = time_step(lm, STEP_CONTEXT), time_step(lm, context)
+    return max(0.0, (long / short - 1.0) / (context - STEP_CONTEXT))
