@@ -374,3 +374,90 @@ def test_the_layer_picture_is_the_codes():
     for room, deps in pic.graph().items():
         for dep in deps if room != "__init__" else ():  # the package's face re-exports from every layer
             assert layer.get(dep, below) >= layer.get(room, below), f"{room} imports {dep}, a layer above it"
+
+
+# ---------------------------------------------------------------------------- the release's reading
+DISTRIBUTION = "specdec-rules"   # pyproject's [project] name: the name `specdec` on PyPI is another project's
+
+
+def test_the_distribution_name_is_pyprojects():
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert meta["name"] == DISTRIBUTION
+    assert meta["scripts"]["specdec"] == "specdec.cli:main"   # the command keeps its name
+    assert all(x.startswith(f"{DISTRIBUTION}[") for x in meta["optional-dependencies"]["all"])
+
+
+def test_no_documented_command_ends_in_an_ellipsis():
+    """A printed command is complete: it never trails off in ``...`` (``[... ]`` included)."""
+    bad = [f"{c.where}: {c.text}" for c in COMMANDS
+           if re.search(r"(?<!\S)\.\.\.\]*$", c.text.split("\n|")[0].rstrip())]
+    assert not bad, "commands that end in '...':\n" + "\n".join(bad)
+
+
+PIP_INSTALL = re.compile(r"pip3? install\b[^\n`]*")
+# what a `pip install` line may install besides specdec itself: the CPU torch pin and other projects
+# named on purpose (lm-eval in its own environment, llama-cpp-python for a peer)
+OTHER_PROJECTS = re.compile(r"^(torch==|'?lm-eval|llama-cpp-python|-r\b)")
+
+
+def _pip_installs() -> list[tuple[str, str]]:
+    found = []
+    for path in DOCS + [ROOT / "CHANGELOG.md"]:
+        rel = path.relative_to(ROOT).as_posix()
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for m in PIP_INSTALL.finditer(line):
+                found.append((f"{rel}:{n}", m.group(0)))
+    return found
+
+
+def test_every_pip_install_names_the_distribution():
+    """Every ``pip install`` in README.md and docs/ that installs this project names it
+    ``specdec-rules[...]`` (what works outside this checkout, from PyPI or a wheel built from it), or
+    installs this checkout itself (``-e '.[extras]'``, as the two commands on a fresh machine do); no
+    line installs ``specdec`` (another project on PyPI)."""
+    lines = _pip_installs()
+    assert len(lines) >= 10, lines
+    bad = []
+    for where, text in lines:
+        words = [w for w in shlex.split(text.replace("\\", ""))[2:] if not w.startswith("-") or w == "-r"]
+        words = [w for w in words if w not in ("&&",)]
+        words = words[:next((i for i, w in enumerate(words) if w in ("&&", "||", ";", "#")), len(words))]
+        for w in words:
+            ours = w.startswith((f"{DISTRIBUTION}[", "'" + DISTRIBUTION)) or w == DISTRIBUTION or w.startswith(".[") \
+                or w in (".", "dist/*.whl") or w.endswith(".whl")
+            if not ours and not OTHER_PROJECTS.match(w):
+                bad.append(f"{where}: {text!r} installs {w!r}")
+    assert not bad, "\n".join(bad)
+    assert not any(re.search(r"pip3? install[^\n]*[\s'\"]specdec(\[|\s|$|')", t) for _, t in lines)
+
+
+def test_the_readme_fits_a_screenful_or_three():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, len(lines)
+    top = "\n".join(lines[:60])
+    assert "pip install" in top and "pytest" in top   # the two commands near the top
+
+
+def test_every_benchmark_folder_is_in_the_index():
+    """benchmarks/README.md lists every folder under benchmarks/ (and is what
+    scripts/benchmarks_index.py writes from the folders' records)."""
+    import subprocess
+    import sys
+
+    index = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| \[`([^`]+)`\]", index, flags=re.M))
+    folders = {p.name for p in (ROOT / "benchmarks").iterdir() if p.is_dir()}
+    assert folders - listed == set(), f"folders missing from benchmarks/README.md: {sorted(folders - listed)}"
+    assert listed - folders == set(), f"rows for folders that do not exist: {sorted(listed - folders)}"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmarks_index.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_bench_folder_row_names_its_bare_report_command():
+    index = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    for p in (ROOT / "benchmarks").iterdir():
+        if (p / "run.json").is_file():
+            assert f"`specdec bench --report-only --out benchmarks/{p.name}`" in index, p.name

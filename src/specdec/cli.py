@@ -324,6 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"specdec: error: {exc}", file=sys.stderr)
         return 2
     a = parser.parse_args(argv)
+    a.argv_typed = list(sys.argv[1:] if argv is None else argv)  # what was typed: bench --report-only fills the rest
     if not getattr(a, "command", None):
         parser.print_help()
         return 2
