@@ -304,7 +304,9 @@ def test_extraction_finds_the_documented_commands():
     assert any(t.startswith("specdec bench --dataset humaneval --limit 20 --max-new-tokens 128 --backend llama.cpp")
                and "--out" in t for t in texts)
     # after && in a shell line
-    assert any(c.where == "README.md:21" and c.text.startswith("specdec generate") for c in COMMANDS)
+    install = next(n for n, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
+                   if "pip install" in line and "&& specdec generate" in line)
+    assert any(c.where == f"README.md:{install}" and c.text.startswith("specdec generate") for c in COMMANDS)
     # a comment's "or: specdec ..." and an inline span wrapped over two lines
     assert "specdec serve --config tuned.json" in texts
     assert not any(t.startswith(("vllm", "lm_eval", "pip", "python")) for t in texts)
@@ -396,41 +398,67 @@ def test_no_documented_command_ends_in_an_ellipsis():
     assert not bad, "commands that end in '...':\n" + "\n".join(bad)
 
 
-PIP_INSTALL = re.compile(r"pip3? install\b[^\n`]*")
-# what a `pip install` line may install besides specdec itself: the CPU torch pin and other projects
+PIP_INSTALL = re.compile(r"pip3?\s+install\s+")
+# what a `pip install` line may install besides this project: the CPU torch pin and other projects
 # named on purpose (lm-eval in its own environment, llama-cpp-python for a peer)
-OTHER_PROJECTS = re.compile(r"^(torch==|'?lm-eval|llama-cpp-python|-r\b)")
+OTHER_PROJECTS = re.compile(r"^(torch==|lm-eval|llama-cpp-python)")
+OPTIONS_WITH_VALUE = {"-r", "-c", "-w", "-f", "-i", "-t", "--find-links", "--extra-index-url", "--index-url",
+                      "--target", "--constraint", "--requirement"}
 
 
-def _pip_installs() -> list[tuple[str, str]]:
+def pip_install_targets(line: str) -> list[str]:
+    """What each ``pip install`` in one line installs (its words that are not options), the
+    command cut at a shell separator, a backtick or a comment."""
+    out = []
+    for m in PIP_INSTALL.finditer(line):
+        rest = _split_top(line[m.end():].split("`")[0])[0].rstrip().rstrip("\\")
+        try:
+            words = shlex.split(rest, comments=True)
+        except ValueError:
+            words = rest.split()
+        skip = False
+        for w in words:
+            if skip:
+                skip = False
+            elif w in OPTIONS_WITH_VALUE:
+                skip = True
+            elif not w.startswith("-"):
+                out.append(w)
+    return out
+
+
+def _pip_installs() -> list[tuple[str, str, list[str]]]:
     found = []
     for path in DOCS + [ROOT / "CHANGELOG.md"]:
         rel = path.relative_to(ROOT).as_posix()
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-            for m in PIP_INSTALL.finditer(line):
-                found.append((f"{rel}:{n}", m.group(0)))
+            if PIP_INSTALL.search(line):
+                found.append((f"{rel}:{n}", line.strip(), pip_install_targets(line)))
     return found
 
 
+def test_pip_install_targets():
+    assert pip_install_targets("a && pip install -q -e '.[all]' && python -m pytest -q") == [".[all]"]
+    assert pip_install_targets("`pip install 'specdec-rules[llama]'` (built)") == ["specdec-rules[llama]"]
+    assert pip_install_targets("pip install --find-links dist 'specdec-rules[x]'  # note") == ["specdec-rules[x]"]
+    assert pip_install_targets(".venv/bin/pip install torch==2.13.0 \\") == ["torch==2.13.0"]
+
+
 def test_every_pip_install_names_the_distribution():
-    """Every ``pip install`` in README.md and docs/ that installs this project names it
+    """Every ``pip install`` in README.md, docs/ and CHANGELOG.md that installs this project names it
     ``specdec-rules[...]`` (what works outside this checkout, from PyPI or a wheel built from it), or
     installs this checkout itself (``-e '.[extras]'``, as the two commands on a fresh machine do); no
     line installs ``specdec`` (another project on PyPI)."""
     lines = _pip_installs()
     assert len(lines) >= 10, lines
     bad = []
-    for where, text in lines:
-        words = [w for w in shlex.split(text.replace("\\", ""))[2:] if not w.startswith("-") or w == "-r"]
-        words = [w for w in words if w not in ("&&",)]
-        words = words[:next((i for i, w in enumerate(words) if w in ("&&", "||", ";", "#")), len(words))]
-        for w in words:
-            ours = w.startswith((f"{DISTRIBUTION}[", "'" + DISTRIBUTION)) or w == DISTRIBUTION or w.startswith(".[") \
-                or w in (".", "dist/*.whl") or w.endswith(".whl")
+    for where, text, targets in lines:
+        for w in targets:
+            ours = w == DISTRIBUTION or w.startswith(f"{DISTRIBUTION}[") or w == "." or w.startswith(".[")
             if not ours and not OTHER_PROJECTS.match(w):
                 bad.append(f"{where}: {text!r} installs {w!r}")
     assert not bad, "\n".join(bad)
-    assert not any(re.search(r"pip3? install[^\n]*[\s'\"]specdec(\[|\s|$|')", t) for _, t in lines)
+    assert any(w.startswith(f"{DISTRIBUTION}[") for _, _, t in lines for w in t)
 
 
 def test_the_readme_fits_a_screenful_or_three():
