@@ -130,7 +130,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
 
 
 #: flags that say how to report, not what was run: ``--report-only`` never takes them from run.json
-OUTPUT_FLAGS = {"out", "report_only", "no_plots", "quiet", "command", "func", "argv_typed"}
+OUTPUT_FLAGS = {"out", "report_only", "quiet", "command", "func", "argv_typed"}
 
 
 def recorded_command(out: Path) -> list[str] | None:
