@@ -36,6 +36,8 @@ Qwen2.5-Coder-0.5B-Instruct draft) on 2-core AMD EPYC machines of two kinds:
 - **AVX2-only**: `lscpu` flags `avx2 fma f16c`, no `avx512*` (no native bf16);
 - **AVX-512 BF16**: flags `avx2 fma f16c avx512f avx512bw avx512_vnni avx512_bf16` (native bf16).
 
+One folder (`first-run-*`) comes from a third machine, a 2-core Intel Xeon with AVX-512 BF16 and AMX.
+
 Kinds of folder, and the command in the last column:
 
 - *bench*: a `specdec bench` folder (`run.json`, `results.jsonl`). `specdec bench --report-only
@@ -141,6 +143,8 @@ def _readme_kind(folder: Path) -> str:
     for name in ("README.md", "NOTE.md"):
         if (folder / name).is_file():
             text += (folder / name).read_text(encoding="utf-8")
+    if "amx_bf16" in text:
+        return "Intel Xeon, AVX-512 BF16 and AMX"
     if "avx512_bf16" in text and "no `avx512" not in text:
         return AVX512
     if "AVX2" in text or "avx2 fma f16c" in text:
@@ -160,6 +164,9 @@ def _readme_date(folder: Path) -> str:
 
 def _script_of(folder: Path) -> str:
     text = (folder / "README.md").read_text(encoding="utf-8") if (folder / "README.md").is_file() else ""
+    shown = re.search(r"^    (\S.*\bspecdec .+)$", text, flags=re.M)   # an indented command line
+    if shown and "scripts/" not in text:
+        return shown.group(1).strip()
     m = re.search(r"`((?:python |bash )?scripts/[\w./-]+(?: [^`]*)?)`", text)
     if m:
         cmd = m.group(1)
@@ -214,8 +221,8 @@ def row(folder: Path) -> tuple[str, str, str, str, str, str]:
         return (name, "summary only", what, _readme_kind(folder) if kind.endswith("not recorded") else kind, _date(original),
                 "specdec " + shlex.join(argv))
     title = _readme_title(folder) or "see its README.md"
-    kind = _kind_of_flags(None, name)
-    kind = _readme_kind(folder) if kind.endswith("not recorded") else kind
+    kind = _readme_kind(folder)
+    kind = _kind_of_flags(None, name) if kind == "not recorded" or "-avx" in name else kind
     return name, "other", title, kind, _readme_date(folder), _script_of(folder)
 
 
