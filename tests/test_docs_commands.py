@@ -489,3 +489,13 @@ def test_every_bench_folder_row_names_its_bare_report_command():
     for p in (ROOT / "benchmarks").iterdir():
         if (p / "run.json").is_file():
             assert f"`specdec bench --report-only --out benchmarks/{p.name}`" in index, p.name
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """.ci/run runs the README's second command (install and run the tests) as printed, from its
+    first ``pip install`` on (the venv it makes itself)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    test_line = next(line for line in readme if "pip install" in line and "python -m pytest" in line)
+    command = test_line[test_line.index("pip install"):]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert command in [line.strip() for line in ci], command
