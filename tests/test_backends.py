@@ -240,7 +240,7 @@ def test_auto_backend_choice_says_why(tmp_path, monkeypatch):
     llama = type(REGISTRY.get("llama.cpp"))
     monkeypatch.setattr(llama, "available", lambda self: False)
     chosen, why = choose("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b", cpu, {})
-    assert chosen == "transformers" and "specdec[llama]" in why
+    assert chosen == "transformers" and "specdec-rules[llama]" in why
     monkeypatch.setattr(llama, "available", lambda self: True)
     assert choose("qwen2.5-coder-1.5b", None, cpu, {})[0] == "llama.cpp"
     assert choose("qwen2.5-coder-1.5b", None, cpu, {"context_length": 512})[0] == "llama.cpp"

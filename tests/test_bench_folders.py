@@ -64,6 +64,49 @@ def test_report_only_accepts_the_folder(name, tmp_path, monkeypatch, capsys):
             assert new["configs"][cid].get(k) == (want if want is None else pytest.approx(want, rel=1e-6)), (cid, k)
 
 
+@pytest.mark.parametrize("name", RUNS)
+def test_bare_report_only_reports_the_folder(name, tmp_path, monkeypatch, capsys):
+    """``specdec bench --report-only --out FOLDER``, typed as a user would (no flag of the original
+    command given again), re-reports a copy of the folder from the command its run.json records."""
+    src = BENCH / name
+    copy = tmp_path / name
+    shutil.copytree(src, copy)
+    monkeypatch.chdir(ROOT)  # --config paths are the committed ones
+    rc = main(["bench", "--report-only", "--out", str(copy), "--no-plots", "-q"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    old = json.loads((src / "summary.json").read_text())
+    new = json.loads((copy / "summary.json").read_text())
+    assert new["run"]["samples"] == old["run"]["samples"]
+    assert list(new["configs"]) == list(old["configs"])
+    for cid, row in old["configs"].items():
+        for k in ("quality", "tau", "speedup_vs_ar"):
+            want = row.get(k)
+            assert new["configs"][cid].get(k) == (want if want is None else pytest.approx(want, rel=1e-6)), (cid, k)
+
+
+def test_bare_report_only_refuses_a_flag_that_disagrees(tmp_path, monkeypatch, capsys):
+    """A flag typed beside the bare form must agree with run.json (as before); one that agrees is taken."""
+    name = "humaneval20-128-avx2"   # transformers backend, 128 new tokens
+    copy = tmp_path / name
+    shutil.copytree(BENCH / name, copy)
+    monkeypatch.chdir(ROOT)
+    assert main(["bench", "--report-only", "--out", str(copy), "--no-plots", "-q", "--max-new-tokens", "64"]) == 2
+    assert "different settings" in capsys.readouterr().err
+    assert main(["bench", "--report-only", "--out", str(copy), "--no-plots", "-q", "--backend", "llama.cpp"]) == 2
+    assert "backend" in capsys.readouterr().err
+    assert main(["bench", "--report-only", "--out", str(copy), "--no-plots", "-q", "--max-new-tokens", "128"]) == 0
+    assert main(["bench", "--report-only", "--out", str(copy), "--no-plots"]) == 0
+    assert "settings its run.json records" in capsys.readouterr().err
+
+
+def test_bare_report_only_on_a_tune_folder_points_to_status(tmp_path, monkeypatch, capsys):
+    copy = tmp_path / "confirm"
+    shutil.copytree(BENCH / "tune-readme-example-avx2" / "confirm", copy)
+    assert main(["bench", "--report-only", "--out", str(copy), "-q"]) == 2
+    assert "--status" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", TUNES)
 def test_tune_accepts_the_folder(name, tmp_path, monkeypatch, capsys):
     src = BENCH / name

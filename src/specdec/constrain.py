@@ -9,7 +9,7 @@ Design
   ``regex``, ``choice``, ``grammar``) and checked on creation, before any work: invalid JSON, an
   invalid schema or regex, an empty choice list, a Lark grammar that does not parse, or text past
   :data:`MAX_TEXT` are one-line :class:`~specdec.errors.SpecdecError`\\ s. The optional dependency
-  (llguidance, ``pip install 'specdec[structured]'``) is checked first, by :func:`require`.
+  (llguidance, ``pip install 'specdec-rules[structured]'``) is checked first, by :func:`require`.
 - :func:`compile_constraint` compiles a constraint against a tokenizer once: llguidance's
   ``LLMatcher`` in its initial state, kept in an LRU cache keyed by (tokenizer, constraint)
   (:data:`MAX_COMPILED` entries; the tokenizer's llguidance view is cached too). Compiling is bounded
@@ -75,7 +75,7 @@ MAX_VOCABS = 4
 #: grammar symbols and lexer states). A constraint past them is refused with a one-line error.
 LIMITS = dict(initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000, max_grammar_size=500_000,
               max_lexer_states=250_000)
-INSTALL = "pip install 'specdec[structured]'"
+INSTALL = "pip install 'specdec-rules[structured]'"
 
 
 def require():

@@ -234,7 +234,7 @@ class DecodeConfig:
         :class:`~specdec.errors.SpecdecError`.
 
         Structured output (at most one; :mod:`specdec.constrain`, needs ``pip install
-        'specdec[structured]'``): ``response_format`` as OpenAI's (``{"type": "json_object"}`` or
+        'specdec-rules[structured]'``): ``response_format`` as OpenAI's (``{"type": "json_object"}`` or
         ``{"type": "json_schema", "json_schema": {"schema": {...}}}``), ``json_schema`` (a dict or its
         JSON text), ``regex``, ``choice`` (a list of strings) or ``grammar`` (a Lark grammar)."""
         if "max_tokens" in options:  # vLLM's and OpenAI's name for the budget

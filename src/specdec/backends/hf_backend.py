@@ -31,7 +31,7 @@ class TransformersBackend(Backend):
         for source in (req.target, req.draft):
             if split_format(source)[1] is not None:
                 raise SpecdecError(f"{source!r}: a GGUF weight-format copy ('@...') runs on the llama.cpp backend "
-                                   "(pip install 'specdec[llama]', backend 'llama.cpp'); on transformers use dtype=")
+                                   "(pip install 'specdec-rules[llama]', backend 'llama.cpp'); on transformers use dtype=")
         self.check_options(req)
 
     def load(self, req: Request, why: str) -> Loaded:

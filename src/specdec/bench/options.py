@@ -135,4 +135,4 @@ def check_optional_dependencies(a: argparse.Namespace, plots: bool = True) -> No
         needed.append(("jsonschema", "json-extraction's validity scorer"))
     for module, why in needed:
         if importlib.util.find_spec(module) is None:
-            raise SpecdecError(f"specdec bench needs {module} for {why}: pip install 'specdec[bench]'")
+            raise SpecdecError(f"specdec bench needs {module} for {why}: pip install 'specdec-rules[bench]'")

