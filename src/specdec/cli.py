@@ -16,7 +16,7 @@ from .bench.tune import register as register_tune
 from .bundled import BUNDLED
 from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_config, decode_kwargs, load_pair, startup_summary
 from .errors import SpecdecError
-from .replaycli import register as register_replay
+from .bench.replaycli import register as register_replay
 from .server.cli import register as register_serve
 from .text import surrogate_at
 

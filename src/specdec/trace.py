@@ -34,8 +34,8 @@ from typing import Iterable, Sequence
 
 import torch
 
-from .drafters.model import window_start
 from .errors import SpecdecError
+from .window import window_start
 
 FORMAT = 1
 KIND = "specdec-trace"

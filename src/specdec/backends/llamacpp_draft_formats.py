@@ -120,7 +120,7 @@ def replayed_seconds(entry: dict, target_table, draft_table) -> float:
     from ..costmodel import REFERENCE_PROMPT
     from ..replay import Clock, replay
     from ..trace import DraftTrace, Trace
-    from ..drafters.model import AUTO_WINDOW
+    from ..window import AUTO_WINDOW
 
     agree = [c == "1" for c in entry["agree"]]
     n = len(agree)

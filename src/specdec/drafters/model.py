@@ -11,6 +11,7 @@ import torch
 from ..checks import check_options, option
 from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, draw, probabilities
+from ..window import AUTO_WINDOW, window_start  # noqa: F401 (window_start re-exported for the drafters)
 from .base import Draft, Drafter
 
 
@@ -19,27 +20,11 @@ def guided(guide):
     return contextlib.nullcontext() if guide is None else guide.trial()
 
 
-#: ``draft_window="auto"``: the draft model sees this many of the prompt's last tokens. Measured:
-#: the bundled draft's greedy agreement with the bundled target on HumanEval and Spec-Bench against
-#: the window (docs/speculation-on-cpus.md, "The draft's window")
-AUTO_WINDOW = 256
-
-
 def window_option():
     return option("auto", kind=int, lo=1, words=("auto", "all"),
                   help="model, model+pld, tree: the draft model sees only the prompt's last N tokens (and all "
                        f"generated text), so it never prefills a long prompt; auto: N={AUTO_WINDOW}, all: the "
                        "whole prompt")
-
-
-def window_start(prompt_tokens: int, window: int | str) -> int:
-    """The first prompt position the draft model sees with ``draft_window=window``: the last
-    ``window`` tokens of a ``prompt_tokens``-token prompt (``"all"``: from 0; ``"auto"``:
-    ``AUTO_WINDOW``). The draft numbers its positions from there, as if its text began there."""
-    if window == "all":
-        return 0
-    size = AUTO_WINDOW if window == "auto" else int(window)
-    return max(0, int(prompt_tokens) - size)
 
 
 class Windowed:

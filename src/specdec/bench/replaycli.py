@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from .errors import SpecdecError
+from ..errors import SpecdecError
 
 DEFAULT_KS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15)
 
@@ -59,7 +59,7 @@ def register(sub) -> None:
 # ----------------------------------------------------------------------------------- trace
 def bench_args(folder: Path) -> tuple[argparse.Namespace, dict]:
     """The ``specdec bench`` flags a folder was made with (its run.json's last invocation)."""
-    from .bench.cli import register as register_bench
+    from .cli import register as register_bench
 
     try:
         run = json.loads((folder / "run.json").read_text())
@@ -75,7 +75,7 @@ def bench_args(folder: Path) -> tuple[argparse.Namespace, dict]:
 
 
 def ar_answers(folder: Path) -> dict[str, dict]:
-    from .bench.results import ResultsFile
+    from .results import ResultsFile
 
     out = {}
     for rec in ResultsFile(folder).load():
@@ -87,12 +87,10 @@ def ar_answers(folder: Path) -> dict[str, dict]:
 
 
 def cmd_trace(a: argparse.Namespace) -> int:
-    from .api import load
-    from .backends.llamacpp_draft_formats import REFERENCE
-    from .bench.datasets import load_dataset
-    from .bench.options import parse_selection
-    from .bench.prompts import build_prompt
-    from .trace import draft_name, header, measure_prior, tokenizer_fingerprint, trace_answer, write_traces
+    from .datasets import load_dataset
+    from .options import parse_selection
+    from .prompts import build_prompt
+    from ..trace import header, tokenizer_fingerprint, trace_answer, write_traces
 
     folder = Path(a.folder)
     b, run = bench_args(folder)
@@ -109,21 +107,7 @@ def cmd_trace(a: argparse.Namespace) -> int:
     dataset = load_dataset(b.dataset, limit, b.data, positions)
     samples = [s for s in dataset.samples if s.id in answers][: a.limit]
     target_name = settings.get("target", b.target)
-    backend = settings.get("backend", "auto")
-    pair = load(target_name, draft=None, backend=backend, calibrate=False, progress=True)
-    default_draft = settings.get("draft") or pair.draft_name
-    sources = [s.strip() for s in (a.drafts or default_draft or "").split(",") if s.strip()]
-    if not sources:
-        raise SpecdecError("no draft to trace: the run had none; name one with --drafts")
-    drafts, priors = {}, {}
-    ref = pair.tokenizer(REFERENCE)["input_ids"]
-    for i, source in enumerate(sources):
-        lm = load(source, draft=None, backend=backend, calibrate=False, progress=True).target
-        priors[source] = measure_prior(pair.target, lm, ref, source=f"reference text, {source}").to_dict()
-        for j, w in enumerate(windows):
-            window = w if w in ("auto", "all") else int(w)
-            chains = 16 if a.chains == "all" or (a.chains == "first" and i == 0 and j == 0) else 0
-            drafts[draft_name(source, w)] = (lm, window, chains)
+    pair, drafts, priors = trace_models(target_name, settings, a, windows)
     out = Path(a.out) if a.out else folder / "traces.jsonl"
     traces = []
     from rich.progress import Progress
@@ -151,10 +135,35 @@ def cmd_trace(a: argparse.Namespace) -> int:
     return 0
 
 
+def trace_models(target_name: str, settings: dict, a: argparse.Namespace, windows: list[str]):
+    """The run's target (uncalibrated: nothing is timed), each draft source loaded once, the drafts
+    to trace by name (model, window, chain length) and each source's acceptance prior on the
+    reference text."""
+    from ..api import load
+    from ..backends.llamacpp_draft_formats import REFERENCE
+    from ..trace import draft_name, measure_prior
+
+    backend = settings.get("backend", "auto")
+    pair = load(target_name, draft=None, backend=backend, calibrate=False, progress=True)
+    sources = [s.strip() for s in (a.drafts or settings.get("draft") or "").split(",") if s.strip()]
+    if not sources:
+        raise SpecdecError("no draft to trace: the run had none; name one with --drafts")
+    drafts, priors = {}, {}
+    ref = pair.tokenizer(REFERENCE)["input_ids"]
+    for i, source in enumerate(sources):
+        lm = load(source, draft=None, backend=backend, calibrate=False, progress=True).target
+        priors[source] = measure_prior(pair.target, lm, ref, source=f"reference text, {source}").to_dict()
+        for j, w in enumerate(windows):
+            window = w if w in ("auto", "all") else int(w)
+            chains = 16 if a.chains == "all" or (a.chains == "first" and i == 0 and j == 0) else 0
+            drafts[draft_name(source, w)] = (lm, window, chains)
+    return pair, drafts, priors
+
+
 # ----------------------------------------------------------------------------------- replay
 def read_tables(paths: list[str]) -> dict[str, object]:
     """Cost tables by model name (before any ``|``), from export files, table files or folders."""
-    from .costmodel import CostTable
+    from ..costmodel import CostTable
 
     tables: dict[str, object] = {}
     files: list[Path] = []
@@ -195,8 +204,8 @@ def parse_ks(text: str) -> list[int]:
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from .replay import replay_all
-    from .trace import read_traces
+    from ..replay import replay_all
+    from ..trace import read_traces
 
     head, traces = read_traces(a.traces)
     tables = read_tables(a.costs)
@@ -253,7 +262,7 @@ def report(results: dict, by_category: bool) -> list[str]:
 def compare(folder: Path, traces, results: dict) -> list[str]:
     """Measured (the folder's records) against replayed seconds, for the configurations a replay
     models: ar, lossless with the model drafter at a fixed K or k=auto."""
-    from .bench.results import ResultsFile
+    from .results import ResultsFile
 
     ids = {t.sample_id for t in traces}
     measured: dict[str, float] = {}
