@@ -10,7 +10,8 @@ import random
 
 import pytest
 
-from specdec.autok import AcceptancePrior, AutoK, Bins
+from specdec.acceptance import AcceptancePrior, Bins
+from specdec.autok import AutoK
 from specdec.costmodel import CostTable
 from specdec.engine import DecodeConfig, Engine
 from specdec.backends.hf import HFModel as CausalLM

@@ -8,7 +8,7 @@ import torch
 
 import specdec
 from specdec import costmodel
-from specdec.autok import AcceptanceEstimate
+from specdec.acceptance import AcceptanceEstimate
 from specdec.costmodel import CostTable, best_k, choose_dtypes, expected_tokens
 
 W = [1, 2, 4, 8, 16, 32]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.autok import PassGate
+from specdec.drafters.lookahead import PassGate
 from specdec.costmodel import CostTable
 from specdec.drafters import LookaheadDrafter
 from specdec.drafters.lookahead import MAX_NODES, pass_nodes

@@ -91,7 +91,6 @@ def decoding_notes(s, pair) -> list[str]:
     at least half the rounds, nothing was rejected for them, and the note says why (the measured
     costs against the acceptance drafting would need). A cost table the passes drifted far from
     gets a note too."""
-    from .autok import why_plain_steps
     from .drafters import drafter_class
 
     lines = []
@@ -116,6 +115,27 @@ def decoding_notes(s, pair) -> list[str]:
         lines.append(f"specdec: note: the target's passes took {s.cost_drift:.2f}x the seconds of its measured cost "
                      "table; if the machine was busy when it was measured, 'specdec calibrate' measures it again")
     return lines
+
+
+def why_plain_steps(target: CostTable, draft: CostTable | None, needs_model: bool, drafted: int, accepted: int,
+                    prior: AcceptancePrior | None = None) -> str:
+    """Why k=auto chose plain steps (K=0), for people: the measured costs it weighed and the
+    acceptance drafting would need, against what the drafts tried were kept at."""
+    from .autok import AutoK
+    from .acceptance import MAX_RATE
+
+    auto = AutoK(target, draft, needs_model, prior=prior)
+    costs = (f"a plain step {target.forward(1) * 1e3:.0f} ms, a 5-token pass {target.forward(5) * 1e3:.0f} ms, "
+             f"a draft token {auto.step * 1e3:.0f} ms")
+    if auto.plan(MAX_RATE)[0] == 0:
+        return f"by this machine's measured pass costs ({costs}) not even near-perfect drafts would pay"
+    lo, hi = 0.0, MAX_RATE
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if auto.plan(mid)[0] > 0 else (mid, hi)
+    seen = f"the {drafted} drafts tried were kept at {accepted / drafted:.0%}" if drafted else "no draft was tried"
+    return (f"by this machine's measured pass costs ({costs}) drafting pays only when drafts are kept at "
+            f"{hi:.0%} or more; {seen}")
 
 
 def why_backlog(s, draft_table) -> str:

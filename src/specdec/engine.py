@@ -16,15 +16,17 @@ target's rows are masked by the grammar (row 0 from the committed state, row ``i
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from .constrain import Constraints, Guide
 from .drafters import Draft, Drafter, SuffixCache, drafter_class, make_drafter
-from .autok import AcceptancePrior, KPolicy, WarmStates, k_policy
+from .acceptance import AcceptancePrior
+from .autok import KPolicy, k_policy
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores, common_prefix
@@ -45,6 +47,29 @@ MAX_CONTROLLERS = 64
 #: a generation of at least DRIFT_ROUNDS rounds whose target passes took outside DRIFT_LOW..DRIFT_HIGH
 #: times the table's seconds says so in its stats (``cost_drift``): the table may be stale ('specdec calibrate')
 DRIFT_LOW, DRIFT_HIGH, DRIFT_ROUNDS = 0.5, 4.0, 32
+
+
+class WarmStates(OrderedDict):
+    """k=auto's state per request kind, kept across requests (a dict of key -> state): at most
+    ``limit`` kinds, the least recently used evicted first."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def get_or_make(self, key, make: Callable[[], Any], stale: Callable[[Any], bool] = lambda state: False):
+        state = self.pop(key, None)
+        if state is None or stale(state):
+            state = make()
+        while len(self) >= self.limit:
+            self.popitem(last=False)
+        self[key] = state
+        return state
+
+    def copy(self) -> "WarmStates":
+        new = WarmStates(self.limit)
+        new.update(self)
+        return new
 
 
 @dataclass

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .autok import K_MAX, AcceptancePrior, AutoK, Fixed, KPolicy
+from .acceptance import AcceptancePrior
+from .autok import K_MAX, AutoK, Fixed, KPolicy
 from .costmodel import CostTable
 from .trace import DraftTrace, Trace
 

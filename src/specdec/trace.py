@@ -182,7 +182,7 @@ def measure_prior(target, draft, ids: Sequence[int], source: str = "reference te
     """The acceptance prior (:class:`specdec.autok.AcceptancePrior`) of ``draft`` against ``target``
     on ``ids``: one teacher-forced pass of each, the draft's top-1 probability at each position and
     whether its argmax is the target's."""
-    from .autok import AcceptancePrior
+    from .acceptance import AcceptancePrior
 
     n = len(ids) - 1
     t = _rows(target, ids, n).argmax(-1)

@@ -132,7 +132,7 @@ def replayed_seconds(entry: dict, target_table, draft_table) -> float:
 
 def prior_of(entry: dict):
     """The acceptance prior (:class:`specdec.autok.AcceptancePrior`) of a measured entry of :func:`along`."""
-    from ..autok import AcceptancePrior
+    from ..acceptance import AcceptancePrior
 
     return AcceptancePrior.measured(entry["top1"], [c == "1" for c in entry["agree"]], "reference text")
 
