@@ -162,3 +162,51 @@ def test_trace_files_round_trip_and_bad_ones_are_one_line_errors(tmp_path):
     other.write_text(json.dumps({"hello": 1}) + "\n")
     with pytest.raises(SpecdecError, match="not a specdec trace file"):
         read_traces(other)
+
+
+# ------------------------------------------------------------------------------- the commands
+def bench(argv: list[str], monkeypatch) -> int:
+    """``specdec bench`` as typed (its run.json records the command line)."""
+    import sys
+
+    from specdec.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["specdec", *argv])
+    return main(argv)
+
+
+def test_bench_then_trace_then_replay_on_tiny_models(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """A greedy bench folder is traced, and the traces replayed on hand-made tables: plain, fixed K,
+    k=auto and the oracle, compared with the folder's own seconds; bad inputs are one-line errors."""
+    from specdec.cli import main
+
+    target, draft = tiny_dirs
+    models = ["--target", str(target), "--draft", str(draft), "--dtype", "float32", "--device", "cpu"]
+    out = tmp_path / "run"
+    assert bench(["bench", "--dataset", "fixture", "--policies", "ar,lossless", "--k-sweep", "2,3", "--max-new-tokens",
+                  "12", "--out", str(out), "-q", "--no-plots", *models], monkeypatch) == 0
+    assert main(["trace", str(out), "--windows", "auto,4"]) == 0
+    head, traces = read_traces(out / "traces.jsonl")
+    assert len(traces) == 3 and set(traces[0].drafts) == {f"{draft}|wauto", f"{draft}|w4"}
+    assert all(t.target_agree == 1.0 for t in traces) and head["priors"][str(draft)]["rates"]
+    costs = tmp_path / "costs.json"
+    tables = [{**bf16_like().to_dict(), "model": f"{target}|x"}, {**draft_table().to_dict(), "model": f"{draft}|y"}]
+    costs.write_text(json.dumps({"kind": "specdec-costs", "format": 1, "tables": tables}))
+    capsys.readouterr()
+    assert main(["replay", str(out / "traces.jsonl"), "--costs", str(costs), "-k", "2,3", "--by-category",
+                 "--compare", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"| {draft}|wauto |" in text and "| lossless/model/k2 |" in text and "| ar |" in text
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**bf16_like().to_dict(), "model": "another-model|z"}))
+    for argv, message in ((["--costs", str(other)], "no table for the traces' target"),
+                          (["--costs", str(tmp_path / "missing.json")], "no such file or folder"),
+                          (["--costs", str(costs), "-k", "0,40"], "each K must be in 1..31"),
+                          (["--costs", str(costs), "--draft", "nope"], "not in the traces")):
+        assert main(["replay", str(out / "traces.jsonl"), *argv]) == 2
+        assert message in capsys.readouterr().err
+    sampled = tmp_path / "sampled"
+    assert bench(["bench", "--dataset", "fixture", "--policies", "ar", "--max-new-tokens", "4", "--temperature", "1",
+                  "--limit", "1", "--out", str(sampled), "-q", "--no-plots", *models], monkeypatch) == 0
+    assert main(["trace", str(sampled)]) == 2
+    assert "greedy runs only" in capsys.readouterr().err

@@ -144,14 +144,18 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
     from ..trace import draft_name, measure_prior
 
     backend = settings.get("backend", "auto")
-    pair = load(target_name, draft=None, backend=backend, calibrate=False, progress=True)
+    given = {k: settings.get(k) for k in ("dtype", "draft_dtype", "device")}
+    options = {k: v for k, v in given.items() if v not in (None, "auto")}  # as the run loaded them
+    target_opts = {k: v for k, v in options.items() if k != "draft_dtype"}
+    draft_opts = {**target_opts, **({"dtype": options["draft_dtype"]} if "draft_dtype" in options else {})}
+    pair = load(target_name, draft=None, backend=backend, calibrate=False, progress=True, **target_opts)
     sources = [s.strip() for s in (a.drafts or settings.get("draft") or "").split(",") if s.strip()]
     if not sources:
         raise SpecdecError("no draft to trace: the run had none; name one with --drafts")
     drafts, priors = {}, {}
     ref = pair.tokenizer(REFERENCE)["input_ids"]
     for i, source in enumerate(sources):
-        lm = load(source, draft=None, backend=backend, calibrate=False, progress=True).target
+        lm = load(source, draft=None, backend=backend, calibrate=False, progress=True, **draft_opts).target
         priors[source] = measure_prior(pair.target, lm, ref, source=f"reference text, {source}").to_dict()
         for j, w in enumerate(windows):
             window = w if w in ("auto", "all") else int(w)
