@@ -109,7 +109,7 @@ class AutoK(KPolicy):
         #: the only K > 0 planned: those whose verify pass (K + 1 tokens) the table measured
         self.allowed = frozenset(w - 1 for w in target.widths if w >= 2)
         self.bins = Bins(prior or AcceptancePrior.assumed())
-        self.positions = AcceptanceEstimate(prior=(prior or AcceptancePrior.assumed()).mean)
+        self.positions = AcceptanceEstimate()  # drafters without a model: the draft model's prior says nothing of them
         self.lengths: list[int] = []  # recent answers' lengths, newest last
         self.max_new = 0
         self.start_at: int | None = 0  # this request's position to start reading at (None: never)
