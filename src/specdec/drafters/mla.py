@@ -96,6 +96,8 @@ class LookupModelDrafter(ModelDrafter):
                 if t in self.stop_ids or self.unsure(logits[i], t):
                     k = len(tokens)  # stop drafting after this token (EOS, or the draft is unsure)
                     break
+            if self.stopping():
+                break
             if self.guide is not None and len(tokens) < k:
                 self.guide.advance(new)
         tokens, raw = tokens[:k], raw[:k]

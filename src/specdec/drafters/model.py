@@ -139,7 +139,7 @@ class ModelDrafter(Windowed, Drafter):
                 token = int(draw(q, generator)[0])
                 rows.append(q[0])
             tokens.append(token)
-            if i == k - 1 or token in self.stop_ids or self.unsure(logits, token):
+            if i == k - 1 or token in self.stop_ids or self.unsure(logits, token) or self.stopping():
                 break
             if self.guide is not None:
                 self.guide.advance([token])
