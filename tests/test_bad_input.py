@@ -186,3 +186,19 @@ def test_cli_bad_draft_dtype_is_a_usage_error():
     assert res.returncode == 2 and "invalid choice: 'int3'" in res.stderr and "Traceback" not in res.stderr
     res = run_cli("calibrate", "--dtype", "int3")
     assert res.returncode == 2 and "invalid choice: 'int3'" in res.stderr
+
+
+def test_options_that_size_a_round_are_bounded():
+    """The most work a round can ask for: k <= MAX_K, FLy's window no longer than a draft can be
+    (k=auto would draft window + 1 tokens without a cost table), prompt lookup's n-gram."""
+    from specdec.checks import options_of
+    from specdec.drafters.lookup import MAX_NGRAM, LookupOptions
+    from specdec.request import MAX_K
+    from specdec.verify.fly import Fly
+
+    assert options_of(Fly)["window"][0].hi == MAX_K
+    assert options_of(LookupOptions)["ngram_max"][0].hi == MAX_NGRAM
+    for options in ({"policy": "fly", "window": MAX_K + 1}, {"drafter": "pld", "ngram_max": MAX_NGRAM + 1},
+                    {"k": MAX_K + 1}):
+        with pytest.raises(SpecdecError):
+            specdec.make_config(**options)

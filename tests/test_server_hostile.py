@@ -121,13 +121,20 @@ def test_a_tree_near_the_context_s_end_takes_plain_steps(url):
 # ---------------------------------------------------------------- bodies shaped to be slow
 MANY = 300_000
 SHAPES = {  # name: (path, body, param the 400 names)
-    "messages of empty objects": (CHAT, {"messages": [{}] * MANY}, "messages"),
+    "messages of numbers": (CHAT, {"messages": [1] * MANY}, "messages"),
     "stop of numbers": (COMP, {"prompt": "x", "stop": [1] * MANY}, "stop"),
     "stop_token_ids of strings": (COMP, {"prompt": "x", "stop_token_ids": ["a"] * MANY}, "stop_token_ids"),
     "token-id prompt of strings": (COMP, {"prompt": [["a"] * MANY]}, "prompt"),
     "content parts of numbers": (CHAT, {"messages": [{"role": "user", "content": [1] * MANY}]}, "messages"),
     "detokenize strings": ("/detokenize", {"tokens": ["a"] * MANY}, "tokens"),
-    "tokenize messages of empty objects": ("/tokenize", {"messages": [{}] * MANY}, "messages"),
+    "tokenize messages of numbers": ("/tokenize", {"messages": [1] * MANY}, "messages"),
+}
+#: bodies of many arrays or objects: refused before they are parsed
+CONTAINERS = {
+    "messages of empty objects": (CHAT, {"messages": [{}] * MANY}),
+    "an unknown field of empty objects": (COMP, {"prompt": "x", "junk": [{}] * MANY}),
+    "stop of empty lists": (COMP, {"prompt": "x", "stop": [[]] * MANY}),
+    "tokenize messages of empty objects": ("/tokenize", {"messages": [{}] * MANY}),
 }
 
 
@@ -144,11 +151,30 @@ def test_a_large_body_of_bad_items_is_one_quick_400(url, name):
     still_serving(url)
 
 
+@pytest.mark.parametrize("name", list(CONTAINERS))
+def test_a_body_of_too_many_arrays_and_objects_is_refused_before_parsing(url, name):
+    path, body = CONTAINERS[name]
+    t0 = time.monotonic()
+    r = post(url + path, body)
+    assert r.status_code == 400 and "arrays and objects; at most 65536" in r.json()["error"]["message"], r.text
+    assert time.monotonic() - t0 < 5
+    still_serving(url)
+
+
+def test_brackets_inside_strings_are_text(url):
+    r = post(url + "/tokenize", {"prompt": "{[" * 70_000})
+    assert r.status_code == 200 and r.json()["count"] == 140_000
+    r = post(url + "/tokenize", {"messages": [{"role": "user", "content": "x"}] * 4096})  # a long chat passes
+    assert r.status_code == 200, r.text
+
+
 def test_health_answers_while_large_invalid_bodies_are_parsed(url):
-    """Three ~2 MB bodies at once (each parsed one after another on the event loop before: /health
-    waited 50 s); /health must answer within a second throughout."""
+    """Five large bodies at once (parsed one after another on the event loop before: three held
+    /health for 50 s); /health must answer within a second throughout."""
     bodies = [(CHAT, {"messages": [{}] * MANY}), (COMP, {"prompt": "x", "junk": [{}] * MANY, "max_tokens": 1}),
-              (COMP, {"prompt": "x", "stop": [[]] * MANY})]
+              (COMP, {"prompt": "x", "stop": [1] * MANY}), ("/detokenize", {"tokens": ["a"] * MANY}),
+              (COMP, {"prompt": "x", "junk": [1] * MANY, "max_tokens": 1})]
+    bodies = [(path, json.dumps(body).encode()) for path, body in bodies]  # encoded here, not while measuring
     results: list = []
     threads = [threading.Thread(target=lambda p=p, b=b: results.append(post(url + p, b))) for p, b in bodies]
     for t in threads:
@@ -162,7 +188,7 @@ def test_health_answers_while_large_invalid_bodies_are_parsed(url):
     for t in threads:
         t.join()
     assert worst < 1.0, worst
-    assert sorted(r.status_code for r in results) == [200, 400, 400]  # unknown fields are ignored
+    assert sorted(r.status_code for r in results) == [200, 400, 400, 400, 400]  # unknown fields are ignored
     still_serving(url)
 
 

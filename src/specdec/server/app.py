@@ -144,6 +144,8 @@ def _validation_error(exc: RequestValidationError) -> SafeJSONResponse:
         where = f" at character {loc[0]}" if loc else ""
         reason = (err.get("ctx") or {}).get("error", err.get("msg", ""))
         return SafeJSONResponse(error_body(400, f"the body is not valid JSON: {reason}{where}"), 400)
+    if err.get("type") == "too_complex":
+        return SafeJSONResponse(error_body(400, err.get("msg", "the body is too complex")), 400)
     if err.get("type") == "surrogate":
         field = (err.get("ctx") or {}).get("field") or None
         return SafeJSONResponse(error_body(400, err.get("msg", "a lone surrogate is not Unicode text"), field), 400)
