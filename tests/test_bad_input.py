@@ -13,10 +13,12 @@ from tinymodels import byte_tokenizer, tiny_model
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"k": 0}, "k (draft length) must be 'auto' or an integer >= 1"),
+        ({"k": 0}, "k (draft length) must be 'auto' or an integer in [1, 31]"),
+        ({"k": 32}, "k (draft length) must be 'auto' or an integer in [1, 31], got 32"),
+        ({"k": 10**6}, "k (draft length)"),
         ({"k": -3}, "k (draft length)"),
-        ({"k": -1}, "k (draft length) must be 'auto' or an integer >= 1, got -1"),
-        ({"k": "fast"}, "k (draft length) must be 'auto' or an integer >= 1, got 'fast'"),
+        ({"k": -1}, "k (draft length) must be 'auto' or an integer in [1, 31], got -1"),
+        ({"k": "fast"}, "k (draft length) must be 'auto' or an integer in [1, 31], got 'fast'"),
         ({"k": 2.5}, "k (draft length)"),
         ({"temperature": -0.5}, "temperature must be a number >= 0"),
         ({"policy": "bogus"}, "unknown policy 'bogus'"),
@@ -102,7 +104,7 @@ def run_cli(*args, stdin=None):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["generate", "hi", "-k", "0"], "k (draft length) must be 'auto' or an integer >= 1"),
+        (["generate", "hi", "-k", "0"], "k (draft length) must be 'auto' or an integer in [1, 31]"),
         (["generate", "hi", "--temperature", "-1"], "temperature must be a number >= 0"),
         (["generate", "hi", "--policy", "nope"], "unknown policy 'nope'"),
         (["generate", "hi", "--drafter", "nope"], "unknown drafter 'nope'"),
@@ -165,7 +167,7 @@ def test_cli_argparse_errors_exit_2():
     assert res.returncode == 2 and "invalid int value" in res.stderr
     res = run_cli("generate", "hi", "-k", "five")  # -k takes 'auto' too: checked with the other request fields
     assert res.returncode == 2 and res.stderr.strip() == (
-        "specdec: error: k (draft length) must be 'auto' or an integer >= 1, got 'five'")
+        "specdec: error: k (draft length) must be 'auto' or an integer in [1, 31], got 'five'")
 
 
 def test_bad_draft_dtype_and_config_with_keywords(tiny_dirs, tiny_pair):
@@ -184,3 +186,19 @@ def test_cli_bad_draft_dtype_is_a_usage_error():
     assert res.returncode == 2 and "invalid choice: 'int3'" in res.stderr and "Traceback" not in res.stderr
     res = run_cli("calibrate", "--dtype", "int3")
     assert res.returncode == 2 and "invalid choice: 'int3'" in res.stderr
+
+
+def test_options_that_size_a_round_are_bounded():
+    """The most work a round can ask for: k <= MAX_K, FLy's window no longer than a draft can be
+    (k=auto would draft window + 1 tokens without a cost table), prompt lookup's n-gram."""
+    from specdec.checks import options_of
+    from specdec.drafters.lookup import MAX_NGRAM, LookupOptions
+    from specdec.request import MAX_K
+    from specdec.verify.fly import Fly
+
+    assert options_of(Fly)["window"][0].hi == MAX_K
+    assert options_of(LookupOptions)["ngram_max"][0].hi == MAX_NGRAM
+    for options in ({"policy": "fly", "window": MAX_K + 1}, {"drafter": "pld", "ngram_max": MAX_NGRAM + 1},
+                    {"k": MAX_K + 1}):
+        with pytest.raises(SpecdecError):
+            specdec.make_config(**options)

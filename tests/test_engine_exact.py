@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from specdec.api import Pair
-from specdec.engine import DecodeConfig, Engine
+from specdec.engine import DecodeConfig, Engine, Generation
 from specdec.errors import SpecdecError
 from specdec.backends.hf import HFModel as CausalLM
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
@@ -132,10 +132,22 @@ def test_closing_a_stream_stops_the_engine(pair):
 
 
 def test_should_stop_is_asked_every_round(pair):
-    rounds = []
-    out = pair.generate("abc abc abc", chat=False, k=3, max_new_tokens=200,
-                        should_stop=lambda: rounds.append(1) or len(rounds) > 4)
+    ids, cfg, stop = pair.encode("abc abc abc", chat=False), DecodeConfig(k=3, max_new_tokens=200), []
+    out = Generation(list(ids))
+    for _ in pair.engine.run(ids, cfg, out, should_stop=lambda: bool(stop)):
+        if out.stats.rounds == 4:
+            stop.append(True)
     assert out.finish_reason == "cancelled" and out.stats.rounds == 4
+
+
+def test_should_stop_is_asked_inside_a_round(pair):
+    """The model drafter asks between its passes and the engine before verifying: told to stop
+    after the drafter's second pass, the generation ends in its first round, before any verify pass
+    (a client that leaves frees the engine within a pass, not a round)."""
+    calls = []
+    out = pair.generate("abc abc abc", chat=False, k=3, drafter="model", max_new_tokens=200,
+                        should_stop=lambda: calls.append(1) or len(calls) > 2)
+    assert out.finish_reason == "cancelled" and out.stats.rounds == 0 and out.token_ids == []
 
 
 def test_token_id_prompts(pair):

@@ -40,7 +40,7 @@ def test_the_server_reports_cached_prompt_tokens(pair):
 
     from specdec.server import create_app
 
-    app = create_app(pair, {"max_new_tokens": 6, "temperature": 0.0})
+    app = create_app(pair, {"max_new_tokens": 6, "temperature": 0.0}, shared_caches=True)  # one user's server
     assert pair.engine.prefix_caching  # the server's default, as vLLM's and llama-server's
     with TestClient(app, base_url="http://127.0.0.1") as client:
         body = {"model": "x", "prompt": PROMPT, "max_tokens": 6}

@@ -95,18 +95,13 @@ def test_every_named_extra_exists():
     assert not unknown, unknown
 
 
-# The server's package is being reworked elsewhere; its one install hint (server/cli.py: the server
-# extra) moves to the new name with that work. Remove this exemption then.
-NOT_YET = {"src/specdec/server/cli.py"}
-
-
 def test_no_install_hint_names_the_other_project():
     """`pip install specdec` / `specdec[...]` installs an unrelated project from PyPI."""
     from test_docs_commands import pip_install_targets
 
     bad = []
     paths = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "src").rglob("*.py")]
-    for path in [p for p in paths if p.relative_to(ROOT).as_posix() not in NOT_YET]:
+    for path in paths:
         for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for w in pip_install_targets(line):
                 if re.match(r"^specdec(\[[^\]]*\])?$", w.strip("'\"()")):

@@ -507,7 +507,7 @@ def test_still_serving_after_bad_input(url):
 def test_api_key_required(keyed, headers):
     r = httpx.post(keyed.url + COMP, json={"prompt": "abc"}, headers=headers)
     assert assert_error(r, 401)["code"] == "invalid_api_key"
-    for path in ("/v1/models", "/openapi.json", "/docs", "/tokenizer_info"):
+    for path in ("/v1/models", "/openapi.json", "/docs", "/tokenizer_info", "/metrics"):
         assert_error(httpx.get(keyed.url + path, headers=headers), 401)
 
 
@@ -537,8 +537,9 @@ def test_api_key_accepted(keyed):
     assert client.chat.completions.create(model="tiny", messages=MSG).choices[0].message.role == "assistant"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=keyed.url + "/v1", api_key="nope", max_retries=0).models.list()
-    assert httpx.get(keyed.url + "/health").status_code == 200  # health and metrics stay open
-    assert 'specdec_errors_total{status="401"}' in httpx.get(keyed.url + "/metrics").text
+    assert httpx.get(keyed.url + "/health").status_code == 200  # the liveness probe stays open
+    scrape = httpx.get(keyed.url + "/metrics", headers={"authorization": "Bearer sekret"})
+    assert 'specdec_errors_total{status="401"}' in scrape.text  # metrics need the key, as in vLLM
 
 
 def test_what_the_loaded_models_cannot_serve_is_a_400_before_the_stream(tiny_dirs):

@@ -18,7 +18,7 @@ from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
 from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request
 from .models import resolve_device
-from .request import DecodeConfig, default_drafter, make_config, overlay
+from .request import DecodeConfig, check_tree_fits, default_drafter, make_config, overlay
 from .stats import Stats
 from .text import StopStrings, TextStream, encode_prompt, eos_ids
 
@@ -137,6 +137,7 @@ class Pair:
         self.engine.check_config(cfg)
         prompt_ids = self.encode(prompt, chat=chat, system=system)
         self.engine.check_prompt(prompt_ids)
+        check_tree_fits(cfg, len(prompt_ids), self.engine.target.max_length)
         stops = StopStrings(self.tokenizer, stop)
         gen = Generation(prompt_ids)
         stream = Stream(iter(()))

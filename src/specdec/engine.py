@@ -169,9 +169,9 @@ class Engine:
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
         """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`); one that
-        reads earlier requests' text sees its caller's only."""
+        reads earlier requests' text sees its caller's only, and none under a loose rule."""
         return make_drafter(cfg.drafter, self.draft, self.eos_ids, dict(cfg.drafter_params),
-                            history=self.suffix_cache.scope(cfg.caller))
+                            history=self.suffix_cache.scope(cfg.caller, read=not cfg.parsed.lossy))
 
     def check_config(self, cfg: DecodeConfig) -> None:
         """Refuse, before any work, a request the loaded models cannot serve: a token-tree drafter
@@ -233,8 +233,10 @@ class Engine:
         """Generate; yields ``out`` (a :class:`Generation`) after every round that committed
         tokens: the one channel, holding the ids so far (a stop string may cut tokens of earlier
         rounds, so read ``out.token_ids``, not differences), then the stats and finish reason.
-        ``should_stop`` is asked before every round (from any thread's point of view, e.g. a client
-        that went away); when it says yes, the generation ends with finish reason ``cancelled``.
+        ``should_stop`` is asked before every round and between a round's drafting and verifying
+        (from any thread's point of view, e.g. a client that went away), and the drafter asks it
+        between its model passes (:meth:`~specdec.drafters.base.Drafter.stopping`); when it says
+        yes, the generation ends with finish reason ``cancelled``.
         ``check=False`` skips the request and prompt checks (the caller did them).
 
         The steps of the module docstring: prefill once, then each round (1) draft, (2) score,
@@ -243,6 +245,8 @@ class Engine:
             self.check_config(cfg)
             self.check_prompt(prompt_ids)
         run = self._start(prompt_ids, cfg, out)
+        if run.drafter is not None:
+            run.drafter.should_stop = should_stop
         clock = time.perf_counter
         while True:
             if should_stop is not None and should_stop():
@@ -253,6 +257,9 @@ class Engine:
             with run.grammar_time("draft_mask_seconds"):
                 draft = run.drafter.propose(run.context, k, cfg.sampling, run.generator) if k else Draft()  # 1.
             t1 = clock()
+            if should_stop is not None and should_stop():  # the client left while the drafter ran
+                run.out.finish_reason = "cancelled"
+                break
             scores = self._score(run, draft)  # 2.
             verdict = self._verify(run, draft, scores)  # 3.
             t2 = clock()
@@ -326,6 +333,9 @@ class Engine:
         backlog = run.drafter.backlog(run.context)
         declined = run.kpolicy.declined
         k = max(0, min(run.kpolicy.budget(len(run.out.token_ids), room - 1, backlog), room - 1))
+        cls = drafter_class(cfg.drafter)
+        if k and cls.grows_trees and len(run.context) + cls.tree_size(**cfg.drafter_params) > run.limit:
+            return 0  # no room left in the context for a whole tree: a plain step
         if run.kpolicy.declined > declined:
             stats.backlog_declined += 1
             stats.declined_backlog = backlog

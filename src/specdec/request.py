@@ -30,6 +30,12 @@ from .sampling import SamplingParams
 from .verify import Policy, make_policy
 
 AUTO_K = "auto"
+#: :meth:`DecodeConfig.with_settings`' "leave it as it is"
+KEEP: Any = object()
+#: the longest draft a request may ask for (``k``, and a tree's depth): the cost tables measure
+#: verify passes of up to 32 tokens (K drafts and the token before them), and a round's work, which
+#: a client that leaves waits out, grows with K
+MAX_K = 31
 
 #: the sampling fields' defaults, as :class:`~specdec.sampling.SamplingParams` declares them:
 #: temperature 0.0 (greedy), top_p 1.0 (off), top_k 0 (off), seed None (a random seed)
@@ -67,15 +73,15 @@ def default_drafter(has_draft_model: bool) -> str:
 
 
 def check_k(k) -> int | str:
-    """``"auto"`` or an integer >= 1 (an integer given as text is accepted, e.g. from a flag)."""
+    """``"auto"`` or an integer in [1, :data:`MAX_K`] (an integer given as text is accepted, e.g. from a flag)."""
     if isinstance(k, str):
         text = k.strip().lower()
         if text == AUTO_K:
             return AUTO_K
         if text.isdigit():
             k = int(text)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise SpecdecError(f"k (draft length) must be 'auto' or an integer >= 1, got {k!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise SpecdecError(f"k (draft length) must be 'auto' or an integer in [1, {MAX_K}], got {k!r}")
     return k
 
 
@@ -112,6 +118,19 @@ def check_drafter_fits_policy(policy: Policy, cls, k: int | str, drafter_params:
         raise SpecdecError(
             f"policy {name!r}: {policy.lookahead_label} acts only on draft blocks longer than it, so k={k} "
             f"would leave it inert; use k >= {w + 1}, k='auto', {policy.lookahead_remedy}")
+
+
+def check_tree_fits(cfg: "DecodeConfig", prompt_tokens: int, limit: int | None) -> None:
+    """A token-tree drafter's tree must fit the context after the prompt (else the first verify
+    pass would overflow it); refused before any work. Later, when the text leaves too little room
+    for a tree, the engine takes plain steps."""
+    if limit is None or not cfg.parsed.drafts or not drafter_class(cfg.drafter).grows_trees:
+        return
+    nodes = drafter_class(cfg.drafter).tree_size(**cfg.drafter_params)
+    if prompt_tokens + nodes > limit:
+        raise SpecdecError(f"drafter {cfg.drafter!r}: its trees of up to {nodes} nodes do not fit the context after "
+                           f"the prompt ({prompt_tokens} + {nodes} tokens > {limit}); lower its options or shorten "
+                           "the prompt")
 
 
 def split_options(options: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -195,9 +214,10 @@ class DecodeConfig:
     #: None, or record the target's log-probability of each emitted token and this many alternatives
     #: (:mod:`specdec.logprobs`)
     logprobs: int | None = None
-    #: who asks (the server: its API key's digest): drafters that read earlier requests' text
-    #: (``suffix``) read only the same caller's; set with :meth:`with_settings`, never a request option
-    caller: str = ""
+    #: who asks (the server: its API key's digest and the request's cache salt): drafters that read
+    #: earlier requests' text (``suffix``) read only the same caller's; None: a caller of its own,
+    #: no request before or after it shares its text. Set with :meth:`with_settings`, never a request option
+    caller: str | None = ""
 
     #: the parsed policy (``ar``: :class:`~specdec.verify.Plain`): parsed once, here, and used by the
     #: engine as is
@@ -258,14 +278,14 @@ class DecodeConfig:
                    stop_token_ids=tuple(stop_token_ids or ()), logprobs=logprobs)
 
     def with_settings(self, *, max_new_tokens: int | None = None, sampling: SamplingParams | None = None,
-                      caller: str | None = None) -> DecodeConfig:
+                      caller: Any = KEEP) -> DecodeConfig:
         """This request with another budget and/or sampling settings (e.g. a bench repeat's seed),
-        or another ``caller``, without validating the policy, drafter and k again: they are kept as
+        or another ``caller`` (None: a caller of its own), without validating the policy, drafter and k again: they are kept as
         parsed."""
         out = copy.copy(self)
-        if caller is not None:
-            if not isinstance(caller, str):
-                raise SpecdecError(f"caller must be a string, got {type(caller).__name__}")
+        if caller is not KEEP:
+            if caller is not None and not isinstance(caller, str):
+                raise SpecdecError(f"caller must be a string or None, got {type(caller).__name__}")
             object.__setattr__(out, "caller", caller)
         if max_new_tokens is not None:
             object.__setattr__(out, "max_new_tokens", check_int("max_new_tokens", max_new_tokens, lo=1))
@@ -280,6 +300,6 @@ class DecodeConfig:
 #: top_k=..., seed=..., **policy_and_drafter_options)``: :meth:`DecodeConfig.from_options`
 make_config = DecodeConfig.from_options
 
-__all__ = ["AUTO_K", "BENCH_SEED", "DEFAULTS", "DecodeConfig", "GENERATION_FIELDS", "NO_DRAFT_MODEL_DRAFTER",
+__all__ = ["AUTO_K", "BENCH_SEED", "MAX_K", "DEFAULTS", "DecodeConfig", "GENERATION_FIELDS", "NO_DRAFT_MODEL_DRAFTER",
            "check_drafter_fits_policy", "check_k", "default_drafter", "lookahead_of", "make_config", "overlay",
            "split_options"]

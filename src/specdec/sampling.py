@@ -16,6 +16,11 @@ from .checks import check_int, check_number
 #: dividing logits by a far smaller one overflows float32 (1e-300 gives inf, then NaN), and
 #: sampling that sharp is the argmax anyway, up to ties closer than the floor.
 TEMPERATURE_FLOOR = 1e-5
+#: ``repetition_penalty``'s range: a seen token's logit is divided (or multiplied) by it, so outside
+#: it a logit over the temperature floor overflows float32 (1e-40 gave inf, then NaN in the draw)
+REPETITION_PENALTY_RANGE = (0.01, 100.0)
+#: the seeds a generator takes (``torch.Generator.manual_seed``: a signed or unsigned 64-bit integer)
+SEED_RANGE = (-(2**63), 2**64 - 1)
 
 
 @dataclass(frozen=True)
@@ -40,8 +45,8 @@ class SamplingParams:
         check_number("top_p", self.top_p, lo=0, hi=1, lo_open=True)
         check_int("top_k (0 = off)", self.top_k, lo=0)
         if self.seed is not None:
-            check_int("seed", self.seed)
-        check_number("repetition_penalty (1 = off)", self.repetition_penalty, lo=0, lo_open=True)
+            check_int("seed", self.seed, *SEED_RANGE)
+        check_number("repetition_penalty (1 = off)", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
         check_number("presence_penalty", self.presence_penalty, lo=-2, hi=2)  # OpenAI's range
         check_number("frequency_penalty", self.frequency_penalty, lo=-2, hi=2)
 

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from ..backends import REGISTRY
 from ..errors import SpecdecError
-from ..request import DEFAULTS, GENERATION_FIELDS, DecodeConfig, check_k
+from ..request import DEFAULTS, GENERATION_FIELDS, MAX_K, DecodeConfig, check_k
 from ..sampling import SamplingParams
 
 if TYPE_CHECKING:
@@ -172,7 +172,7 @@ def parse_int(text: Any, what: str, minimum: int = 1) -> int:
 
 
 def parse_k(text: Any, what: str = "--k") -> int | str:
-    """``auto`` or an integer >= 1 (:func:`specdec.request.check_k`), the error naming ``what``."""
+    """``auto`` or an integer in [1, MAX_K] (:func:`specdec.request.check_k`), the error naming ``what``."""
     try:
         return check_k(str(text))
     except SpecdecError as exc:
@@ -185,13 +185,13 @@ def parse_k_sweep(text: str) -> list[int]:
     m = re.fullmatch(r"(\d+)\.\.(\d+)(?:\.\.(\d+))?", s)
     if m:
         lo, hi, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
-        if lo < 1 or hi < lo or step < 1:
-            raise SpecdecError(f"bad --k-sweep {text!r}: need 1 <= A <= B (and STEP >= 1) in A..B[..STEP]")
+        if lo < 1 or hi < lo or hi > MAX_K or step < 1:
+            raise SpecdecError(f"bad --k-sweep {text!r}: need 1 <= A <= B <= {MAX_K} (and STEP >= 1) in A..B[..STEP]")
         return list(range(lo, hi + 1, step))
     if re.fullmatch(r"\d+(,\d+)*", s):
         ks = sorted({int(x) for x in s.split(",")})
-        if ks[0] < 1:
-            raise SpecdecError(f"bad --k-sweep {text!r}: every K must be >= 1")
+        if ks[0] < 1 or ks[-1] > MAX_K:
+            raise SpecdecError(f"bad --k-sweep {text!r}: every K must be in [1, {MAX_K}]")
         return ks
     raise SpecdecError(f"bad --k-sweep {text!r}: use A..B (e.g. 2..10), A..B..STEP or a list like 2,4,8")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from abc import ABC, abstractmethod
-from typing import ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence
 
 import torch
 
@@ -113,6 +113,14 @@ class Drafter(ABC):
     #: propose another (the request's K policy, :meth:`specdec.autok.KPolicy.more`, set by the engine
     #: before :meth:`start`). Drafters with a model ask it after every token; others may ignore it.
     more = staticmethod(lambda i, p: True)
+    #: set by the engine for each generation: whether to stop now (the client went away). A
+    #: drafter that runs a model asks :meth:`stopping` between its passes and ends its proposal
+    #: there, so that a round's drafting is cut short; None: never
+    should_stop: "Callable[[], bool] | None" = None
+
+    def stopping(self) -> bool:
+        """Whether the generation is being stopped (:attr:`should_stop`)."""
+        return self.should_stop is not None and bool(self.should_stop())
 
     @classmethod
     def check(cls, **options) -> None:
@@ -137,6 +145,12 @@ class Drafter(ABC):
         draft model feeds at once) with these options and depth limit, checked against a backend's
         ``max_tree_leaves`` before any work (0: that model scores no tree)."""
         raise NotImplementedError(f"drafter {cls.name!r} drafts chains; only tree drafters have paths")
+
+    @classmethod
+    def tree_size(cls, **options) -> int:
+        """Tree drafters: the most nodes one tree holds with these options (the target scores them
+        after the context, so they must fit the context's room)."""
+        raise NotImplementedError(f"drafter {cls.name!r} drafts chains; only tree drafters have a tree size")
 
     @abstractmethod
     def start(self, prompt: Sequence[int]) -> None:

@@ -136,6 +136,10 @@ class LookaheadDrafter(Drafter):
         return max(w - 1 + n - 2, n - 1 if g else 0, 1)
 
     @classmethod
+    def tree_size(cls, **options) -> int:
+        return pass_nodes(*_shape(options))
+
+    @classmethod
     def tree_paths(cls, depth: int, **options) -> tuple[int, int]:
         """Root-to-leaf paths: one per column (a chain when N = 2), one per guess; no draft model."""
         w, n, g = _shape(options)

@@ -15,6 +15,11 @@ from ..sampling import SamplingParams
 from .base import Draft, Drafter
 
 
+#: the longest n-gram prompt lookup matches: each n tried compares every window of the context, so
+#: a round's lookup costs up to context x ngram_max^2 comparisons where nothing matches
+MAX_NGRAM = 64
+
+
 def lookup(tokens: np.ndarray, k: int, ngram_max: int, ngram_min: int = 1) -> list[int]:
     """Up to ``k`` tokens following the most recent earlier occurrence of the context's last n
     tokens, trying n from ``ngram_max`` down to ``ngram_min``; ``[]`` when nothing matches.
@@ -35,8 +40,8 @@ def lookup(tokens: np.ndarray, k: int, ngram_max: int, ngram_min: int = 1) -> li
 
 @dataclass(frozen=True)
 class LookupOptions:
-    ngram_max: int = option(3, lo=1, help="prompt lookup: longest n-gram to match")
-    ngram_min: int = option(1, lo=1, help="prompt lookup: shortest n-gram to match")
+    ngram_max: int = option(3, lo=1, hi=MAX_NGRAM, help="prompt lookup: longest n-gram to match")
+    ngram_min: int = option(1, lo=1, hi=MAX_NGRAM, help="prompt lookup: shortest n-gram to match")
 
 
 class LookupDrafter(Drafter):

@@ -21,14 +21,14 @@ from ..backends.base import Model
 from ..sampling import SamplingParams, next_token, probabilities
 from ..verify.base import Lossless, Round
 from .base import Draft
-from .lookup import LookupDrafter, lookup
+from .lookup import MAX_NGRAM, LookupDrafter, lookup
 from .model import ModelDrafter, min_confidence_option, window_option
 
 
 @dataclass(frozen=True)
 class LookupModelOptions:
-    ngram_max: int = option(4, lo=1, help="prompt lookup: longest n-gram to match")
-    ngram_min: int = option(1, lo=1, help="prompt lookup: shortest n-gram to match")
+    ngram_max: int = option(4, lo=1, hi=MAX_NGRAM, help="prompt lookup: longest n-gram to match")
+    ngram_min: int = option(1, lo=1, hi=MAX_NGRAM, help="prompt lookup: shortest n-gram to match")
     lookup_tokens: int = option(6, lo=1, help="model+pld: tokens prompt lookup proposes per draft-model pass")
     min_confidence: float = min_confidence_option()
     draft_window: int = window_option()
@@ -97,6 +97,8 @@ class LookupModelDrafter(ModelDrafter):
                 if self.stop_after(len(tokens), logits[i], t, q) or t in self.stop_ids:
                     k = len(tokens)  # stop drafting after this token (the K policy, EOS, or the draft is unsure)
                     break
+            if self.stopping():
+                break
             if self.guide is not None and len(tokens) < k:
                 self.guide.advance(new)
         tokens, raw = tokens[:k], raw[:k]

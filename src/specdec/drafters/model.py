@@ -130,7 +130,8 @@ class ModelDrafter(Windowed, Drafter):
                 token = int(draw(q[None], generator)[0])
                 rows.append(q)
             tokens.append(token)
-            if self.stop_after(i + 1, logits, token, q) or i == k - 1 or token in self.stop_ids:
+            if (self.stop_after(i + 1, logits, token, q) or i == k - 1 or token in self.stop_ids
+                    or self.stopping()):
                 break
             if self.guide is not None:
                 self.guide.advance([token])

@@ -28,8 +28,12 @@ higher-scoring draft is proposed, as in the paper.
 
 Cross-request cache (:class:`SuffixCache`): one per engine (so per ``Pair``, per server process),
 bounded in tokens, evicting whole requests, least recently extended first; its tries are kept per
-caller (the server's API key), so a caller's drafts never come from another caller's text. A
-request opts out with ``suffix_cache=false``: it neither reads the cache nor is added to it.
+caller (the server's API key and cache salt; a server without keys gives each request a caller of
+its own unless the operator opts in), so a caller's drafts never come from another caller's text.
+A request under a loose rule adds its text but never reads the cache: a loose rule may keep a draft
+the target would not have produced, so a draft from other requests' text could carry that text
+into its output; exact rules' output does not depend on the drafts. A request opts out with
+``suffix_cache=false``: it neither reads the cache nor is added to it.
 
 Deviations from the paper: (1) the trie has bounded depth instead of a path-compressed suffix tree
 (simpler incremental updates and eviction; vLLM's bound is the same idea); (2) only the longest
@@ -252,9 +256,10 @@ class SuffixCache:
         self._ids = itertools.count()
         self._lock = threading.Lock()
 
-    def scope(self, caller: str = "") -> "CacheScope":
-        """What one request of ``caller`` reads and adds (:class:`CacheScope`)."""
-        return CacheScope(self, caller)
+    def scope(self, caller: str | None = "", read: bool = True) -> "CacheScope | None":
+        """What one request of ``caller`` reads and adds (:class:`CacheScope`; ``read=False``: adds
+        only, as a request under a loose rule does); None for the caller None, which shares nothing."""
+        return None if caller is None else CacheScope(self, caller, read)
 
     def requests(self, caller: str | None = None) -> list[list[int]]:
         """The requests' texts held (for ``caller``, or all), least recently extended first."""
@@ -307,8 +312,8 @@ class CacheScope:
     """One request's view of a :class:`SuffixCache`: its caller's trie to read, and its own entry,
     opened at its first tokens, to extend."""
 
-    def __init__(self, cache: SuffixCache, caller: str):
-        self.cache, self.caller = cache, caller
+    def __init__(self, cache: SuffixCache, caller: str, read: bool = True):
+        self.cache, self.caller, self.reads = cache, caller, read
         self.entry: int | None = None
 
     def add(self, tokens: Sequence[int]) -> None:
@@ -317,7 +322,7 @@ class CacheScope:
         self.cache.extend(self.entry, tokens)
 
     def read(self, plan: Callable[[SuffixTrie], Plan]) -> Plan:
-        return self.cache.read(self.caller, plan)
+        return self.cache.read(self.caller, plan) if self.reads else Plan()
 
 
 @dataclass(frozen=True)
@@ -425,6 +430,10 @@ class SuffixTreeDrafter(SuffixDrafter):
     def depth_limit(cls, tree_nodes: int = SuffixTreeOptions.tree_nodes, **options) -> int:
         """k=auto: the tree's own limits stop it (no deeper than ``tree_nodes`` nor the trie)."""
         return min(int(tree_nodes), DEPTH - 1)
+
+    @classmethod
+    def tree_size(cls, tree_nodes: int = SuffixTreeOptions.tree_nodes, **options) -> int:
+        return int(tree_nodes)
 
     @classmethod
     def tree_paths(cls, depth: int, tree_nodes: int = SuffixTreeOptions.tree_nodes, **options) -> tuple[int, int]:

@@ -83,6 +83,10 @@ class TreeDrafter(Windowed, Drafter):
         return tree_nodes
 
     @classmethod
+    def tree_size(cls, tree_nodes: int = TreeOptions.tree_nodes, **options) -> int:
+        return int(tree_nodes)
+
+    @classmethod
     def tree_paths(cls, depth: int, tree_nodes: int = TreeOptions.tree_nodes,
                    tree_width: int = TreeOptions.tree_width, **options) -> tuple[int, int]:
         """The target scores at most ``tree_nodes`` leaves; the draft feeds at most ``tree_width`` per depth."""
@@ -136,7 +140,7 @@ class TreeDrafter(Windowed, Drafter):
                         break
                     new.append(len(nodes))
                     nodes.append(_Node(token, parent, depth, base_score + math.log(prob), expand_rows[e]))
-            if depth == k or not new:
+            if depth == k or not new or self.stopping():
                 break
             # the budget-th best score so far: a frontier node at or below it cannot be kept, nor its subtree
             cutoff = sorted((n.score for n in nodes), reverse=True)[budget - 1] if len(nodes) >= budget else -math.inf

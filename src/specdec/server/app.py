@@ -1,7 +1,9 @@
 """The FastAPI app: ``create_app(pair, defaults, api_key, limits)``.
 
-Each generation request is validated on the event loop (``params.build``; a structured-output
-constraint is compiled for the tokenizer in the tokenizer's thread), queued for the one worker
+A request body is parsed and validated in a thread of its own (:func:`.schemas.parse`, bounded work
+whatever its shape), never on the event loop; a generation request is then checked against the
+server's defaults (``params.build``; a structured-output constraint is compiled for the tokenizer
+in the tokenizer's thread) and queued for the one worker
 thread, and answered from the events the worker sends back: as one JSON body, or as server-sent
 events ending in ``data: [DONE]``. A task per request watches for the client going
 away and cancels its job, so a disconnected client frees the engine before its next round; the
@@ -12,6 +14,7 @@ run the tokenizer (and the chat template) in a thread of their own, never on the
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -33,7 +36,7 @@ from .origins import Access
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from .params import SAMPLING, Limits, build
 from .responses import Shaper, sse
-from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
 from .structured import available_kinds, servable
 from .worker import Busy, Job, Worker
 
@@ -134,12 +137,15 @@ def tokenizer_summary(tokenizer, max_model_len: int) -> dict:
 def _validation_error(exc: RequestValidationError) -> SafeJSONResponse:
     """The 400 for a body FastAPI could not validate: bad JSON, a lone surrogate, or the first
     field that failed (its dotted path as ``param``)."""
-    err = (exc.errors() or [{}])[0]
+    errors = exc.errors() or [{}]  # a union's branches each fail: the one that got furthest says most
+    err = max(errors, key=lambda e: (len(e.get("loc", ())), not str(e.get("type", "")).endswith("_type")))
     loc = [str(p) for p in err.get("loc", ()) if p != "body"]
     if err.get("type") == "json_invalid":
         where = f" at character {loc[0]}" if loc else ""
         reason = (err.get("ctx") or {}).get("error", err.get("msg", ""))
         return SafeJSONResponse(error_body(400, f"the body is not valid JSON: {reason}{where}"), 400)
+    if err.get("type") == "too_complex":
+        return SafeJSONResponse(error_body(400, err.get("msg", "the body is too complex")), 400)
     if err.get("type") == "surrogate":
         field = (err.get("ctx") or {}).get("field") or None
         return SafeJSONResponse(error_body(400, err.get("msg", "a lone surrogate is not Unicode text"), field), 400)
@@ -169,17 +175,30 @@ def _checked_settings(pair, defaults: dict | None, api_key: str | None,
     return defaults, limits
 
 
+def cache_scope(key: str, salt: str | None, shared: bool) -> str | None:
+    """Whom a request shares cached state with (the prefix cache, the suffix drafters' cache): the
+    requests of the same API key (``key``, the gate's digest of it; "" without one) and the same
+    ``cache_salt``. Without a key, every request is on its own (None) unless it sends a salt, or
+    the operator opted in to one scope for all (``shared``: ``--shared-caches``)."""
+    if not key and not shared and salt is None:
+        return None
+    scope = key or "all"
+    return scope if salt is None else f"{scope}|salt:{hashlib.sha256(salt.encode()).hexdigest()[:16]}"
+
+
 class Served:
     """What the routes share: the pair and its served ``name``, the request ``defaults`` and
     ``limits``, the ``metrics``, the engine ``worker`` and the tokenizer's own thread."""
 
-    def __init__(self, pair, defaults: dict, limits: Limits, name: str):
+    def __init__(self, pair, defaults: dict, limits: Limits, name: str, shared_caches: bool = False):
         self.pair, self.defaults, self.limits, self.name = pair, defaults, limits, name
+        self.shared_caches = shared_caches
         k = defaults.get("k", 0)
         positions = k if isinstance(k, int) and defaults.get("policy") != "ar" else 0  # k=auto: series appear as used
         self.metrics = Metrics(name, positions=positions)
         self.worker = Worker(pair, limits.max_queue, on_done=self.finished)
         self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenizer")
+        self.parsing = ThreadPoolExecutor(max_workers=2, thread_name_prefix="specdec-parse")
 
     def finished(self, job: Job, out) -> None:
         if out is not None:
@@ -192,6 +211,13 @@ class Served:
         yield
         await asyncio.to_thread(self.worker.stop)
         self.tokenizing.shutdown(wait=False, cancel_futures=True)
+        self.parsing.shutdown(wait=False, cancel_futures=True)
+
+    async def parse(self, model, request: Request):
+        """The request's body as ``model``, parsed and validated in a parsing thread (the gate has
+        already capped its size): the event loop keeps answering meanwhile."""
+        raw = await request.body()
+        return await asyncio.get_running_loop().run_in_executor(self.parsing, parse, model, raw)
 
     async def generate(self, body: CompletionRequest | ChatRequest, request: Request) -> Response:
         try:
@@ -202,13 +228,13 @@ class Served:
             log.exception("request failed")
             raise APIError(500, "internal error; see the server log") from None
 
-    async def _submit(self, body: CompletionRequest | ChatRequest, caller: str = "") -> Job:
+    async def _submit(self, body: CompletionRequest | ChatRequest, key: str = "") -> Job:
         """Validate ``body`` and queue it. What the loaded models cannot serve (a structured-output
         constraint, compiled for the tokenizer here, cached; a drafter or rule the backend or the
         missing draft model cannot serve) is refused first, in the tokenizer's thread, so that it is
         a 400 before anything is queued or streamed, not an error event in a 200 stream."""
         req = build(body, self.defaults, self.limits)
-        req.config = req.config.with_settings(caller=caller)  # the gate's digest of the API key ("" without one)
+        req.config = req.config.with_settings(caller=cache_scope(key, body.cache_salt, self.shared_caches))
         await self.tokenizer_thread(servable, self.pair.engine, req.config, req.constraint_param)
         job = Job(req, stream=body.stream, loop=asyncio.get_running_loop())
         try:
@@ -331,16 +357,42 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
         return SafeJSONResponse(error_body(400, str(exc)), status_code=400)
 
 
-def _add_generation_routes(app: FastAPI, served: Served) -> None:
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request):
-        """Complete a raw prompt (no chat template)."""
-        return await served.generate(body, request)
+#: the request body models, listed in ``/openapi.json`` (the routes parse bodies themselves, off the loop)
+BODIES = (CompletionRequest, ChatRequest, TokenizeRequest, DetokenizeRequest)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request):
+
+def takes(model) -> dict:
+    """A route's ``openapi_extra``: its JSON body is ``model`` (see :func:`_document_bodies`)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}}
+
+
+def _document_bodies(app: FastAPI) -> None:
+    """``/openapi.json`` with the body models' schemas, which FastAPI lists only for bodies it parses."""
+    make = app.openapi
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schemas = make().setdefault("components", {}).setdefault("schemas", {})
+            for model in BODIES:
+                schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(schema.pop("$defs", {}))
+                schemas[model.__name__] = schema
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+def _add_generation_routes(app: FastAPI, served: Served) -> None:
+    @app.post("/v1/completions", openapi_extra=takes(CompletionRequest))
+    async def completions(request: Request):
+        """Complete a raw prompt (no chat template)."""
+        return await served.generate(await served.parse(CompletionRequest, request), request)
+
+    @app.post("/v1/chat/completions", openapi_extra=takes(ChatRequest))
+    async def chat_completions(request: Request):
         """Answer chat messages through the tokenizer's chat template."""
-        return await served.generate(body, request)
+        return await served.generate(await served.parse(ChatRequest, request), request)
 
 
 def _add_model_routes(app: FastAPI, served: Served) -> None:
@@ -359,9 +411,10 @@ def _add_model_routes(app: FastAPI, served: Served) -> None:
 def _add_tokenizer_routes(app: FastAPI, served: Served) -> None:
     pair, limits = served.pair, served.limits
 
-    @app.post("/tokenize")
-    async def tokenize(body: TokenizeRequest):
+    @app.post("/tokenize", openapi_extra=takes(TokenizeRequest))
+    async def tokenize(request: Request):
         """vLLM's shape: ``{"tokens": [...], "count": n, "max_model_len": L}``."""
+        body = await served.parse(TokenizeRequest, request)
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "send either prompt or messages", "prompt")
         size = len(body.prompt) if body.messages is None else sum(
@@ -381,9 +434,10 @@ def _add_tokenizer_routes(app: FastAPI, served: Served) -> None:
         tokenizer: special tokens and the chat template)."""
         return tokenizer_summary(pair.tokenizer, pair.target.max_length)
 
-    @app.post("/detokenize")
-    async def detokenize(body: DetokenizeRequest):
+    @app.post("/detokenize", openapi_extra=takes(DetokenizeRequest))
+    async def detokenize(request: Request):
         """vLLM's shape: ``{"prompt": text}``."""
+        body = await served.parse(DetokenizeRequest, request)
         if len(body.tokens) > limits.max_tokenize_chars:
             raise APIError(400, f"{len(body.tokens)} token ids; /detokenize takes at most {limits.max_tokenize_chars}",
                            "tokens")
@@ -428,7 +482,7 @@ def _add_middleware(app: FastAPI, served: Served, api_key: str | None, allowed_h
 
 def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
                model_name: str | None = None, allowed_hosts: list[str] | None = None,
-               allow_origins: list[str] = (), prefix_caching: bool = True) -> FastAPI:
+               allow_origins: list[str] = (), prefix_caching: bool = True, shared_caches: bool = False) -> FastAPI:
     """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
     set them (:meth:`~specdec.request.DecodeConfig.from_options`' names; see :func:`default_settings`); ``api_key``: required as
     ``Authorization: Bearer <key>`` on every path but ``/health`` and ``/metrics`` when set (an
@@ -437,10 +491,13 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     origins allowed besides the server's own (``"*"``: any), which also get CORS headers;
     ``prefix_caching``: a request reads only the part of its prompt that the target's cache does not
     hold from the request before (:attr:`specdec.engine.Engine.prefix_caching`; vLLM's and
-    llama-server's default), reported as ``usage.prompt_tokens_details.cached_tokens``."""
+    llama-server's default), reported as ``usage.prompt_tokens_details.cached_tokens``;
+    ``shared_caches``: without an API key, requests share the prefix cache and the suffix drafters'
+    cache with each other (one user's server); by default each request has its own
+    (:func:`cache_scope`)."""
     defaults, limits = _checked_settings(pair, defaults, api_key, limits)
     pair.engine.prefix_caching = prefix_caching
-    served = Served(pair, defaults, limits, model_name or str(pair.target_name))
+    served = Served(pair, defaults, limits, model_name or str(pair.target_name), shared_caches)
     app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",
                   lifespan=served.lifespan, docs_url=None, redoc_url=None, default_response_class=SafeJSONResponse)
     app.state.worker, app.state.metrics, app.state.defaults, app.state.limits = (
@@ -451,4 +508,5 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     _add_tokenizer_routes(app, served)
     _add_status_routes(app, served)
     _add_middleware(app, served, api_key, allowed_hosts, allow_origins)
+    _document_bodies(app)
     return app

@@ -22,7 +22,7 @@ def register(sub) -> None:
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only)")
     g.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     g.add_argument("--api-key", default=os.environ.get("SPECDEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on every path but /health and /metrics "
+                   help="require 'Authorization: Bearer KEY' on every path but /health (/metrics included) "
                         "(default: $SPECDEC_API_KEY, else none; an empty key is refused)")
     g.add_argument("--allowed-host", action="append", default=None, metavar="NAME",
                    help="a name the Host header may carry, repeatable; '*' = any (default: the loopback names "
@@ -50,6 +50,10 @@ def register(sub) -> None:
                         "usage.prompt_tokens_details.cached_tokens counts them. Output is the same up to "
                         "floating-point differences of batched against incremental passes (default: on, as "
                         "vLLM and llama-server)")
+    g.add_argument("--shared-caches", action="store_true",
+                   help="without --api-key, let every request share the prefix cache and the suffix drafters' "
+                        "cache with the others (a server one user uses); by default each request has its own, "
+                        "unless it sends a cache_salt (with a key: the requests of one key and salt share)")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn log level (default: info)")
     add_model_args(p)
@@ -62,7 +66,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
         import fastapi  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
-        raise SpecdecError("specdec serve needs the server extra: pip install 'specdec[server]'") from None
+        raise SpecdecError("specdec serve needs the server extra: pip install 'specdec-rules[server]'") from None
     from .app import check_api_key, create_app
     from .origins import default_hosts, is_loopback
     from .params import Limits
@@ -92,7 +96,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
                     request_timeout_seconds=a.request_timeout)
     app = create_app(pair, kwargs, api_key=a.api_key, limits=limits, model_name=a.served_model_name or a.target,
                      allowed_hosts=a.allowed_host or default_hosts(a.host), allow_origins=a.allow_origin,
-                     prefix_caching=a.enable_prefix_caching)
+                     prefix_caching=a.enable_prefix_caching, shared_caches=a.shared_caches)
     print(f"specdec: serving on http://{a.host}:{a.port}/v1 (one request at a time; Ctrl-C stops)",
           file=sys.stderr, flush=True)
     serve(app, a.host, a.port, a.log_level)

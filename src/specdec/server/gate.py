@@ -1,7 +1,7 @@
 """Pure ASGI middleware in front of the routes, in this order: counts every response's status;
 refuses a ``Host`` the server does not answer to (400) and a cross-site ``Origin`` not allowed
-(403) (see :mod:`.origins`); checks the API key (401) on every path but ``/health`` and
-``/metrics`` (``/openapi.json`` and the docs included), and records a digest of it as the
+(403) (see :mod:`.origins`); checks the API key (401) on every path but ``/health``
+(``/metrics``, ``/openapi.json`` and the docs included, as vLLM does), and records a digest of it as the
 request's caller (``request.state.caller``: requests of one key share drafting state, see
 :mod:`specdec.drafters.suffix`); requires ``Content-Type:
 application/json`` on a body (415); caps the request body (413) before anything parses it: by
@@ -22,8 +22,9 @@ from .origins import Access
 log = logging.getLogger("specdec.server")
 ENDPOINTS = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize", "/tokenizer_info",
              "/health", "/metrics")
-#: paths open without the API key: probes and scrapes (everything else needs it when one is set)
-OPEN = ("/health", "/metrics")
+#: paths open without the API key: the liveness probe (everything else needs it when one is set,
+#: /metrics too: its counters tell what other clients ask for)
+OPEN = ("/health",)
 
 
 def endpoint_label(path: str) -> str:
@@ -102,7 +103,7 @@ class Gate:
         if not self.access.origin_ok(origin, host):
             return await send_error(send, 403, f"cross-origin request from {shown(origin)} refused (start the server "
                                     "with --allow-origin to allow it)", "origin_not_allowed")
-        if self.key is not None and not scope["path"].startswith(OPEN):
+        if self.key is not None and scope["path"] not in OPEN:
             given = bearer_token(headers.get(b"authorization", b""))
             if given is None or not hmac.compare_digest(given, self.key):
                 return await send_error(send, 401, "missing or wrong API key (send 'Authorization: Bearer <key>')",

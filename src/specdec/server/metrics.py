@@ -5,6 +5,10 @@ vLLM's names where one exists (``vllm:spec_decode_num_drafts_total``,
 read them; ``specdec_*`` for the rest. Counters of a request move when it finishes; a cancelled
 request (client gone) counts only in ``specdec_requests_cancelled``.
 
+Labels come from a closed set, whatever clients send: policies by their registered names (a
+composition of loose rules as its rules in a fixed order), rules by theirs, anything else
+``other`` (:func:`policy_label`), so the page stays small.
+
 Latencies: time to first token = time queued + prefill + the first round (tokens arrive a round at
 a time); inter-token latency = each later round's duration spread over the tokens it committed,
 one observation per token, as vLLM observes one per output token.
@@ -16,6 +20,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from ..api import Output
+from ..verify.policy import POLICIES, RULES
 
 prometheus_client.disable_created_metrics()  # no *_created series: counters read as in vLLM
 
@@ -23,6 +28,22 @@ BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)
 ITL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+
+
+def policy_label(name: str) -> str:
+    """The label of a policy: its registered name, a composition's rules sorted and joined by
+    ``+``, else ``other``."""
+    if name in POLICIES:
+        return name
+    parts = [p.strip() for p in str(name).split("+")]
+    if len(set(parts)) == len(parts) and all(p in RULES for p in parts):
+        return "+".join(sorted(parts))
+    return "other"
+
+
+def rule_label(name: str) -> str:
+    """A loose rule's label: its registered name, else ``other``."""
+    return name if name in RULES else "other"
 
 
 class Metrics:
@@ -95,12 +116,13 @@ class Metrics:
             self.accepted.labels(**m).inc(s.accepted)
             for pos, a in enumerate(s.accepted_at):
                 self.accepted_pos.labels(**m, position=str(pos)).inc(a)
-        self.generated.labels(policy=s.policy).inc(n)
-        self.passes.labels(policy=s.policy).inc(s.rounds)
-        self.generation_seconds.labels(policy=s.policy).inc(s.total_seconds)
+        policy = policy_label(s.policy)
+        self.generated.labels(policy=policy).inc(n)
+        self.passes.labels(policy=policy).inc(s.rounds)
+        self.generation_seconds.labels(policy=policy).inc(s.total_seconds)
         self.queue_seconds.inc(max(0.0, queued_s))
         for rule, count in (s.relaxed or {}).items():
-            self.relaxed.labels(rule=rule).inc(count)
+            self.relaxed.labels(rule=rule_label(rule)).inc(count)
         self.duration.observe(total_s)
         ttft, itl = latencies(s.round_ends, s.accepted_per_round, queued_s)
         if ttft is not None:

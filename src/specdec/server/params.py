@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SpecdecError
-from ..request import GENERATION_FIELDS, DecodeConfig, overlay
+from ..request import GENERATION_FIELDS, REQUEST_KEYWORDS, DecodeConfig, overlay
+from ..sampling import SEED_RANGE
 from .errors import APIError
-from .schemas import ChatRequest, CompletionRequest
+from .schemas import MAX_STOP_CHARS, MAX_STOPS, ChatRequest, CompletionRequest
 from .structured import Requested, requested
 
 #: Defaults that are sampling settings; every other default key is a speculative setting.
@@ -27,12 +28,11 @@ SAMPLING = GENERATION_FIELDS
 _FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "seed": "seed",
            "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
            "repetition_penalty": "repetition_penalty", "stop_token_ids": "stop_token_ids"}
-#: stop strings per request, and characters per stop string (each round holds back up to that
-#: many characters per stop, so both bound a round's text work)
-MAX_STOPS = 16
-MAX_STOP_CHARS = 256
-#: Keys a ``speculative`` object may not hold: top-level fields and ``Pair.stream``'s own arguments.
-_RESERVED = ("max_tokens", "stop", "n", "stream", "prompt", "chat", "system", "on_text")
+#: Keys a ``speculative`` object may not hold: top-level fields (``logprobs``, ``stop_token_ids``,
+#: structured output: each is checked where the body declares it) and ``Pair.stream``'s own arguments.
+_RESERVED = ("stop", "n", "stream", "echo", "prompt", "chat", "system", "on_text", *REQUEST_KEYWORDS)
+#: the longest policy or drafter name (the longest registered one is far shorter)
+MAX_NAME_CHARS = 64
 
 
 @dataclass
@@ -106,6 +106,9 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
     for key in ("policy", "drafter"):
         if key in given and not isinstance(given[key], str):
             raise APIError(400, f"speculative.{key} must be a string", f"speculative.{key}")
+        if key in given and len(given[key]) > MAX_NAME_CHARS:
+            raise APIError(400, f"speculative.{key} has {len(given[key])} characters; a {key} name has at most "
+                                f"{MAX_NAME_CHARS}", f"speculative.{key}")
     if "k" in given and given["k"] != "auto" and (not isinstance(given["k"], int) or isinstance(given["k"], bool)):
         raise APIError(400, "speculative.k must be an integer or \"auto\"", "speculative.k")
     return overlay(base, given)
@@ -245,8 +248,7 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
     prompt = _messages(req) if chat else _prompt(req)
     max_tokens = _max_tokens(req, chat, limits)
     stop = _stops(req)
-    if req.seed is not None and not -(2**63) <= req.seed < 2**64:
-        raise APIError(400, "seed must fit in 64 bits", "seed")
+    _seed(req)
     kwargs = {k: v for k, v in defaults.items() if k in SAMPLING}
     if max_tokens is not None:
         kwargs["max_new_tokens"] = max_tokens
@@ -267,6 +269,16 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
     return GenRequest(prompt=prompt, chat=chat, stop=stop, config=_config(kwargs, wanted),
                       constraint_param=None if wanted is None else wanted.param, echo=not chat and req.echo,
                       n=req.n or 1)
+
+
+def _seed(req: CompletionRequest | ChatRequest) -> None:
+    """The seed and seed + i of every choice i (``n``) must be a generator's seed (64 bits)."""
+    if req.seed is None:
+        return
+    lo, hi = SEED_RANGE[0], SEED_RANGE[1] - ((req.n or 1) - 1)
+    if not lo <= req.seed <= hi:
+        with_n = f" (choice i of n={req.n} uses seed + i)" if (req.n or 1) > 1 else ""
+        raise APIError(400, f"seed must be an integer in [{lo}, {hi}]{with_n}, got {req.seed}", "seed")
 
 
 def _logprobs(req, chat: bool) -> int | None:

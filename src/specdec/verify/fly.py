@@ -60,7 +60,8 @@ class Fly:
     """The ``fly`` window: FLy's entropy gate + deferred window over the block (:func:`fly_flips`)."""
 
     theta: float = option(0.3, lo=0.0, help="top-3 entropy gate; lower mismatches are rejected")
-    window: int = option(6, lo=1, hi=1024, help="a mismatch needs window-1 later agreements in the block")
+    #: at most specdec.request.MAX_K: a block must be longer than window - 1 drafts for the rule to act
+    window: int = option(6, lo=1, hi=31, help="a mismatch needs window-1 later agreements in the block")
     #: what ``specdec tune`` sweeps by default (higher theta = stricter gate; a longer window defers more)
     tune_grid = {"theta": (0.3, 0.5, 0.8), "window": (3, 6)}
     name = "fly"
