@@ -166,3 +166,18 @@ def test_the_note_names_the_draft_s_reading_when_it_was_the_reason():
     assert "K=0) in 6 of 6 rounds" in note
     assert "drafting would pay" in note and f"first have to read 254 tokens (~{draft_table().prefill(254):.1f} s)" in note
     assert "--draft-window" in note
+
+
+def test_an_answer_cut_by_its_length_limit_counts_as_running_on():
+    """A short warm-up generation (cut at 8 tokens by its limit) says nothing of how long answers run:
+    the next long request drafts from its first round; 8-token answers that ended by themselves
+    keep a long prompt unread."""
+    cut = controller()
+    cut.end(8, cut=True)
+    cut.begin(257)
+    assert cut.budget(0, 255, 300) > 0
+    short = controller()
+    for _ in range(4):
+        short.end(8)
+    short.begin(257)
+    assert short.budget(0, 255, 300) == 0

@@ -42,9 +42,10 @@ from __future__ import annotations
 
 from .acceptance import AcceptanceEstimate, AcceptancePrior, Bins
 from .costmodel import TIE_TOLERANCE, CostTable, best_k, tokens_per_second
+from .request import MAX_K
 
-#: the longest block: the cost tables measure verify passes up to 32 tokens (K drafts + 1)
-K_MAX = 31
+#: the longest block (the documented maximum K: the cost tables measure verify passes up to 32 tokens)
+K_MAX = MAX_K
 #: a backlog of at most this many tokens is a normal round's feed (the last bonus token, and the last
 #: draft when every draft was kept): part of the per-draft cost, not a reading to weigh
 STEADY_FEED = 2
@@ -59,7 +60,7 @@ class KPolicy:
     must first read ``backlog`` tokens; ``more(i, p)``: after draft ``i`` (1-based), of draft
     probability ``p``, propose another?; ``observe(drafted, accepted, seconds)``: the round's
     outcome (``seconds``: its verify pass); ``begin``/``end``: a request starts / ends with
-    ``tokens`` written. ``declined``: rounds of this request not drafted only because reading the
+    ``tokens`` written (``cut``: by the length limit, so the answer would have run longer). ``declined``: rounds of this request not drafted only because reading the
     backlog would not pay (for the stats)."""
 
     declined = 0
@@ -76,7 +77,7 @@ class KPolicy:
     def observe(self, drafted: int, accepted: int, seconds: float = 0.0) -> None:
         pass
 
-    def end(self, tokens: int) -> None:
+    def end(self, tokens: int, cut: bool = False) -> None:
         pass
 
 
@@ -110,7 +111,7 @@ class AutoK(KPolicy):
         self.allowed = frozenset(w - 1 for w in target.widths if w >= 2)
         self.bins = Bins(prior or AcceptancePrior.assumed())
         self.positions = AcceptanceEstimate()  # drafters without a model: the draft model's prior says nothing of them
-        self.lengths: list[int] = []  # recent answers' lengths, newest last
+        self.lengths: list[tuple[int, bool]] = []  # recent answers' (length, cut by the limit), newest last
         self.max_new = 0
         self.start_at: int | None = 0  # this request's position to start reading at (None: never)
         self.planned_backlog, self.planned_t, self.planned_until = -1, 0, 0  # what start_at was planned for
@@ -139,11 +140,12 @@ class AutoK(KPolicy):
     def start(self, t: int, room: int, backlog: int) -> int | None:
         """The position at which reading ``backlog`` (growing by one a token until then) gains the
         most over the answer's expected remaining length (None: it never gains). The lengths to
-        expect: the recent answers still going at ``t``; with none yet, as long as the room
-        allows; with every recent answer shorter, as long again as it has run."""
+        expect: the recent answers still going at ``t`` (one cut by its length limit, as long as the
+        room allows); with none yet, as long as the room allows; with every recent answer shorter,
+        as long again as it has run."""
         k, spt = self.plan()
         saving = self.target.forward(1) - spt
-        ends = [n for n in self.lengths if n > t]
+        ends = [t + room + 1 if cut else n for n, cut in self.lengths if cut or n > t]
         if not ends:
             ends = [t + (room + 1 if not self.lengths else min(room + 1, max(t, 1)))]
         self.planned_until = max(ends)
@@ -218,9 +220,9 @@ class AutoK(KPolicy):
         else:
             self.positions.update(drafted, accepted)
 
-    def end(self, tokens: int) -> None:
+    def end(self, tokens: int, cut: bool = False) -> None:
         if tokens > 0:
-            self.lengths = (self.lengths + [int(tokens)])[-LENGTHS:]
+            self.lengths = (self.lengths + [(int(tokens), bool(cut))])[-LENGTHS:]
 
 
 def k_policy(k: int | str, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,

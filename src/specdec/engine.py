@@ -276,7 +276,7 @@ class Engine:
         """The generation ended: the K policy learns how long answers run; the memory peak and how far
         the target's passes drifted from its cost table are recorded."""
         if run.kpolicy is not None and run.out.finish_reason in ("stop", "length"):
-            run.kpolicy.end(len(run.out.token_ids))
+            run.kpolicy.end(len(run.out.token_ids), cut=run.out.finish_reason == "length")
         stats = run.out.stats
         stats.peak_rss_mb = peak_rss_mb()
         if stats.predicted_verify_seconds > 0 and stats.rounds >= DRIFT_ROUNDS:

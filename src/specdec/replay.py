@@ -168,7 +168,7 @@ def replay(trace: Trace, draft: str | None, policy: KPolicy | None, clock: Clock
         out.accepted_per_round.append(accepted)
         t += accepted + 1
     if policy is not None:
-        policy.end(n)
+        policy.end(n, cut=trace.finish_reason == "length")
     out.seconds = out.prefill + out.draft + out.verify
     return out
 

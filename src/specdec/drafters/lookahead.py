@@ -285,7 +285,7 @@ class PassGate:
     def more(self, i: int, p: float) -> bool:
         return True
 
-    def end(self, tokens: int) -> None:
+    def end(self, tokens: int, cut: bool = False) -> None:
         pass
 
     def observe(self, drafted: int, accepted: int, seconds: float = 0.0) -> None:
