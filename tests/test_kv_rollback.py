@@ -25,6 +25,9 @@ class ScriptedDrafter:
     def start(self, prompt):
         pass
 
+    def backlog(self, context):
+        return 0
+
     def propose(self, context, k, params, generator):
         pos = len(context) - self.prompt_len
         tokens = list(self.truth[pos : pos + k])

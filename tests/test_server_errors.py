@@ -388,11 +388,11 @@ def test_controller_cache_is_bounded(tiny_server_pair):
     engine.target_costs = CostTable("t", "float32", [1, 2, 4, 8], [0.01, 0.02, 0.04, 0.08], 64)
     try:
         engine.controllers.clear()
-        first = engine.controller(make_config(policy="mars", theta=0.5))
+        first = engine.k_policy(make_config(policy="mars", theta=0.5))
         for i in range(300):
-            engine.controller(make_config(policy="mars", theta=0.01 + i / 1000))
+            engine.k_policy(make_config(policy="mars", theta=0.01 + i / 1000))
             if i % 10 == 0:  # used now and then: the least recently used go first
-                assert engine.controller(make_config(policy="mars", theta=0.5)) is first
+                assert engine.k_policy(make_config(policy="mars", theta=0.5)) is first
         assert len(engine.controllers) == MAX_CONTROLLERS == 64
     finally:
         engine.target_costs = saved[0]

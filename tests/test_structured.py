@@ -352,7 +352,7 @@ def test_refused_before_any_work(pair, monkeypatch):
 
 def test_missing_dependency_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "llguidance", None)
-    with pytest.raises(SpecdecError, match=r"pip install 'specdec\[structured\]'"):
+    with pytest.raises(SpecdecError, match=r"pip install 'specdec-rules\[structured\]'"):
         make_config(regex="a+")
     assert make_config(policy="ar").constraint is None  # unconstrained requests never ask for it
 

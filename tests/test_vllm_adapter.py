@@ -228,7 +228,7 @@ def test_make_llm_without_vllm_is_one_clear_error(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
-    with pytest.raises(SpecdecError, match=r"needs vLLM: pip install 'specdec\[vllm\]'"):
+    with pytest.raises(SpecdecError, match=r"needs vLLM: pip install 'specdec-rules\[vllm\]'"):
         sv.make_llm("qwen2.5-coder-1.5b", draft="qwen2.5-coder-0.5b", policy="fly+mars", k=8)
 
 

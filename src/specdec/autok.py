@@ -41,11 +41,10 @@ drafts its whole tree or takes a plain step (:class:`specdec.drafters.lookahead.
 from __future__ import annotations
 
 from .acceptance import AcceptanceEstimate, AcceptancePrior, Bins
-from .costmodel import TIE_TOLERANCE, CostTable, best_k, tokens_per_second
-from .request import MAX_K
+from .costmodel import TIE_TOLERANCE, WIDTHS, CostTable, best_k, tokens_per_second
 
-#: the longest block (the documented maximum K: the cost tables measure verify passes up to 32 tokens)
-K_MAX = MAX_K
+#: the longest block k=auto plans: the cost tables measure verify passes up to WIDTHS[-1] tokens (K drafts + 1)
+K_MAX = WIDTHS[-1] - 1
 #: a backlog of at most this many tokens is a normal round's feed (the last bonus token, and the last
 #: draft when every draft was kept): part of the per-draft cost, not a reading to weigh
 STEADY_FEED = 2
@@ -64,6 +63,8 @@ class KPolicy:
     backlog would not pay (for the stats)."""
 
     declined = 0
+    #: the cost tables and prior it was made for (the engine makes a new one when they change)
+    tables: tuple = ()
 
     def begin(self, max_new_tokens: int) -> None:
         self.declined = 0

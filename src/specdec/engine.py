@@ -162,10 +162,15 @@ class Engine:
 
         if cfg.k != AUTO_K:
             return make()
-        costs = (self.target_costs, self.draft_costs, self.prior)
-        state = self.controllers.get_or_make(self._kind(cfg), lambda: (costs, make()),
-                                             stale=lambda st: any(a is not b for a, b in zip(st[0], costs)))
-        return state[1]
+        tables = (self.target_costs, self.draft_costs, self.prior)
+
+        def made() -> KPolicy:
+            policy = make()
+            policy.tables = tables
+            return policy
+
+        return self.controllers.get_or_make(self._kind(cfg), made,
+                                            stale=lambda p: any(a is not b for a, b in zip(p.tables, tables)))
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
         """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`); one that
@@ -233,10 +238,9 @@ class Engine:
         """Generate; yields ``out`` (a :class:`Generation`) after every round that committed
         tokens: the one channel, holding the ids so far (a stop string may cut tokens of earlier
         rounds, so read ``out.token_ids``, not differences), then the stats and finish reason.
-        ``should_stop`` is asked before every round and between a round's drafting and verifying
-        (from any thread's point of view, e.g. a client that went away), and the drafter asks it
-        between its model passes (:meth:`~specdec.drafters.base.Drafter.stopping`); when it says
-        yes, the generation ends with finish reason ``cancelled``.
+        ``should_stop`` is asked before every round and between a round's drafting and verifying (e.g.
+        a client that went away), and the drafter asks it between its model passes
+        (:meth:`~specdec.drafters.base.Drafter.stopping`); yes ends it with finish reason ``cancelled``.
         ``check=False`` skips the request and prompt checks (the caller did them).
 
         The steps of the module docstring: prefill once, then each round (1) draft, (2) score,
@@ -247,18 +251,14 @@ class Engine:
         run = self._start(prompt_ids, cfg, out)
         if run.drafter is not None:
             run.drafter.should_stop = should_stop
-        clock = time.perf_counter
-        while True:
-            if should_stop is not None and should_stop():
-                run.out.finish_reason = "cancelled"
-                break
+        clock, cancelled = time.perf_counter, lambda: should_stop is not None and should_stop()
+        while not self._cancelled(run, cancelled):
             k = self._choose_k(run)
             t0 = clock()
             with run.grammar_time("draft_mask_seconds"):
                 draft = run.drafter.propose(run.context, k, cfg.sampling, run.generator) if k else Draft()  # 1.
             t1 = clock()
-            if should_stop is not None and should_stop():  # the client left while the drafter ran
-                run.out.finish_reason = "cancelled"
+            if self._cancelled(run, cancelled):  # the client left while the drafter ran
                 break
             scores = self._score(run, draft)  # 2.
             verdict = self._verify(run, draft, scores)  # 3.
@@ -271,6 +271,14 @@ class Engine:
             if run.out.finish_reason is not None:
                 break
         self._finish(run)
+
+    @staticmethod
+    def _cancelled(run: "_Run", cancelled: Callable[[], bool]) -> bool:
+        """Whether the caller stopped the generation; it then ends with finish reason ``cancelled``."""
+        if cancelled():
+            run.out.finish_reason = "cancelled"
+            return True
+        return False
 
     def _finish(self, run: "_Run") -> None:
         """The generation ended: the K policy learns how long answers run; the memory peak and how far

@@ -16,8 +16,8 @@ not measured, the way the engine spends them:
 Each pass costs its table's seconds times ``1 + context_slope * (context - table.context)`` (the
 tables are measured over a 32-token cache; an exported table carries the slope it measured).
 
-:func:`replay` runs a :class:`~specdec.autok.KPolicy` (the engine's own objects: :class:`Fixed`,
-:class:`AutoK`) over a trace; :func:`oracle` is the schedule with hindsight that minimises the
+:func:`replay` runs a :class:`~specdec.autok.KPolicy` (the engine's own objects:
+:class:`~specdec.autok.Fixed`, :class:`~specdec.autok.AutoK`) over a trace; :func:`oracle` is the schedule with hindsight that minimises the
 time: dynamic programming over (answer position, draft backlog), where each round's K is chosen
 knowing how many drafts will be kept and how long the answer runs, so it is an upper bound no
 controller reaches (it never drafts for a short answer, and stops every block just before its
@@ -30,9 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .acceptance import AcceptancePrior
-from .autok import K_MAX, AutoK, Fixed, KPolicy
-from .costmodel import CostTable
+from .costmodel import WIDTHS, CostTable
 from .trace import DraftTrace, Trace
 
 
@@ -114,7 +112,11 @@ def _proposal(dt: DraftTrace, t: int, i: int, n: int, state: dict) -> tuple[floa
     return (dt.top1[pos] if pos < n else 0.0), False, False
 
 
-def replay(trace: Trace, draft: str | None, policy: KPolicy | None, clock: Clock) -> Replayed:
+#: the longest block the oracle plans: the cost tables measure verify passes up to WIDTHS[-1] tokens
+K_MAX = WIDTHS[-1] - 1
+
+
+def replay(trace: Trace, draft: str | None, policy, clock: Clock) -> Replayed:
     """The seconds of ``trace``'s generation under ``policy`` (None: plain decoding) with the draft
     ``draft`` (a name in ``trace.drafts``); the policy is asked exactly as the engine asks it."""
     n, prompt = len(trace.answer), trace.prompt_tokens
@@ -210,33 +212,3 @@ def oracle(trace: Trace, draft: str, clock: Clock, k_max: int = K_MAX) -> float:
             values[t] = plain
     return clock.prefill(prompt - 1) + float(values[0, view])
 
-
-def _sum(rows: list[dict]) -> dict:
-    out = {"plain": sum(r["plain"] for r in rows), "auto": sum(r["auto"] for r in rows),
-           "oracle": sum(r["oracle"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
-           "rounds": sum(r["auto_rounds"] for r in rows), "prompts": len(rows)}
-    out["fixed"] = {k: sum(r["fixed"][k] for r in rows) for k in rows[0]["fixed"]} if rows else {}
-    out["auto_tau"] = out["tokens"] / out["rounds"] if out["rounds"] else 0.0
-    return out
-
-
-def replay_all(traces: list[Trace], draft: str, target: CostTable, draft_table: CostTable | None,
-               ks: list[int], prior: dict | None = None, window: int = 0) -> dict:
-    """Every trace in order under plain decoding, each fixed K in ``ks``, k=auto (one controller
-    across the traces, warm from one to the next as in one process) and the oracle: per prompt,
-    per category and in total (seconds; ``fixed`` by K as a string)."""
-    clock = Clock(target, draft_table)
-    auto = AutoK(target, draft_table, needs_model=True, window=window,
-                 prior=AcceptancePrior.from_dict(prior) if prior else None)
-    rows = []
-    for tr in traces:
-        a = replay(tr, draft, auto, clock)
-        rows.append({"sample_id": tr.sample_id, "category": tr.category, "tokens": len(tr.answer),
-                     "prompt_tokens": tr.prompt_tokens, "plain": replay(tr, None, None, clock).seconds,
-                     "auto": a.seconds, "auto_rounds": a.rounds, "auto_drafted": a.drafted, "auto_accepted": a.accepted,
-                     "fixed": {str(k): replay(tr, draft, Fixed(k), clock).seconds for k in ks},
-                     "oracle": oracle(tr, draft, clock)})
-    cats: dict[str, list[dict]] = {}
-    for r in rows:
-        cats.setdefault(r["category"] or "all", []).append(r)
-    return {"total": _sum(rows), "categories": {c: _sum(rs) for c, rs in cats.items()}, "prompts": rows}

@@ -33,9 +33,9 @@ AUTO_K = "auto"
 #: :meth:`DecodeConfig.with_settings`' "leave it as it is"
 KEEP: Any = object()
 #: the longest draft a request may ask for (``k``, and a tree's depth): the cost tables measure
-#: verify passes of up to 32 tokens (K drafts and the token before them), and a round's work, which
-#: a client that leaves waits out, grows with K
-MAX_K = 31
+#: verify passes of up to 32 tokens, and a round's work, which a client that leaves waits out, grows
+#: with K; 32 (not 31) because benchmark folders made with trees of depth 32 must still re-report
+MAX_K = 32
 
 #: the sampling fields' defaults, as :class:`~specdec.sampling.SamplingParams` declares them:
 #: temperature 0.0 (greedy), top_p 1.0 (off), top_k 0 (off), seed None (a random seed)

@@ -12,8 +12,8 @@ made once per machine and pair and cached:
    and prose, teacher-forced: one pass of each model, the fraction of positions where both models'
    most likely next tokens are the same; under greedy lossless decoding that is the chance a draft
    token is kept);
-3. the candidate with the least end-to-end time of k=auto replayed (:mod:`specdec.replay`) on a
-   reference request (a 256-token prompt and the reference text as its answer, the candidate's
+3. the candidate with the least end-to-end time of the best K schedule replayed (the oracle of
+   :mod:`specdec.replay`) on a reference request (a 256-token prompt and the reference text as its answer, the candidate's
    agreement along it) on the two cost tables wins (the shipped file on a tie): a faster draft
    that agrees less often, or reads the prompt more slowly, is weighed by what it costs end to end.
 
@@ -113,21 +113,20 @@ def along(target, draft, ids: list[int]) -> dict:
 
 
 def replayed_seconds(entry: dict, target_table, draft_table) -> float:
-    """k=auto's seconds for a reference request (a ``REFERENCE_PROMPT``-token prompt, the reference
-    text as its answer, the draft's agreement along it) replayed on the two tables
-    (:mod:`specdec.replay`): what the draft's steps, its reading and its acceptance add up to."""
-    from ..autok import AutoK
+    """The least end-to-end seconds of a reference request (a ``REFERENCE_PROMPT``-token prompt, the
+    reference text as its answer, the draft's agreement along it) over every K schedule, replayed on
+    the two tables (the oracle of :mod:`specdec.replay`): what the draft's steps, its reading and its
+    agreement allow at best."""
     from ..costmodel import REFERENCE_PROMPT
-    from ..replay import Clock, replay
+    from ..replay import Clock, oracle
     from ..trace import DraftTrace, Trace
     from ..window import AUTO_WINDOW
 
     agree = [c == "1" for c in entry["agree"]]
     n = len(agree)
-    view = min(AUTO_WINDOW, REFERENCE_PROMPT)
-    dt = DraftTrace("auto", view, agree, list(entry["top1"]), [False] * n, None)
+    dt = DraftTrace("auto", min(AUTO_WINDOW, REFERENCE_PROMPT), agree, list(entry["top1"]), [False] * n, None)
     trace = Trace("reference", REFERENCE_PROMPT, [0] * n, "length", n, {"d": dt})
-    return replay(trace, "d", AutoK(target_table, draft_table, prior=prior_of(entry)), Clock(target_table, draft_table)).seconds
+    return oracle(trace, "d", Clock(target_table, draft_table))
 
 
 def prior_of(entry: dict):
@@ -176,7 +175,7 @@ def choose(target, tokenizer, base: str, load: Callable[[str], object], table: C
             lm.close()
     parts = ", ".join(f"{s.split('@')[-1] if '@' in s else 'as shipped'} {t.forward(1) * 1e3:.0f} ms / "
                       f"{e['agreement']:.2f} / {sec:.1f} s" for s, _, t, e, sec in tried)
-    why = (f"{best[0]}: the least k=auto time replayed on the reference text among the draft's formats "
+    why = (f"{best[0]}: the least time replayed on the reference text (the best K schedule) among the draft's formats "
            f"(one-token pass / agreement with the target / replayed seconds: {parts})")
     log(f"specdec: draft auto: {why}")
     return DraftChoice(best[0], why), best[1], best[2], prior_of(best[3])

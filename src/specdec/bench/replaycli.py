@@ -208,7 +208,6 @@ def parse_ks(text: str) -> list[int]:
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from ..replay import replay_all
     from ..trace import read_traces
 
     head, traces = read_traces(a.traces)
@@ -297,3 +296,37 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
         lines.append(f"| {cfg} | {sec:.1f} | {rep:.1f} | {rep / sec:.3f} |")
     return lines
 
+
+def _sum(rows: list[dict]) -> dict:
+    out = {"plain": sum(r["plain"] for r in rows), "auto": sum(r["auto"] for r in rows),
+           "oracle": sum(r["oracle"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
+           "rounds": sum(r["auto_rounds"] for r in rows), "prompts": len(rows)}
+    out["fixed"] = {k: sum(r["fixed"][k] for r in rows) for k in rows[0]["fixed"]} if rows else {}
+    out["auto_tau"] = out["tokens"] / out["rounds"] if out["rounds"] else 0.0
+    return out
+
+
+def replay_all(traces: list, draft: str, target, draft_table,
+               ks: list[int], prior: dict | None = None, window: int = 0) -> dict:
+    """Every trace in order under plain decoding, each fixed K in ``ks``, k=auto (one controller
+    across the traces, warm from one to the next as in one process) and the oracle: per prompt,
+    per category and in total (seconds; ``fixed`` by K as a string)."""
+    from ..acceptance import AcceptancePrior
+    from ..autok import AutoK, Fixed
+    from ..replay import Clock, oracle, replay
+
+    clock = Clock(target, draft_table)
+    auto = AutoK(target, draft_table, needs_model=True, window=window,
+                 prior=AcceptancePrior.from_dict(prior) if prior else None)
+    rows = []
+    for tr in traces:
+        a = replay(tr, draft, auto, clock)
+        rows.append({"sample_id": tr.sample_id, "category": tr.category, "tokens": len(tr.answer),
+                     "prompt_tokens": tr.prompt_tokens, "plain": replay(tr, None, None, clock).seconds,
+                     "auto": a.seconds, "auto_rounds": a.rounds, "auto_drafted": a.drafted, "auto_accepted": a.accepted,
+                     "fixed": {str(k): replay(tr, draft, Fixed(k), clock).seconds for k in ks},
+                     "oracle": oracle(tr, draft, clock)})
+    cats: dict[str, list[dict]] = {}
+    for r in rows:
+        cats.setdefault(r["category"] or "all", []).append(r)
+    return {"total": _sum(rows), "categories": {c: _sum(rs) for c, rs in cats.items()}, "prompts": rows}

@@ -275,6 +275,7 @@ class PassGate:
 
     # the K policy protocol (specdec.autok.KPolicy), by its shape
     declined = 0
+    tables: tuple = ()
 
     def begin(self, max_new_tokens: int) -> None:
         pass
