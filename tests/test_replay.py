@@ -205,8 +205,28 @@ def test_bench_then_trace_then_replay_on_tiny_models(tiny_dirs, tmp_path, capsys
                           (["--costs", str(costs), "--draft", "nope"], "not in the traces")):
         assert main(["replay", str(out / "traces.jsonl"), *argv]) == 2
         assert message in capsys.readouterr().err
+    assert main(["trace", str(out), "--windows", "auto,-3"]) == 2
+    assert "--windows: '-3' is not a positive number, auto or all" in capsys.readouterr().err
+    assert main(["trace", str(tmp_path / "not-a-run")]) == 2
+    assert "not a 'specdec bench' folder" in capsys.readouterr().err
     sampled = tmp_path / "sampled"
     assert bench(["bench", "--dataset", "fixture", "--policies", "ar", "--max-new-tokens", "4", "--temperature", "1",
                   "--limit", "1", "--out", str(sampled), "-q", "--no-plots", *models], monkeypatch) == 0
     assert main(["trace", str(sampled)]) == 2
     assert "greedy runs only" in capsys.readouterr().err
+
+
+def test_calibrate_exports_what_replay_reads_and_an_unwritable_path_is_one_line(tiny_dirs, tmp_path, capsys):
+    from specdec.cli import main
+
+    target, draft = tiny_dirs
+    models = ["--target", str(target), "--draft", str(draft), "--dtype", "float32", "--device", "cpu", "-q"]
+    out = tmp_path / "costs.json"
+    assert main(["calibrate", *models, "--export", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["kind"] == "specdec-costs" and {t["role"] for t in data["tables"]} == {"target", "draft"}
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["calibrate", *models, "--export", str(blocker / "costs.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--export" in err and "cannot write it" in err

@@ -285,8 +285,12 @@ def export_costs(pair, path: str, machine: dict) -> None:
     out = {"kind": "specdec-costs", "format": 1, "machine": machine, "tables": tables,
            "prior": None if pair.costs.prior is None else pair.costs.prior.to_dict(),
            "draft_why": pair.costs.draft_why}
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(out, indent=1))
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(out, indent=1))
+    except OSError as exc:
+        raise SpecdecError(f"--export {path}: cannot write it ({exc.__class__.__name__}: {exc}); the measured "
+                           "tables stay cached, so 'specdec calibrate --export' with another path takes seconds") from None
     print(f"exported {len(tables)} cost tables to {path} (read by 'specdec replay --costs')")
 
 

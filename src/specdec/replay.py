@@ -91,25 +91,25 @@ class Replayed:
         return self.tokens / self.rounds if self.rounds else 0.0
 
 
-def _proposal(dt: DraftTrace, t: int, i: int, n: int, state: dict) -> tuple[float, bool, bool]:
+def _proposal(dt: DraftTrace, t: int, i: int, n: int, state: dict) -> tuple[float, bool]:
     """The ``i``-th draft (1-based) of a round from answer position ``t``: (its draft probability,
-    whether it is a stop id, whether the trace knows it exactly). On the answer while every draft so
+    whether it is a stop id). On the answer while every draft so
     far agreed; after the first disagreement, the recorded chain (else the answer's probabilities
     at those positions stand in)."""
     pos = t + i - 1
     if state.get("off") is None:
         if pos >= n:
-            return 0.0, True, False  # past the answer's end: the generation is over after this round
+            return 0.0, True  # past the answer's end: the generation is over after this round
         if not dt.agree[pos]:
-            state["off"], state["chain"] = pos, (dt.chains or {}).get(pos) if dt.chains is not None else None
-        return dt.top1[pos], dt.stops[pos], True
+            state["off"], state["chain"] = pos, None if dt.chains is None else dt.chains.get(pos)
+        return dt.top1[pos], dt.stops[pos]
     chain = state["chain"]
     j = pos - state["off"] - 1
     if chain is not None:
         if j < len(chain):
-            return chain[j][0], chain[j][1], True
-        return 0.0, False, False  # the chain stopped where keeping every draft had become unlikely
-    return (dt.top1[pos] if pos < n else 0.0), False, False
+            return chain[j][0], chain[j][1]
+        return 0.0, False  # the chain stopped where keeping every draft had become unlikely
+    return (dt.top1[pos] if pos < n else 0.0), False
 
 
 #: the longest block the oracle plans: the cost tables measure verify passes up to WIDTHS[-1] tokens
@@ -149,7 +149,7 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock) -> Replayed:
         state: dict = {}
         drafted = 0
         for i in range(1, k + 1):
-            p, stop, _ = _proposal(dt, t, i, n, state)
+            p, stop = _proposal(dt, t, i, n, state)
             drafted = i
             more = policy.more(i, p)
             if not more or i == k or stop:

@@ -290,7 +290,7 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
                 k = int(cfg.rsplit("/k", 1)[1])
             except (IndexError, ValueError):
                 continue
-            rep = r["fixed"].get(str(k)) or r["fixed"].get(k)
+            rep = r["fixed"].get(str(k))
             if rep is None:
                 continue
         lines.append(f"| {cfg} | {sec:.1f} | {rep:.1f} | {rep / sec:.3f} |")
