@@ -69,6 +69,67 @@ def test_replay_redoes_the_engine_s_rounds_exactly(k, window):
             assert sum(rep.k_chosen) > 0  # it drafted
 
 
+@pytest.mark.parametrize("k", [2, "auto"])
+@pytest.mark.parametrize("drafter", ["pld", "suffix"])
+def test_replay_runs_drafters_without_a_model_as_the_engine_does(drafter, k):
+    from specdec.bench.replaycli import replay_all
+
+    target = CausalLM(tiny_model(7))
+    tt = bf16_like(step=0.05, per_token=0.002)
+    prompts = [[3 + i % 9 for i in range(50)], [5 + i % 7 for i in range(40)]]  # text that repeats: lookups hit
+    engine = Engine(target, None, eos_ids=[], target_costs=tt)
+    traces, outs = [], []
+    for prompt, new in zip(prompts, (40, 30)):  # two requests in a row: k=auto's and the suffix cache's state carry over
+        cfg = DecodeConfig(policy="lossless", drafter=drafter, k=k, max_new_tokens=new)
+        out = engine.generate(prompt, cfg)
+        outs.append(out)
+        traces.append(trace_answer(target, {}, prompt, out.token_ids, out.finish_reason, new, frozenset()))
+    ks = [] if k == "auto" else [k]
+    rows = replay_all(traces, drafter, tt, None, ks)["prompts"]
+    for row, out in zip(rows, outs):
+        if k == "auto":
+            assert (row["auto_rounds"], row["auto_drafted"], row["auto_accepted"]) == (
+                out.stats.rounds, out.stats.drafted, out.stats.accepted)
+    auto = AutoK(tt, None, needs_model=False)
+    from specdec.drafters import SuffixCache, make_drafter
+
+    cache = SuffixCache()
+    for tr, out in zip(traces, outs):
+        policy = auto if k == "auto" else Fixed(k)
+        rep = replay(tr, None, policy, Clock(tt), make_drafter(drafter, None, frozenset(), {}, history=cache.scope("")))
+        assert rep.accepted_per_round == out.stats.accepted_per_round and rep.rounds == out.stats.rounds
+        assert rep.drafted == out.stats.drafted > 0
+
+
+def test_a_drafter_without_a_model_needs_the_prompt_in_the_trace():
+    from specdec.drafters import make_drafter
+
+    trace = hand_trace("1101")
+    with pytest.raises(SpecdecError, match="no prompt ids"):
+        replay(trace, None, Fixed(2), Clock(bf16_like()), make_drafter("pld", None, frozenset(), {}))
+
+
+def test_the_engine_s_own_seconds_are_priced_per_round_and_per_draft_token():
+    trace = hand_trace("1101100111")
+    t, d = bf16_like(), draft_table()
+    base = replay(trace, "d", Fixed(3), Clock(t, d))
+    plain = replay(trace, None, None, Clock(t, d))
+    extra = Clock(t, d, step_overhead=0.001, round_overhead=0.002, token_overhead=0.0005)
+    rep = replay(trace, "d", Fixed(3), extra)
+    assert rep.seconds == pytest.approx(base.seconds + 0.002 * rep.rounds + 0.0005 * rep.drafted)
+    assert replay(trace, None, None, extra).seconds == pytest.approx(plain.seconds + 0.001 * plain.rounds)
+    assert oracle(trace, "d", extra) > oracle(trace, "d", Clock(t, d))
+
+
+def test_a_long_read_measured_on_an_accelerator_prices_long_prompts():
+    flat = CostTable("g", "bf16", WIDTHS, [0.016] * len(WIDTHS), context=32, prefill_seconds=0.08,
+                     long_read=[512, 0.020])
+    assert flat.read(1) == pytest.approx(0.016)
+    assert flat.read(288) == pytest.approx(0.016 + 287 / 511 * 0.004)  # not 288 x the 32-token prefill's share
+    assert CostTable.from_dict(flat.to_dict()).long_read == [512, 0.020]
+    assert bf16_like().long_read is None and bf16_like().read(64) == pytest.approx(64 * 0.3 / 32)
+
+
 def test_a_cold_engine_drafts_in_its_first_round_where_drafting_pays_and_never_where_it_cannot():
     target, draft = tiny_pair()
     prompt = list(range(3, 200))

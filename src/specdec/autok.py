@@ -171,8 +171,8 @@ class AutoK(KPolicy):
         if room <= 0:
             return 0
         k, _ = self.plan()
-        if k == 0:
-            self.bins.decay()  # nothing is learned at K = 0: the prior slowly returns
+        if k == 0:  # nothing is learned at K = 0: the prior slowly returns
+            self.bins.decay() if self.needs_model else self.positions.forget()
             self._plans.clear()
             return 0
         if backlog > STEADY_FEED and self.needs_model:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costmodel import WIDTHS, CostTable
+from .errors import SpecdecError
 from .trace import DraftTrace, Trace
 
 
@@ -40,6 +41,12 @@ class Clock:
 
     target: CostTable
     draft: CostTable | None = None
+    #: the engine's own seconds beside the passes (its Python, the rule, cache bookkeeping): per plain
+    #: step, per round that drafts, and per draft token. 0 on a CPU, where they are a few percent of a
+    #: pass; on a GPU, where a pass is launch-bound, ``scripts/gpu_projection.py`` measures them.
+    step_overhead: float = 0.0
+    round_overhead: float = 0.0
+    token_overhead: float = 0.0
 
     @staticmethod
     def _scale(table: CostTable, context: int) -> float:
@@ -78,6 +85,7 @@ class Replayed:
     prefill: float = 0.0
     draft: float = 0.0
     verify: float = 0.0
+    overhead: float = 0.0  # the engine's own (Clock.step_overhead, ...)
     rounds: int = 0
     drafted: int = 0
     accepted: int = 0
@@ -116,62 +124,107 @@ def _proposal(dt: DraftTrace, t: int, i: int, n: int, state: dict) -> tuple[floa
 K_MAX = WIDTHS[-1] - 1
 
 
-def replay(trace: Trace, draft: str | None, policy, clock: Clock) -> Replayed:
-    """The seconds of ``trace``'s generation under ``policy`` (None: plain decoding) with the draft
-    ``draft`` (a name in ``trace.drafts``); the policy is asked exactly as the engine asks it."""
-    n, prompt = len(trace.answer), trace.prompt_tokens
-    out = Replayed()
-    out.prefill = clock.prefill(prompt - 1)
-    dt = trace.drafts[draft] if policy is not None else None
-    view = dt.view if dt is not None else 0
-    read = 0  # tokens of the draft's view it has read
-    t = 0
-    if policy is not None:
-        policy.begin(trace.max_new_tokens)
-    while t < n:
-        room = trace.max_new_tokens - t
-        k = 0
-        if policy is not None:
-            backlog = view + t - min(read, view + t - 1)
-            k = max(0, min(policy.budget(t, room - 1, backlog), room - 1))
-        if k == 0:
-            sec = clock.verify(1, prompt + t)
-            out.verify += sec
-            out.rounds += 1
-            out.tokens += 1
-            out.k_chosen.append(0)
-            out.accepted_per_round.append(0)
-            if policy is not None:
-                policy.observe(0, 0, sec)
-            t += 1
-            continue
-        out.draft += clock.draft_read(backlog, view + t)
+class ModelSource:
+    """A draft model's proposals, from its :class:`~specdec.trace.DraftTrace`: a round reads the
+    backlog (its window of the prompt at the first draft, else what was written since), then one
+    pass per further draft token; ``more`` is asked after each at the draft's probability."""
+
+    def __init__(self, dt: DraftTrace, trace: Trace):
+        self.dt, self.n, self.read = dt, len(trace.answer), 0  # tokens of its view it has read
+
+    def backlog(self, t: int) -> int:
+        return self.dt.view + t - min(self.read, self.dt.view + t - 1)
+
+    def propose(self, t: int, k: int, policy, clock: Clock) -> tuple[int, int, float]:
+        """``(drafted, accepted, draft seconds)`` of a round from answer position ``t`` with budget ``k``."""
+        view = self.dt.view
+        seconds = clock.draft_read(self.backlog(t), view + t)
         state: dict = {}
         drafted = 0
         for i in range(1, k + 1):
-            p, stop = _proposal(dt, t, i, n, state)
+            p, stop = _proposal(self.dt, t, i, self.n, state)
             drafted = i
-            more = policy.more(i, p)
-            if not more or i == k or stop:
+            if not policy.more(i, p) or i == k or stop:
                 break
-            out.draft += clock.draft_step(view + t + i)
+            seconds += clock.draft_step(view + t + i)
         accepted = 0
-        while accepted < drafted and t + accepted < n and dt.agree[t + accepted]:
+        while accepted < drafted and t + accepted < self.n and self.dt.agree[t + accepted]:
             accepted += 1
+        return drafted, accepted, seconds
+
+    def commit(self, t: int, drafted: int, accepted: int) -> None:
+        if drafted:
+            self.read = self.dt.view + t + min(accepted, drafted - 1)
+
+
+class LookupSource:
+    """A drafter without a model (prompt lookup, suffix), run as the engine runs it on the prompt
+    and the answer: its proposals are compared with the answer; its drafting costs nothing."""
+
+    def __init__(self, drafter, trace: Trace):
+        if trace.prompt is None:
+            raise SpecdecError(f"{trace.sample_id}: this trace holds no prompt ids, so a drafter without a model "
+                               "cannot be replayed on it; make it again with 'specdec trace'")
+        from .sampling import SamplingParams
+
+        self.drafter, self.trace, self.params = drafter, trace, SamplingParams(temperature=0.0)
+        self.context = list(trace.prompt)
+        drafter.start(self.context)
+
+    def backlog(self, t: int) -> int:
+        return 0
+
+    def propose(self, t: int, k: int, policy, clock: Clock) -> tuple[int, int, float]:
+        answer = self.trace.answer
+        tokens = self.drafter.propose(self.context, k, self.params, None).tokens[:k]
+        accepted = 0
+        while accepted < len(tokens) and t + accepted < len(answer) and tokens[accepted] == answer[t + accepted]:
+            accepted += 1
+        return len(tokens), accepted, 0.0
+
+    def commit(self, t: int, drafted: int, accepted: int) -> None:
+        n = len(self.trace.prompt) + t + accepted + 1
+        self.context = list(self.trace.prompt) + self.trace.answer[: n - len(self.trace.prompt)]
+        self.drafter.commit(self.context, drafted, accepted)
+
+
+def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None) -> Replayed:
+    """The seconds of ``trace``'s generation under ``policy`` (None: plain decoding) with the draft
+    ``draft`` (a name in ``trace.drafts``), or with ``drafter`` (a drafter without a model, e.g.
+    :class:`~specdec.drafters.LookupDrafter`, run on the trace's prompt and answer); the policy is
+    asked exactly as the engine asks it."""
+    n, prompt = len(trace.answer), trace.prompt_tokens
+    out = Replayed()
+    out.prefill = clock.prefill(prompt - 1)
+    source = None
+    if policy is not None:
+        source = LookupSource(drafter, trace) if drafter is not None else ModelSource(trace.drafts[draft], trace)
+        policy.begin(trace.max_new_tokens)
+    t = 0
+    while t < n:
+        room = trace.max_new_tokens - t
+        k = 0 if policy is None else max(0, min(policy.budget(t, room - 1, source.backlog(t)), room - 1))
+        drafted = accepted = 0
+        if k:
+            drafted, accepted, seconds = source.propose(t, k, policy, clock)
+            out.draft += seconds
         sec = clock.verify(drafted + 1, prompt + t)
         out.verify += sec
-        policy.observe(drafted, accepted, sec)
-        read = view + t + min(accepted, drafted - 1)
+        out.overhead += clock.round_overhead + drafted * clock.token_overhead if drafted else clock.step_overhead
+        if policy is not None:
+            policy.observe(drafted, accepted, sec)
         out.rounds += 1
         out.drafted += drafted
         out.accepted += accepted
         out.tokens += min(accepted + 1, n - t)
         out.k_chosen.append(drafted)
         out.accepted_per_round.append(accepted)
+        if source is not None:
+            source.commit(t, drafted, accepted)
         t += accepted + 1
     if policy is not None:
         policy.end(n, cut=trace.finish_reason == "length")
-    out.seconds = out.prefill + out.draft + out.verify
+    out.seconds = out.prefill + out.draft + out.verify + out.overhead
     return out
 
 
@@ -198,13 +251,14 @@ def oracle(trace: Trace, draft: str, clock: Clock, k_max: int = K_MAX) -> float:
     reads = clock.draft_reads(size)
     for t in range(n - 1, -1, -1):
         room = trace.max_new_tokens - t
-        plain = clock.verify(1, prompt + t) + np.append(values[t + 1, 1:], values[t + 1, -1])
+        plain = clock.verify(1, prompt + t) + clock.step_overhead + np.append(values[t + 1, 1:], values[t + 1, -1])
         best = np.inf
         step = clock.draft_step(view + t)
         for k in range(1, min(k_max, room - 1, int(run[t]) + 1) + 1):
             a = min(k, int(run[t]))
             nxt = min(t + a + 1, n)
-            cost = (k - 1) * step + clock.verify(k + 1, prompt + t) + values[nxt, 2 if a == k else 1]
+            cost = ((k - 1) * step + clock.verify(k + 1, prompt + t) + clock.round_overhead + k * clock.token_overhead
+                    + values[nxt, 2 if a == k else 1])
             best = min(best, cost)
         if np.isfinite(best):
             values[t] = np.minimum(plain, reads * clock.draft_scale(view + t) + best)

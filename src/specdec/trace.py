@@ -95,6 +95,9 @@ class Trace:
     #: the share of answer positions where the target's own teacher-forced argmax is the answer's
     #: token (1.0 when the answer is its greedy output; less where batched passes break near-ties)
     target_agree: float = 1.0
+    #: the prompt's token ids: drafters without a model (prompt lookup, suffix) are replayed by
+    #: running them on the prompt and the answer (None in traces made before they were recorded)
+    prompt: list[int] | None = None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -105,8 +108,12 @@ class Trace:
     def from_dict(cls, d: dict) -> "Trace":
         answer = [int(t) for t in d["answer"]]
         drafts = {k: DraftTrace.from_dict(v, len(answer)) for k, v in d["drafts"].items()}
+        prompt = None if d.get("prompt") is None else [int(t) for t in d["prompt"]]
+        if prompt is not None and len(prompt) != int(d["prompt_tokens"]):
+            raise ValueError(f"a prompt of {len(prompt)} ids for {d['prompt_tokens']} prompt tokens")
         return cls(str(d["sample_id"]), int(d["prompt_tokens"]), answer, str(d["finish_reason"]),
-                   int(d["max_new_tokens"]), drafts, str(d.get("category", "")), float(d.get("target_agree", 1.0)))
+                   int(d["max_new_tokens"]), drafts, str(d.get("category", "")), float(d.get("target_agree", 1.0)),
+                   prompt)
 
 
 def draft_name(source: str, window: int | str) -> str:
@@ -175,7 +182,8 @@ def trace_answer(target, drafts: dict[str, tuple[object, int | str, int]], promp
     out = {name: trace_draft(lm, prompt, answer, window, stop_ids, chain_max)
            for name, (lm, window, chain_max) in drafts.items()}
     agree = target_agreement(target, prompt, answer) if check_target else 1.0
-    return Trace(sample_id, len(prompt), list(answer), finish_reason, max_new_tokens, out, category, agree)
+    return Trace(sample_id, len(prompt), list(answer), finish_reason, max_new_tokens, out, category, agree,
+                 list(prompt))
 
 
 def measure_prior(target, draft, ids: Sequence[int], source: str = "reference text"):

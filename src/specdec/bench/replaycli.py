@@ -45,7 +45,9 @@ def register(sub) -> None:
                    help="a 'specdec calibrate --export' file, a cost table file, or a folder of them (repeatable); "
                         "the target's and each draft's tables are found by model name")
     r.add_argument("--draft", action="append", default=None, metavar="NAME",
-                   help="replay only this draft of the traces (a name as 'specdec replay' lists them; repeatable)")
+                   help="replay only this draft of the traces (a name as 'specdec replay' lists them), or pld or suffix "
+                        "(drafters without a model, run on the traces' prompts; replayed by default where the traces "
+                        "hold prompt ids); repeatable")
     r.add_argument("-k", "--k", default=",".join(map(str, DEFAULT_KS)), metavar="LIST",
                    help="fixed K to replay (default: %(default)s)")
     r.add_argument("--by-category", action="store_true", help="also the default's and the oracle's speedup per category")
@@ -125,7 +127,7 @@ def cmd_trace(a: argparse.Namespace) -> int:
                                        sample_id=s.id, category=s.category))
             bar.update(task, advance=1)
     head = header(f"{target_name}", tokenizer_fingerprint(pair.tokenizer), count=len(traces), source=str(folder),
-                  dataset=b.dataset, target_variant=pair.target.variant, priors=priors,
+                  dataset=b.dataset, target_variant=pair.target.variant, priors=priors, stop_ids=sorted(pair.eos_ids),
                   drafts={name: {"source": name.rsplit("|w", 1)[0], "window": w} for name, (_, w, _) in drafts.items()})
     write_traces(out, head, traces)
     low = [t.sample_id for t in traces if t.target_agree < 1.0]
@@ -216,14 +218,22 @@ def cmd_replay(a: argparse.Namespace) -> int:
     if target not in tables:
         raise SpecdecError(f"--costs: no table for the traces' target {target!r} (found: {', '.join(sorted(tables))})")
     names = list(traces[0].drafts) if traces else []
+    lookups = list(LOOKUP_DRAFTERS) if traces and all(t.prompt is not None for t in traces) else []
     if a.draft:
         for d in a.draft:
-            if d not in names:
-                raise SpecdecError(f"--draft {d!r}: not in the traces (they hold: {', '.join(names)})")
+            if d not in names + lookups:
+                why = ("; drafters without a model need traces with prompt ids (made again with 'specdec trace')"
+                       if d in LOOKUP_DRAFTERS else "")
+                raise SpecdecError(f"--draft {d!r}: not in the traces (they hold: {', '.join(names + lookups)}){why}")
         names = a.draft
+    else:
+        names += lookups
     ks = parse_ks(a.k)
     results = {}
     for name in names:
+        if name in LOOKUP_DRAFTERS:
+            results[name] = replay_all(traces, name, tables[target], None, ks, stop_ids=head.get("stop_ids") or ())
+            continue
         source = name.rsplit("|w", 1)[0]
         if source not in tables:
             raise SpecdecError(f"--costs: no table for the draft {source!r} (found: {', '.join(sorted(tables))})")
@@ -238,8 +248,8 @@ def cmd_replay(a: argparse.Namespace) -> int:
     return 0
 
 
-def _x(plain: float, s: float) -> str:
-    return f"{plain / s:.2f}x" if s > 0 else "-"
+def _x(plain: float, s: float | None) -> str:
+    return f"{plain / s:.2f}x" if s else "-"
 
 
 def report(results: dict, by_category: bool) -> list[str]:
@@ -250,7 +260,7 @@ def report(results: dict, by_category: bool) -> list[str]:
         best_k = min(t["fixed"], key=lambda k: t["fixed"][k])
         lines.append(f"| {name} | {t['plain']:.1f} | K={best_k} {_x(t['plain'], t['fixed'][best_k])} | "
                      f"{_x(t['plain'], t['auto'])} (tau {t['auto_tau']:.2f}) | {_x(t['plain'], t['oracle'])} | "
-                     f"{t['oracle'] / t['auto']:.2f} |")
+                     + (f"{t['oracle'] / t['auto']:.2f} |" if t["oracle"] else "- |"))
     if by_category:
         for name, r in results.items():
             lines += ["", f"{name}, per category:", "| category | plain s | k=auto | oracle | best fixed K |",
@@ -299,33 +309,51 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
 
 def _sum(rows: list[dict]) -> dict:
     out = {"plain": sum(r["plain"] for r in rows), "auto": sum(r["auto"] for r in rows),
-           "oracle": sum(r["oracle"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
+           "oracle": None if any(r["oracle"] is None for r in rows) else sum(r["oracle"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
            "rounds": sum(r["auto_rounds"] for r in rows), "prompts": len(rows)}
     out["fixed"] = {k: sum(r["fixed"][k] for r in rows) for k in rows[0]["fixed"]} if rows else {}
     out["auto_tau"] = out["tokens"] / out["rounds"] if out["rounds"] else 0.0
     return out
 
 
+#: drafters without a model that a replay runs itself on the traces' prompts and answers
+LOOKUP_DRAFTERS = ("pld", "suffix")
+
+
 def replay_all(traces: list, draft: str, target, draft_table,
-               ks: list[int], prior: dict | None = None, window: int = 0) -> dict:
+               ks: list[int], prior: dict | None = None, window: int = 0, stop_ids=frozenset(),
+               clock: "Clock | None" = None) -> dict:
     """Every trace in order under plain decoding, each fixed K in ``ks``, k=auto (one controller
     across the traces, warm from one to the next as in one process) and the oracle: per prompt,
-    per category and in total (seconds; ``fixed`` by K as a string)."""
+    per category and in total (seconds; ``fixed`` by K as a string). ``draft``: a draft of the
+    traces, or a drafter without a model (:data:`LOOKUP_DRAFTERS`: run on the prompts, with one
+    suffix cache across the traces as one engine keeps; no oracle, which plans over a model's trace)."""
     from ..acceptance import AcceptancePrior
     from ..autok import AutoK, Fixed
+    from ..drafters import SuffixCache, make_drafter
     from ..replay import Clock, oracle, replay
 
-    clock = Clock(target, draft_table)
-    auto = AutoK(target, draft_table, needs_model=True, window=window,
-                 prior=AcceptancePrior.from_dict(prior) if prior else None)
+    clock = clock or Clock(target, draft_table)
+    lookup = draft in LOOKUP_DRAFTERS
+    auto = AutoK(target, None if lookup else draft_table, needs_model=not lookup, window=window,
+                 prior=AcceptancePrior.from_dict(prior) if prior and not lookup else None)
+    caches = {}
+
+    def drafter(run: str):  # a fresh drafter per request; each run (fixed K, k=auto) its own engine's cache
+        if not lookup:
+            return None
+        cache = caches.setdefault(run, SuffixCache())
+        return make_drafter(draft, None, frozenset(stop_ids), {}, history=cache.scope(""))
+
     rows = []
     for tr in traces:
-        a = replay(tr, draft, auto, clock)
+        a = replay(tr, None if lookup else draft, auto, clock, drafter("auto"))
         rows.append({"sample_id": tr.sample_id, "category": tr.category, "tokens": len(tr.answer),
                      "prompt_tokens": tr.prompt_tokens, "plain": replay(tr, None, None, clock).seconds,
                      "auto": a.seconds, "auto_rounds": a.rounds, "auto_drafted": a.drafted, "auto_accepted": a.accepted,
-                     "fixed": {str(k): replay(tr, draft, Fixed(k), clock).seconds for k in ks},
-                     "oracle": oracle(tr, draft, clock)})
+                     "fixed": {str(k): replay(tr, None if lookup else draft, Fixed(k), clock, drafter(f"k{k}")).seconds
+                               for k in ks},
+                     "oracle": None if lookup else oracle(tr, draft, clock)})
     cats: dict[str, list[dict]] = {}
     for r in rows:
         cats.setdefault(r["category"] or "all", []).append(r)

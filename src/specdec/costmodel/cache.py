@@ -114,7 +114,7 @@ def table_for(lm, model: str, dtype: str, log: Callable[[str], None] | None = No
         noisy = "; ".join(x for x in (busy, report.get("noisy")) if x)
         table = CostTable(model, dtype, widths, seconds, context, fp, time.strftime("%Y-%m-%dT%H:%M:%S"),
                           prefill_seconds=prefill, kernels=list(kernels), spread=list(report.get("spread") or []),
-                          noisy=noisy)
+                          noisy=noisy, long_read=report.get("long_read"))
         if noisy and log:
             log(f"specdec: warning: this machine looks busy ({noisy}); the timings of {model.split('|')[0]} in "
                 f"{dtype} may be off, so the choice of dtype and K may be too: they are measured again at a "

@@ -42,6 +42,10 @@ class CostTable:
     #: a pass's extra seconds per token of context beyond ``context``, as a share of its seconds
     #: (``specdec calibrate --export`` measures it; 0: not measured)
     context_slope: float = 0.0
+    #: on an accelerator, ``[tokens, seconds]`` of a long prefill pass (:data:`specdec.costmodel.timing.LONG_READ`):
+    #: a read is then priced on the line from a one-token pass to it (None: in proportion to
+    #: ``prefill_seconds``, as on a CPU)
+    long_read: list[float] | None = None
 
     def __post_init__(self) -> None:
         ok = (len(self.widths) == len(self.seconds) >= 1 and self.widths[0] == 1
@@ -78,6 +82,9 @@ class CostTable:
         seconds per token from its width on, and linear between the two."""
         if tokens <= 1:
             return self.seconds[0] if tokens == 1 else 0.0
+        if self.long_read:
+            n, sec = self.long_read
+            return self.seconds[0] + max(0.0, (tokens - 1) / (n - 1) * (sec - self.seconds[0]))
         full = self.prefill(self.context)
         if tokens >= self.context or self.context <= 1:
             return self.prefill(tokens)
@@ -100,4 +107,5 @@ class CostTable:
                    prefill_seconds=None if d.get("prefill_seconds") is None else float(d["prefill_seconds"]),
                    kernels=[str(k) for k in d.get("kernels") or []],
                    spread=[float(x) for x in d.get("spread") or []], noisy=str(d.get("noisy") or ""),
-                   stale=str(d.get("stale") or ""), context_slope=float(d.get("context_slope") or 0.0))
+                   stale=str(d.get("stale") or ""), context_slope=float(d.get("context_slope") or 0.0),
+                   long_read=[int(d["long_read"][0]), float(d["long_read"][1])] if d.get("long_read") else None)

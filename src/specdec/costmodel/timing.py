@@ -41,6 +41,10 @@ MAX_REMEASURE = 2
 MIN_SECONDS = 1e-7
 #: tokens of the untimed warm-up pass (allocator, kernels, first-call overheads): a multi-token pass, cheap
 WARMUP_TOKENS = 2
+#: on an accelerator, a pass is bound by kernel launches up to hundreds of tokens, so a prefill of
+#: the tables' width says nothing of a long prompt's: a prefill this long is timed too (it costs
+#: about one pass there; on a CPU, where a pass costs in proportion to its tokens, it is not needed)
+LONG_READ = 512
 #: :func:`time_step`'s KV cache: a short context, as the tables' (their context is the widest width, 32)
 STEP_CONTEXT = 32
 #: :func:`time_step` keeps the best of this many steps: the step's cost without the machine's hiccups
@@ -116,6 +120,7 @@ def measure(lm, widths: Sequence[int] | None = None, repeats: int = REPEATS) -> 
     lm.reset()
     lm.forward(ids[:WARMUP_TOKENS])  # warm-up: allocator, kernels, first-call overheads
     lm.reset()
+    long_read = _long_read(lm) if lm.device.type != "cpu" else None
     t0 = clock()
     lm.forward(ids[:top])  # a prefill pass: logits for the last position only
     _sync(lm.device)
@@ -133,7 +138,29 @@ def measure(lm, widths: Sequence[int] | None = None, repeats: int = REPEATS) -> 
     samples = _timed_rounds(widths, repeats, timed)
     remeasured, suspects = _remeasure_suspects(widths, samples, timed)
     lm.reset()
-    return _measured(widths, samples, suspects, remeasured, context, prefill)
+    out = _measured(widths, samples, suspects, remeasured, context, prefill)
+    out.report["long_read"] = long_read
+    return out
+
+
+def _long_read(lm, tokens: int = LONG_READ) -> list[float] | None:
+    """``[tokens, seconds]`` of a prefill pass over ``tokens`` (the best of two after a warm-up of
+    that shape), or None when the model's context is shorter. Leaves the cache empty."""
+    limit = getattr(lm, "max_context", None)
+    if limit is not None and tokens > limit:
+        return None
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, lm.vocab_limit, (tokens,), generator=g).tolist()
+    best = float("inf")
+    for i in range(3):
+        lm.reset()
+        t0 = time.perf_counter()
+        lm.forward(ids)
+        _sync(lm.device)
+        if i:
+            best = min(best, time.perf_counter() - t0)
+    lm.reset()
+    return [tokens, max(best, MIN_SECONDS)]
 
 
 def _timed_rounds(widths: list[int], repeats: int, timed) -> dict[int, list[float]]:
