@@ -291,3 +291,15 @@ def test_calibrate_exports_what_replay_reads_and_an_unwritable_path_is_one_line(
     assert main(["calibrate", *models, "--export", str(blocker / "costs.json")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--export" in err and "cannot write it" in err
+
+
+def test_the_stop_threshold_policy_stops_after_a_draft_below_its_threshold():
+    from specdec.replay import StopBelow
+
+    trace = hand_trace("1101111011")  # top1 0.9 where the draft agrees, 0.4 where it does not
+    clock = Clock(bf16_like(), draft_table())
+    one = replay(trace, "d", StopBelow(0.95), clock)
+    assert set(one.k_chosen) == {1}  # every draft is below 0.95: one a round
+    cut = replay(trace, "d", StopBelow(0.5), clock)
+    assert all(a == k or a == k - 1 for k, a in zip(cut.k_chosen, cut.accepted_per_round))
+    assert cut.drafted - cut.accepted <= one.drafted - one.accepted + cut.rounds

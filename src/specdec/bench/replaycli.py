@@ -253,12 +253,14 @@ def _x(plain: float, s: float | None) -> str:
 
 
 def report(results: dict, by_category: bool) -> list[str]:
-    lines = ["| draft | plain s | best fixed K | k=auto (default) | oracle | k=auto / oracle |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| draft | plain s | best fixed K | best stop threshold | k=auto (default) | oracle | k=auto / oracle |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         t = r["total"]
         best_k = min(t["fixed"], key=lambda k: t["fixed"][k])
-        lines.append(f"| {name} | {t['plain']:.1f} | K={best_k} {_x(t['plain'], t['fixed'][best_k])} | "
+        th = min(t["threshold"], key=lambda k: t["threshold"][k]) if t["threshold"] else None
+        stop = f"p<{th} {_x(t['plain'], t['threshold'][th])}" if th else "-"
+        lines.append(f"| {name} | {t['plain']:.1f} | K={best_k} {_x(t['plain'], t['fixed'][best_k])} | {stop} | "
                      f"{_x(t['plain'], t['auto'])} (tau {t['auto_tau']:.2f}) | {_x(t['plain'], t['oracle'])} | "
                      + (f"{t['oracle'] / t['auto']:.2f} |" if t["oracle"] else "- |"))
     if by_category:
@@ -312,6 +314,7 @@ def _sum(rows: list[dict]) -> dict:
            "oracle": None if any(r["oracle"] is None for r in rows) else sum(r["oracle"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
            "rounds": sum(r["auto_rounds"] for r in rows), "prompts": len(rows)}
     out["fixed"] = {k: sum(r["fixed"][k] for r in rows) for k in rows[0]["fixed"]} if rows else {}
+    out["threshold"] = {k: sum(r["threshold"][k] for r in rows) for k in rows[0]["threshold"]} if rows else {}
     out["auto_tau"] = out["tokens"] / out["rounds"] if out["rounds"] else 0.0
     return out
 
@@ -331,7 +334,7 @@ def replay_all(traces: list, draft: str, target, draft_table,
     from ..acceptance import AcceptancePrior
     from ..autok import AutoK, Fixed
     from ..drafters import SuffixCache, make_drafter
-    from ..replay import Clock, oracle, replay
+    from ..replay import THRESHOLDS, Clock, StopBelow, oracle, replay
 
     clock = clock or Clock(target, draft_table)
     lookup = draft in LOOKUP_DRAFTERS
@@ -353,7 +356,9 @@ def replay_all(traces: list, draft: str, target, draft_table,
                      "auto": a.seconds, "auto_rounds": a.rounds, "auto_drafted": a.drafted, "auto_accepted": a.accepted,
                      "fixed": {str(k): replay(tr, None if lookup else draft, Fixed(k), clock, drafter(f"k{k}")).seconds
                                for k in ks},
-                     "oracle": None if lookup else oracle(tr, draft, clock)})
+                     "oracle": None if lookup else oracle(tr, draft, clock),
+                     "threshold": {} if lookup else {str(th): replay(tr, draft, StopBelow(th), clock).seconds
+                                                     for th in THRESHOLDS}})
     cats: dict[str, list[dict]] = {}
     for r in rows:
         cats.setdefault(r["category"] or "all", []).append(r)
