@@ -3,8 +3,8 @@
 How rules compose (one definition for every combination):
 
 1. The lossless rule decides first (exact match at T=0, ``min(1, p/q)`` at T>0).
-2. Each *token rule* (``mars``, ``dropmatch``, ``typical``) may accept a draft the lossless rule
-   rejected; a position passes if any of them accepts it. Rules only add acceptances.
+2. Each *token rule* (``mars``, ``dropmatch``, ``typical``, ``fuzzy``) may accept a draft the
+   lossless rule rejected; a position passes if any of them accepts it. Rules only add acceptances.
 3. A *window rule* (``fly``; :class:`~specdec.verify.base.WindowRule`) may flip remaining
    mismatches using the decisions of steps 1-2 (so ``fly+mars`` lets MARS acceptances count as
    agreement inside FLy's window). A policy holds at most one window rule.
@@ -35,6 +35,7 @@ from .base import Lossless, Round, Verdict, WindowRule, finish, lossless_mask
 from .block import Block
 from .dropmatch import DropMatch
 from .fly import Fly
+from .fuzzy import Fuzzy
 from .lossless import leading_true, residual
 from .mars import Mars
 from .tree import TreeRound, Walk, first_child_chain, walk_tree
@@ -45,7 +46,7 @@ from .typical import Typical
 #: (``kind = "window"``, ``flips``, ``lookahead``); see :mod:`specdec.verify.base`. Each class sits
 #: next to its pure function and declares its parameters, ranges and help once. A new rule is one
 #: file in verify/ and one entry here.
-RULES: dict[str, type] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typical, "fly": Fly}
+RULES: dict[str, type] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typical, "fuzzy": Fuzzy, "fly": Fly}
 
 #: plain decoding's name: no drafts (:class:`~specdec.verify.base.Plain`)
 AR = "ar"
