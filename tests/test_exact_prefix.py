@@ -5,8 +5,11 @@ the answer's first N tokens are judged by the lossless rule alone.
 2. Through the engine on tiny models: greedy, a loose rule with ``exact_prefix=N`` writes exactly
    plain decoding's first N tokens where it would otherwise relax the first, and relaxes after them;
    at T>0 the prefix follows the target's law (seeded chi-square), with the test's power shown.
-3. Bad values are one-line errors naming the field.
+3. One declaration: the CLI flag, request field, config file, tune grid and vLLM keys; bad values
+   are one-line errors naming the field.
 """
+
+import json
 
 import pytest
 import torch
@@ -184,3 +187,64 @@ def test_exact_policies_take_no_schedule():
 
     with pytest.raises(SpecdecError, match=r"policy 'lossless' takes no parameters, got \['exact_prefix'\]"):
         make_config(policy="lossless", exact_prefix=2)
+
+
+def test_flag_request_field_config_file_tune_grid_and_vllm_keys(tmp_path):
+    from specdec.api import make_config
+    from specdec.bench import tune
+    from specdec.cli import build_parser
+    from specdec.cliargs import decode_config
+    from specdec.configfile import read_config
+    from specdec.vllm import _split_policy_params, engine_config, request_args
+    from specdec.vllm.config import request_selection, selection
+
+    parser = build_parser()
+    for command in ("generate", "serve"):
+        assert any(a.dest == "exact_prefix" for a in parser._subparsers._group_actions[0].choices[command]._actions), command
+    flags = decode_config(parser.parse_args(["generate", "x", "--draft", "none", "--policy", "fly+mars",
+                                             "--exact-prefix", "5", "--relax-ramp", "2"]))
+    assert (flags.parsed.schedule.exact_prefix, flags.parsed.schedule.relax_ramp) == (5, 2)
+    assert make_config(policy="typical").parsed.schedule == Schedule(exact_prefix=2, relax_ramp=0)  # the default
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"format": "specdec-config/1", "decode": {"policy": "mars", "exact_prefix": 0}}))
+    assert read_config(path) == {"policy": "mars", "exact_prefix": 0}
+    path.write_text(json.dumps({"format": "specdec-config/1", "decode": {"policy": "mars", "exact_prefix": -2}}))
+    with pytest.raises(SpecdecError, match="config.json: exact_prefix must be an integer >= 0"):
+        read_config(path)
+
+    assert tune.grid_axes("mars", ["exact_prefix=0,2,8"]) == {"mars_theta": [0.8, 0.9, 0.95], "exact_prefix": [0, 2, 8]}
+    assert tune.grid_axes("fuzzy", None) == {"fuzzy_threshold": [0.05, 0.1, 0.2]}
+    with pytest.raises(SpecdecError, match="is not a parameter of policy 'lossless'"):
+        tune.grid_axes("lossless", ["exact_prefix=0"])
+
+    assert engine_config("mars", {"exact_prefix": 4}) == {"specdec": {"policy": "mars", "exact_prefix": 4}}
+    args = request_args("fly+mars", exact_prefix=0)
+    assert request_selection(args, None).parsed().schedule.exact_prefix == 0
+    assert request_selection({"specdec_theta": 0.8}, selection("mars", {"exact_prefix": 6})).parsed().schedule \
+        == Schedule(exact_prefix=6)
+    with pytest.raises(SpecdecError, match="exact_prefix must be an integer >= 0"):
+        request_args("mars", exact_prefix=-1)
+    kwargs = {"exact_prefix": 1, "max_model_len": 64}
+    assert _split_policy_params("mars", kwargs) == {"exact_prefix": 1} and kwargs == {"max_model_len": 64}
+
+
+def test_vllm_rounds_know_where_each_request_stands():
+    """The adapter hands each request's output length so far to its round (vLLM's own sampler state,
+    :func:`specdec.vllm.patch._positions`)."""
+    from types import SimpleNamespace
+
+    from specdec.vllm.patch import _positions
+    from specdec.vllm.ragged import RaggedBatch
+
+    runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b", "c"]),
+                             requests={"a": SimpleNamespace(output_token_ids=[5, 6, 7]),
+                                       "b": SimpleNamespace(output_token_ids=[]), "c": SimpleNamespace()})
+    assert _positions(runner) == [3, 0, 0]  # a state that does not say counts as the answer's start
+    batch = RaggedBatch(draft_token_ids=torch.tensor([1, 1, 1]), num_draft_tokens=[2, 1],
+                        target_logits=torch.tensor([MARGIN] * 3), bonus_token_ids=torch.tensor([0, 0]),
+                        params=[SamplingParams()] * 2, positions=[3, 0])
+    assert (batch.round(0).position, batch.round(1).position) == (3, 0)
+    policy = make_policy("mars")  # exact_prefix 2: request 0 is past it, request 1 at the answer's start
+    assert batch.round(0).positions().tolist() == [3, 4]
+    assert policy.verify(batch.round(0)).accepted == 2 and policy.verify(batch.round(1)).accepted == 0
