@@ -54,7 +54,7 @@ class Fuzzy:
       least ``1 - threshold``), ``js`` is finite, and ``kl`` is infinite unless ``p`` is that same
       point mass, so ``fuzzy`` with ``kl`` relaxes nothing for them.
     - A token tree's node is judged against its parent's row with the draft model's softmax at the
-      node (the request's temperature, no top-k/top-p), as the tree gives no sampled ``q``.
+      node (at the request's temperature, 1 at T=0; no top-k/top-p), as a tree gives no sampled ``q``.
     - The default threshold (0.1, with ``js``) is ours: the paper sweeps thresholds and names no
       default. A threshold above the divergence's largest value (``ln 2`` for ``js``, 1 for ``tv``)
       is refused: every draft in the support would pass.
