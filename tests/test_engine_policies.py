@@ -7,9 +7,10 @@ from specdec.api import Pair
 from specdec.drafters import LookupModelDrafter, ModelDrafter
 from specdec.backends.hf import HFModel as CausalLM
 from specdec.sampling import SamplingParams
+from specdec.verify.policy import SCHEDULE_PARAMS
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
-POLICIES = ["mars", "dropmatch", "typical", "fly", "fly+mars", "fly+dropmatch", "mars+typical",
+POLICIES = ["mars", "dropmatch", "typical", "fuzzy", "fly", "fly+mars", "fly+dropmatch", "fly+fuzzy", "mars+typical",
             "fly+dropmatch+mars+typical"]
 
 
@@ -31,7 +32,8 @@ def test_policy_runs_and_reports(pair, policy, temperature, drafter):
     assert s.lossy and s.policy == policy
     rules = set(policy.split("+"))
     assert set(s.relaxed) == rules  # one counter per rule, even when zero
-    assert all(k_.split("_")[0] in rules for k_ in s.params)  # defaults recorded with the rule prefix
+    # defaults recorded with the rule prefix, the schedule's (exact_prefix) without one
+    assert all(k_.split("_")[0] in rules or k_ in SCHEDULE_PARAMS for k_ in s.params)
     assert s.rule_seconds <= s.verify_seconds
     again = pair.generate("abc abc abc", **kw)
     assert again.token_ids == out.token_ids  # seeded: reproducible, dropout masks included

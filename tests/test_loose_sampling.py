@@ -31,6 +31,8 @@ OFF = {
     "typical": {"epsilon": 1.0, "delta": 1e9},
     # no dropout: no path differs from the target (naive at T>0 would otherwise match sampled tokens)
     "dropmatch": {"p": 0.0, "paths": 16, "criterion": "naive"},
+    # divergence 0 only between equal distributions, where the lossless rule keeps the draft anyway
+    "fuzzy": {"threshold": 0.0},
     # the top-3 entropy is at most ln 3 = 1.0986 < 1.2, so the gate never opens; window 1 < K = 2
     # would otherwise let position 1's agreement flip position 0
     "fly": {"theta": 1.2, "window": 1},
@@ -43,18 +45,21 @@ def switched_off(policy: str) -> dict:
 
 
 # ============================================================== 1. relaxation off = exact
+ALL = "fly+dropmatch+fuzzy+mars+typical"  # every rule at once
 CHAIN = ToyChain(99, offset=4.0)  # positive top logits: MARS's ratio is live
 SAMPLING = SamplingParams(temperature=0.8, top_k=3)  # top-k leaves zero cells: drafts outside the support
 OFF_CASES = [
     pytest.param("mars", switched_off("mars"), None, id="mars"),
     pytest.param("typical", switched_off("typical"), None, id="typical"),
     pytest.param("dropmatch", switched_off("dropmatch"), None, id="dropmatch"),
+    pytest.param("fuzzy", switched_off("fuzzy"), None, id="fuzzy"),
+    pytest.param("fuzzy", switched_off("fuzzy"), (2, 1), id="fuzzy-one-hot"),
     pytest.param("fly", switched_off("fly"), None, id="fly-gate"),
     # the other way to switch FLy off: a window as long as the block, gate wide open
     pytest.param("fly", {"theta": 0.0, "window": 2}, None, id="fly-window"),
     pytest.param("fly+mars", switched_off("fly+mars"), None, id="fly+mars"),
-    pytest.param("fly+dropmatch+mars+typical", switched_off("fly+dropmatch+mars+typical"), None, id="all"),
-    pytest.param("fly+dropmatch+mars+typical", switched_off("fly+dropmatch+mars+typical"), (2, 1), id="all-one-hot"),
+    pytest.param(ALL, switched_off(ALL), None, id="all"),
+    pytest.param(ALL, switched_off(ALL), (2, 1), id="all-one-hot"),
 ]
 
 
@@ -76,7 +81,7 @@ def test_relaxation_off_reproduces_target_joint(policy, params, fixed):
 @pytest.mark.slow
 @pytest.mark.parametrize("policy, params", [
     ("mars", {"theta": 0.0}), ("typical", {"delta": 0.0}), ("dropmatch", {"p": 0.5, "criterion": "naive"}),
-    ("fly", {"theta": 0.0, "window": 1}),
+    ("fly", {"theta": 0.0, "window": 1}), ("fuzzy", {"divergence": "tv", "threshold": 1.0}),
 ])
 def test_relaxation_on_is_caught(policy, params):
     """The test above has power: the same tables fail it with the rule's relaxation on (here wide
@@ -89,15 +94,16 @@ def test_relaxation_on_is_caught(policy, params):
 @pytest.mark.slow
 def test_engine_with_every_rule_switched_off_matches_target_distribution():
     """Through the engine with tiny models (V = 4, K = 2, temperature 0.9, top-p 0.95; the dropout
-    paths and the hidden-state plumbing included): all four rules, switched off, leave the target's
-    joint law of the first three tokens intact; switched on, the same setup relaxes drafts."""
-    engine, sampling, policy = tiny_engine(), SamplingParams(temperature=0.9, top_p=0.95), "fly+dropmatch+mars+typical"
+    paths and the hidden-state plumbing included): all five rules, switched off, leave the target's
+    joint law of the first three tokens intact; switched on, the same setup relaxes drafts. No exact
+    prefix: the rules are consulted from the answer's first token."""
+    engine, sampling, policy = tiny_engine(), SamplingParams(temperature=0.9, top_p=0.95), ALL
     counts, expected, accept_rate, relaxed = engine_sample(engine, 4000, sampling, policy=policy,
-                                                           policy_params=switched_off(policy))
+                                                           policy_params={**switched_off(policy), "exact_prefix": 0})
     assert relaxed == 0 and 0.2 < accept_rate < 0.95
     pvalue, outside = chisquare_joint(counts, expected)
     assert pvalue > P_MIN and outside == 0
-    on = {"dropmatch_p": 0.5, "dropmatch_criterion": "naive", "fly_window": 1}
+    on = {"dropmatch_p": 0.5, "dropmatch_criterion": "naive", "fly_window": 1, "exact_prefix": 0}
     assert engine_sample(engine, 100, sampling, policy=policy, policy_params=on)[3] > 0
 
 

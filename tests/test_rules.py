@@ -232,7 +232,10 @@ def test_bad_policies_and_parameters(name, params, message):
 
 def test_parameters_prefixed_or_plain_and_recorded():
     p = make_policy("fly+mars", {"mars_theta": 0.8, "window": 4})
-    assert p.params == {"mars_theta": 0.8, "fly_theta": 0.3, "fly_window": 4}
+    schedule = {"exact_prefix": 2, "relax_ramp": 0}  # every loose policy's, never prefixed
+    assert p.params == {"mars_theta": 0.8, "fly_theta": 0.3, "fly_window": 4, **schedule}
     assert p.lossy and not Lossless().lossy
     assert make_policy("mars+fly", {}).params == make_policy("fly+mars", {}).params
-    assert make_policy("dropmatch").params == {"dropmatch_paths": 5, "dropmatch_p": 0.1, "dropmatch_criterion": "paper"}
+    assert make_policy("dropmatch").params == {"dropmatch_paths": 5, "dropmatch_p": 0.1, "dropmatch_criterion": "paper",
+                                               **schedule}
+    assert make_policy("fly+mars", {"exact_prefix": 0}).params["exact_prefix"] == 0

@@ -219,6 +219,7 @@ LOOSE = {
     "mars": {"mars_theta": 0.3},
     "typical": {"typical_epsilon": 0.5, "typical_delta": 1.0},
     "dropmatch": {"dropmatch_p": 0.5, "dropmatch_paths": 8, "dropmatch_criterion": "naive"},
+    "fuzzy": {"fuzzy_divergence": "tv", "fuzzy_threshold": 1.0},  # any draft the target's row allows
     "fly": {"fly_theta": 0.0, "fly_window": 2},
     "fly+mars": {"fly_theta": 0.0, "fly_window": 2, "mars_theta": 0.3},
 }

@@ -28,12 +28,15 @@ POLICIES = [
     ("fly", {"window": 2, "theta": 0.0}),
     ("fly+mars", {"fly_window": 2, "fly_theta": 0.0, "mars_theta": 0.5}),
     ("fly+typical+dropmatch", {"window": 2, "fly_theta": 0.0, "p": 0.3}),
+    ("fuzzy", {"divergence": "tv", "threshold": 0.9}),
+    ("fly+fuzzy", {"window": 2, "fly_theta": 0.0, "threshold": 0.3, "exact_prefix": 4}),
 ]
 
 
 def make_step(seed: int, ks: list[int], temps: list[float], pad: dict[int, int] | None = None):
     """A random ragged step: per request ``K_i + 1`` target rows (the last is the bonus row), drafts
-    that often equal the target's top-1 or top-2, a linear LM head over random hidden states."""
+    that often equal the target's top-1 or top-2, a linear LM head over random hidden states;
+    request ``i`` has written ``i`` tokens of its answer (its drafts start at position ``i``)."""
     g = torch.Generator().manual_seed(seed)
     head = torch.randn(HIDDEN, VOCAB, generator=g)
     reqs = []
@@ -49,7 +52,8 @@ def make_step(seed: int, ks: list[int], temps: list[float], pad: dict[int, int] 
         params = SamplingParams(temperature=t, top_k=8 if t else 0)
         probs = probabilities(logits, params) if t else None
         bonus = int(logits[k].argmax()) if not t else int(torch.multinomial(probs[k], 1, generator=g))
-        reqs.append(dict(k=k, logits=logits, hidden=hidden, drafts=drafts, params=params, probs=probs, bonus=bonus))
+        reqs.append(dict(k=k, logits=logits, hidden=hidden, drafts=drafts, params=params, probs=probs, bonus=bonus,
+                         position=i))
     return reqs, (lambda h: (h @ head).float())
 
 
@@ -67,6 +71,7 @@ def batch_of(reqs, lm_head, seed: int) -> RaggedBatch:
         generators={i: torch.Generator().manual_seed(seed + i) for i in range(len(reqs))},
         hidden=torch.cat([r["hidden"][: r["k"]] for r in reqs]),
         lm_head=lm_head,
+        positions=[r["position"] for r in reqs],
     )
 
 
@@ -74,7 +79,7 @@ def engine_round(r, lm_head, generator) -> Round:
     """The round specdec's engine builds for the same request: K + 1 target rows, bonus row included."""
     return Round(target_logits=r["logits"], draft_tokens=r["drafts"].to(torch.int64), draft_probs=None,
                  params=r["params"], generator=generator, target_probs=r["probs"], target_hidden=r["hidden"],
-                 lm_head=lm_head)
+                 lm_head=lm_head, position=r["position"])
 
 
 @pytest.mark.parametrize("policy_name, params", POLICIES)

@@ -13,6 +13,7 @@ from .drafters import ALL_DRAFTER_OPTIONS, DRAFTERS
 from . import genconfig
 from .request import DEFAULTS, NO_DRAFT_MODEL_DRAFTER, DecodeConfig, default_drafter, overlay
 from .verify import POLICIES, RULES
+from .verify.schedule import Schedule
 
 LOW_TAU = 1.3  # below this, speculation rarely pays for the draft's cost
 
@@ -137,6 +138,9 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                        default=None, help=f"{spec.help} (default: {defaults})")
     r = p.add_argument_group(
         "loose rules (lossy: output may differ from the target's; combine with '+', e.g. --policy fly+mars)")
+    for param, (spec, default) in options_of(Schedule).items():  # every loose policy's, unprefixed
+        r.add_argument(f"--{param.replace('_', '-')}", type=spec.kind, default=None,
+                       help=f"{spec.help} (default: {default})")
     for rule, cls in RULES.items():
         for param, (spec, default) in options_of(cls).items():
             extra = {"choices": list(spec.choices)} if spec.choices else {}
@@ -170,6 +174,9 @@ def decode_kwargs(a: argparse.Namespace) -> dict:
     for name in ALL_DRAFTER_OPTIONS:
         if getattr(a, name) is not None:
             given[name] = getattr(a, name)
+    for param in options_of(Schedule):
+        if getattr(a, param) is not None:
+            given[param] = getattr(a, param)
     for rule, cls in RULES.items():
         for param in options_of(cls):
             value = getattr(a, f"{rule}_{param}")

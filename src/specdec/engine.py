@@ -373,7 +373,8 @@ class Engine:
             return Verdict(0, next_token(logits[0], params, run.generator))
         shared = dict(target_logits=logits, params=params, generator=run.generator, target_hidden=scores.hidden,
                       lm_head=self.target.head_logits, draft_logits=draft.logits, penalize_rows=penalize_rows,
-                      target_probs=None if params.greedy else probabilities(logits, params))
+                      target_probs=None if params.greedy else probabilities(logits, params),
+                      position=len(run.out.token_ids))  # where the drafts sit in the answer (a loose policy's schedule)
         drafts = torch.tensor(draft.tokens, device=logits.device)
         if draft.is_tree:  # each node judged against its parent's row; the policy walks the tree
             rnd, verify = TreeRound(tokens=drafts, parents=draft.parents, **shared), run.policy.verify_tree

@@ -154,15 +154,12 @@ def check_stop_token_ids(ids) -> tuple[int, ...]:
 
 
 def known_options() -> set[str]:
-    """Every keyword some request can take: the fields, drafter options, rule parameters (bare and
-    prefixed by their rule, ``theta`` and ``mars_theta``) and structured output."""
-    from .verify.policy import RULES, rule_params
+    """Every keyword some request can take: the fields, drafter options, loose policies' parameters
+    (rule parameters bare and prefixed by their rule, ``theta`` and ``mars_theta``; the relaxation
+    schedule's ``exact_prefix``) and structured output."""
+    from .verify.policy import RULES, policy_param_names
 
-    names = set(DEFAULTS) | set(ALL_DRAFTER_OPTIONS) | set(REQUEST_KEYWORDS)
-    for rule in RULES:
-        for param in rule_params(rule):
-            names |= {param, f"{rule}_{param}"}
-    return names
+    return set(DEFAULTS) | set(ALL_DRAFTER_OPTIONS) | set(REQUEST_KEYWORDS) | set(policy_param_names(RULES))
 
 
 def check_known(options: Mapping[str, Any]) -> None:

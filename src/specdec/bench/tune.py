@@ -218,12 +218,14 @@ def grid_for_policies(policies: list[str], overrides: list[str] | None) -> dict[
 
 def _prefixed(key: str, rules: list[str], policy: str) -> str:
     from ..verify import rule_params
+    from ..verify.policy import SCHEDULE_PARAMS
 
-    if any(key == f"{r}_{p}" for r in rules for p in rule_params(r)):
-        return key
+    if any(key == f"{r}_{p}" for r in rules for p in rule_params(r)) or (rules and key in SCHEDULE_PARAMS):
+        return key  # prefixed already, or the policy's own (its relaxation schedule: never prefixed)
     owners = [r for r in rules if key in rule_params(r)]
     if len(owners) != 1:
-        taken = ", ".join(f"{r}_{p}" for r in rules for p in rule_params(r)) or "no parameters"
+        taken = ", ".join([*(f"{r}_{p}" for r in rules for p in rule_params(r)),
+                           *(SCHEDULE_PARAMS if rules else ())]) or "no parameters"
         raise SpecdecError(f"--grid {key!r} is not a parameter of policy {policy!r} (it takes {taken})"
                            if not owners else f"--grid {key!r} is ambiguous in {policy!r}; prefix it: "
                            + ", ".join(f"{r}_{key}" for r in owners))

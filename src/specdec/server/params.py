@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import SpecdecError
 from ..request import GENERATION_FIELDS, REQUEST_KEYWORDS, DecodeConfig, overlay
 from ..sampling import SEED_RANGE
+from ..verify.policy import SCHEDULE_PARAMS
 from .errors import APIError
 from .schemas import MAX_STOP_CHARS, MAX_STOPS, ChatRequest, CompletionRequest
 from .structured import Requested, requested
@@ -195,7 +196,8 @@ def _config_param(message: str) -> str:
             return key
     if message.startswith("max_new_tokens"):
         return "max_tokens"
-    for prefix, param in (("unknown policy", "policy"), ("unknown drafter", "drafter"), ("k (draft", "k")):
+    for prefix, param in (("unknown policy", "policy"), ("unknown drafter", "drafter"), ("k (draft", "k"),
+                          *((f"{key} ", key) for key in SCHEDULE_PARAMS)):
         if message.startswith(prefix):
             return f"speculative.{param}"
     return "speculative"

@@ -36,10 +36,20 @@ class Round:
     #: anew for verify rows ``idx`` ``[M]`` (a rule's own LM-head paths); None when none is on.
     #: ``target_logits`` already carry them.
     penalize_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    #: how many tokens of the answer come before the first draft (the engine's committed count),
+    #: for a loose policy's relaxation schedule (:mod:`specdec.verify.schedule`); None: unknown
+    #: (a round built on its own), and then no schedule applies
+    position: int | None = None
 
     @property
     def k(self) -> int:
         return int(self.draft_tokens.shape[0])
+
+    def positions(self) -> torch.Tensor | None:
+        """``[K]`` each draft's position in the answer (0 = its first token); None when unknown."""
+        if self.position is None:
+            return None
+        return torch.arange(self.k, device=self.draft_tokens.device) + self.position
 
 
 @dataclass(frozen=True)

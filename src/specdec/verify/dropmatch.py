@@ -17,6 +17,7 @@ import torch
 
 from ..checks import option
 from .base import Round, rule_draft_probs
+from .divergence import js_divergence
 
 CRITERIA = ("naive", "js", "majority", "paper")
 
@@ -55,13 +56,6 @@ def majority_accept(tokens: torch.Tensor, draft_tokens: torch.Tensor) -> torch.T
     the paper's text does not say how a plurality below half is treated."""
     votes = (tokens == draft_tokens[None]).sum(dim=0)  # [M]
     return 2 * votes > tokens.shape[0]
-
-
-def js_divergence(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Jensen-Shannon divergence (nats) between distributions along the last axis."""
-    mid = 0.5 * (a + b)
-    kl = lambda x: (torch.special.xlogy(x, x) - torch.special.xlogy(x, mid)).sum(dim=-1)  # noqa: E731
-    return 0.5 * kl(a) + 0.5 * kl(b)
 
 
 def js_accept(path_logits: torch.Tensor, draft_dist: torch.Tensor, temperature: float) -> torch.Tensor:

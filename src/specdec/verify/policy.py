@@ -3,13 +3,17 @@
 How rules compose (one definition for every combination):
 
 1. The lossless rule decides first (exact match at T=0, ``min(1, p/q)`` at T>0).
-2. Each *token rule* (``mars``, ``dropmatch``, ``typical``) may accept a draft the lossless rule
-   rejected; a position passes if any of them accepts it. Rules only add acceptances.
+2. Each *token rule* (``mars``, ``dropmatch``, ``typical``, ``fuzzy``) may accept a draft the
+   lossless rule rejected; a position passes if any of them accepts it. Rules only add acceptances.
 3. A *window rule* (``fly``; :class:`~specdec.verify.base.WindowRule`) may flip remaining
    mismatches using the decisions of steps 1-2 (so ``fly+mars`` lets MARS acceptances count as
    agreement inside FLy's window). A policy holds at most one window rule.
 4. The round keeps the leading accepted drafts; the next token is the target's (argmax at T=0,
    residual ``max(p - q, 0)`` draw at T>0) at the first rejection, or the bonus.
+
+Steps 2-3 act only where the policy's relaxation schedule allows (:mod:`specdec.verify.schedule`):
+the answer's first ``exact_prefix`` tokens are judged by step 1 alone, then the rules apply (with a
+chance rising over ``relax_ramp`` tokens, when set).
 
 At T>0 no rule may keep a draft that has zero probability under the request's sampling settings
 (temperature, top-k, top-p): every committed token is one plain sampling could have produced. At
@@ -18,12 +22,13 @@ forbids there: :mod:`specdec.constrain` masks the target's rows before the round
 
 A composition names each rule at most once, in any order (``fly+mars`` == ``mars+fly``).
 Parameters may be given plainly (``theta=0.8``) when only one rule of the policy has that name,
-or prefixed by the rule (``mars_theta=0.8``, ``fly_theta=0.3``) always.
+or prefixed by the rule (``mars_theta=0.8``, ``fly_theta=0.3``) always. The schedule's parameters
+(``exact_prefix``, ``relax_ramp``) belong to the policy, not to a rule, and are never prefixed.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -35,8 +40,10 @@ from .base import Lossless, Round, Verdict, WindowRule, finish, lossless_mask
 from .block import Block
 from .dropmatch import DropMatch
 from .fly import Fly
+from .fuzzy import Fuzzy
 from .lossless import leading_true, residual
 from .mars import Mars
+from .schedule import Schedule
 from .tree import TreeRound, Walk, first_child_chain, walk_tree
 from .typical import Typical
 
@@ -45,7 +52,9 @@ from .typical import Typical
 #: (``kind = "window"``, ``flips``, ``lookahead``); see :mod:`specdec.verify.base`. Each class sits
 #: next to its pure function and declares its parameters, ranges and help once. A new rule is one
 #: file in verify/ and one entry here.
-RULES: dict[str, type] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typical, "fly": Fly}
+RULES: dict[str, type] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typical, "fuzzy": Fuzzy, "fly": Fly}
+#: the parameters every loose policy takes besides its rules' (its relaxation schedule), never prefixed
+SCHEDULE_PARAMS = tuple(options_of(Schedule))
 
 #: plain decoding's name: no drafts (:class:`~specdec.verify.base.Plain`)
 AR = "ar"
@@ -60,13 +69,24 @@ def rule_params(rule: str) -> list[str]:
     return list(options_of(RULES[rule]))
 
 
+def policy_param_names(rules) -> list[str]:
+    """Every name a loose policy of ``rules`` takes: each rule's parameters prefixed by the rule
+    (``mars_theta``) and plain (``theta``), and the schedule's (``exact_prefix``)."""
+    out = [*SCHEDULE_PARAMS]
+    for rule in rules:
+        out += [f"{rule}_{p}" for p in rule_params(rule)] + rule_params(rule)
+    return list(dict.fromkeys(out))
+
+
 @dataclass(frozen=True)
 class LoosePolicy:
-    """The lossless rule plus token rules, optionally wrapped by one window rule (module docstring)."""
+    """The lossless rule plus token rules, optionally wrapped by one window rule, relaxing where its
+    schedule allows (module docstring)."""
 
     name: str
     rules: tuple = ()
     window: WindowRule | None = None
+    schedule: Schedule = field(default_factory=Schedule)
     lossy = True
     verifies_trees = True
     drafts = True
@@ -92,11 +112,18 @@ class LoosePolicy:
         out = {}
         for rule in (*self.rules, *([self.window] if self.window else [])):
             out.update({f"{rule.name}_{f.name}": getattr(rule, f.name) for f in fields(rule)})
+        out.update({f.name: getattr(self.schedule, f.name) for f in fields(self.schedule)})
         return out
+
+    def relaxable(self, rnd: Round | TreeRound, allowed: torch.Tensor) -> torch.Tensor:
+        """``allowed`` where the schedule lets the rules relax each draft (a tree: each node)."""
+        positions = rnd.node_positions() if isinstance(rnd, TreeRound) else rnd.positions()
+        mask = self.schedule.relaxable(positions, rnd.generator)
+        return allowed if mask is None else allowed & mask.to(allowed.device)
 
     def verify(self, rnd: Round) -> Verdict:
         base = lossless_mask(rnd)  # [K]
-        allowed = ~base & in_support(rnd)
+        allowed = self.relaxable(rnd, ~base & in_support(rnd))
         accept = base.clone()
         added = {}
         for rule in self.rules:
@@ -118,7 +145,7 @@ class LoosePolicy:
         flat = node_round(rnd)
         alone = lossless_mask(flat)  # [N] each node judged alone (exact match / u < p at a point mass)
         # T>0: the walk's rejections are sequential over siblings, so every node may be relaxed
-        allowed = (~alone if rnd.params.greedy else torch.ones_like(alone)) & in_support(flat)
+        allowed = self.relaxable(rnd, (~alone if rnd.params.greedy else torch.ones_like(alone)) & in_support(flat))
         added = {rule.name: rule.accepts(flat, allowed) & allowed for rule in self.rules}
         extra = torch.zeros_like(alone)
         for mask in added.values():
@@ -236,14 +263,19 @@ def parse_policy(name: str, params: dict[str, Any]):
     if len(set(parts)) != len(parts):
         raise SpecdecError(f"policy {name!r} names a rule twice")
     chosen: dict[str, dict[str, Any]] = {part: {} for part in parts}
+    schedule: dict[str, Any] = {}
     for key, value in params.items():
+        if key in SCHEDULE_PARAMS:
+            spec, _ = options_of(Schedule)[key]
+            schedule[key] = spec.check(key, value)
+            continue
         rule, _, plain = key.partition("_")
         if rule in chosen and plain in rule_params(rule):
             target = rule
         else:
             owners = [p for p in parts if key in rule_params(p)]
             if not owners:
-                accepted = sorted({f"{p}_{k}" for p in parts for k in rule_params(p)} | {k for p in parts for k in rule_params(p)})
+                accepted = sorted(policy_param_names(parts))
                 raise SpecdecError(f"policy {name!r} has no parameter {key!r}; it takes: {', '.join(accepted)}")
             if len(owners) > 1:
                 raise SpecdecError(
@@ -260,4 +292,4 @@ def parse_policy(name: str, params: dict[str, Any]):
         raise SpecdecError(f"policy {name!r} combines window rules ({', '.join(windows)}); at most one per policy")
     token_rules = tuple(RULES[p](**chosen[p]) for p in parts if RULES[p].kind == "token")
     window = RULES[windows[0]](**chosen[windows[0]]) if windows else None
-    return LoosePolicy(name=name, rules=token_rules, window=window)
+    return LoosePolicy(name=name, rules=token_rules, window=window, schedule=Schedule(**schedule))

@@ -49,10 +49,22 @@ class TreeRound:
     draft_logits: torch.Tensor | None = None  # [N, V] the draft's raw logits each node was chosen from
     #: as :attr:`specdec.verify.base.Round.penalize_rows`, rows indexed as ``target_logits``
     penalize_rows: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    #: as :attr:`specdec.verify.base.Round.position`: the answer's tokens before the root's children
+    position: int | None = None
 
     @property
     def n(self) -> int:
         return int(self.tokens.shape[0])
+
+    def node_positions(self) -> torch.Tensor | None:
+        """``[N]`` each node's position in the answer (a child of the root: ``position``; one level
+        down: one more); None when unknown."""
+        if self.position is None:
+            return None
+        depth: list[int] = []
+        for parent in self.parents:
+            depth.append(0 if parent < 0 else depth[parent] + 1)
+        return torch.tensor(depth, dtype=torch.long, device=self.tokens.device) + self.position
 
     def children(self) -> list[list[int]]:
         """``[N+1]`` lists: entry 0 the root's children, entry ``i + 1`` node ``i``'s, best first."""

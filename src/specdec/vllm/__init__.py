@@ -22,7 +22,8 @@ import os
 from typing import Any
 
 from ..errors import SpecdecError
-from ..verify import RULES, rule_params
+from ..verify import RULES
+from ..verify.policy import policy_param_names
 from .config import ENGINE_KEY, REQUEST_PREFIX, VLLM_RULE, engine_selection, request_args, selection
 
 __all__ = ["ENGINE_KEY", "REQUEST_PREFIX", "VLLM_RULE", "available", "make_llm", "request_args", "rule_stats",
@@ -72,13 +73,9 @@ def _model_ref(source: str, what: str) -> str:
 
 
 def _split_policy_params(policy: str, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Pop the keyword arguments that name a parameter of ``policy`` (``theta``, ``mars_theta``, ...)."""
-    names = set()
-    for part in policy.split("+"):
-        part = part.strip()
-        if part in RULES:
-            names.update(rule_params(part))
-            names.update(f"{part}_{p}" for p in rule_params(part))
+    """Pop the keyword arguments that name a parameter of ``policy`` (``theta``, ``mars_theta``,
+    ``exact_prefix``, ...)."""
+    names = set(policy_param_names(part for part in map(str.strip, policy.split("+")) if part in RULES))
     return {k: kwargs.pop(k) for k in list(kwargs) if k in names}
 
 

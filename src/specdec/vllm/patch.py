@@ -10,7 +10,8 @@ line and leaves vLLM untouched, and :func:`specdec.vllm.make_llm` refuses it):
    the CPU backend uses, builds its rejection sampler from) becomes :class:`SpecdecRejectionSampler`,
    a subclass that runs vLLM's own ``forward`` unchanged unless a request selects a specdec rule.
 2. ``GPUModelRunner.sample_tokens`` hands that sampler, before each step, the batch's per-request
-   ``SamplingParams.extra_args`` (in batch order) and the target's final hidden states and LM head
+   ``SamplingParams.extra_args`` and output lengths (in batch order: where the drafts sit in each
+   answer, for a loose policy's ``exact_prefix``) and the target's final hidden states and LM head
    (``execute_model_state.sample_hidden_states``, ``model.compute_logits``), which DropMatch reads.
 3. ``EngineArgs.create_engine_config`` validates ``additional_config["specdec"]`` in the caller's
    process (before any engine starts), requires a speculative config when it is set, and selects
@@ -92,6 +93,7 @@ class Step:
     selections: list[Selection | None]
     hidden: torch.Tensor | None = None  # [num_tokens + batch, H] in logits order
     lm_head: Any = None
+    positions: list[int] | None = None  # per row: the answer's tokens before this step's drafts
 
 
 # ---------------------------------------------------------------------------------------- sampler
@@ -229,6 +231,7 @@ def rule_batch(metadata, step: Step, policies, rule_logits, target_logits, draft
         generators=sampling_metadata.generators,
         hidden=hidden,
         lm_head=lm_head,
+        positions=step.positions,
     )
 
 
@@ -296,6 +299,17 @@ def _selections(runner, sampler) -> list[Selection | None]:
     return out
 
 
+def _positions(runner) -> list[int]:
+    """Each batch row's output length so far (its ``CachedRequestState.output_token_ids``): where
+    this step's drafts sit in the answer. A request whose state does not say counts as at the
+    answer's start, so a relaxation schedule errs on the exact side."""
+    out = []
+    for req_id in runner.input_batch.req_ids:
+        state = runner.requests.get(req_id)
+        out.append(len(getattr(state, "output_token_ids", None) or ()))
+    return out
+
+
 def install() -> bool:
     """Install the patches (idempotent). False, with one log line, on an unsupported vLLM."""
     global _installed
@@ -319,7 +333,7 @@ def install() -> bool:
         state = getattr(self, "execute_model_state", None)
         if isinstance(sampler, cls) and state is not None and state.spec_decode_metadata is not None:
             sampler.step = Step(_selections(self, sampler), getattr(state, "sample_hidden_states", None),
-                                lambda h, model=self.model: model.compute_logits(h).float())
+                                lambda h, model=self.model: model.compute_logits(h).float(), _positions(self))
         try:
             return original_sample_tokens(self, grammar_output)
         finally:

@@ -46,7 +46,9 @@ class RaggedBatch:
     specdec's rules call raw logits. ``target_probs`` are the sampling distributions after temperature/top-k/top-p
     (rows of greedy requests are not read; None when every request is greedy). ``hidden`` and
     ``lm_head`` are the target's final hidden states at the draft positions ``[N, H]`` and its
-    LM head, for rules that ask for them (DropMatch)."""
+    LM head, for rules that ask for them (DropMatch). ``positions``: how many tokens each request
+    has generated before this step's drafts (a loose policy's relaxation schedule,
+    :mod:`specdec.verify.schedule`); None: unknown, no schedule."""
 
     draft_token_ids: torch.Tensor  # [N] int
     num_draft_tokens: Sequence[int]  # [B]
@@ -58,6 +60,7 @@ class RaggedBatch:
     generators: Mapping[int, torch.Generator] | None = None  # batch index -> the request's generator
     hidden: torch.Tensor | None = None  # [N, H]
     lm_head: Callable[[torch.Tensor], torch.Tensor] | None = None  # [..., H] -> [..., V] float32
+    positions: Sequence[int] | None = None  # [B]
 
     def __post_init__(self) -> None:
         n = int(self.draft_token_ids.shape[0])
@@ -113,6 +116,7 @@ class RaggedBatch:
             lm_head=self.lm_head,
             # the draft's distributions as logits, so rules that read the draft's softmax at T=0 see them
             draft_logits=None if self.draft_probs is None else self.draft_probs[s : s + k].float().log(),
+            position=None if self.positions is None else int(self.positions[i]),
         )
 
 
