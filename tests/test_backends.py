@@ -34,7 +34,7 @@ def _hf(request):
 def _llama(request):
     from specdec.backends.llamacpp import LlamaCppModel
 
-    return LlamaCppModel(request.getfixturevalue("gguf_path"), "tiny", n_ctx=512, threads=2)
+    return LlamaCppModel(request.getfixturevalue("gguf_path"), "tiny", n_ctx=512, threads=1)
 
 
 #: how each registered backend's model of the tiny test weights is made (one entry per backend)
@@ -70,7 +70,7 @@ def test_logits_at_every_position_equal_one_token_passes(lm):
 def test_both_backends_compute_the_same_model(gguf_path):
     from specdec.backends.llamacpp import LlamaCppModel
 
-    hf, ll = HFModel(tiny_model(0), "tiny"), LlamaCppModel(gguf_path, "tiny", n_ctx=512, threads=2)
+    hf, ll = HFModel(tiny_model(0), "tiny"), LlamaCppModel(gguf_path, "tiny", n_ctx=512, threads=1)
     try:
         a = hf.forward(CONTEXT, num_logits=len(CONTEXT))
         b = ll.forward(CONTEXT, num_logits=len(CONTEXT))

@@ -75,8 +75,8 @@ def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, dra
     from specdec.backends.llamacpp import LlamaCppModel
 
     t_path, d_path = tiny_files
-    target = LlamaCppModel(gguf_path(f"{t_path}@{target_fmt}", progress=False), "t", n_ctx=256, threads=2)
-    draft = LlamaCppModel(gguf_path(f"{d_path}@{draft_fmt}", progress=False), "d", n_ctx=256, threads=2)
+    target = LlamaCppModel(gguf_path(f"{t_path}@{target_fmt}", progress=False), "t", n_ctx=256, threads=1)
+    draft = LlamaCppModel(gguf_path(f"{d_path}@{draft_fmt}", progress=False), "d", n_ctx=256, threads=1)
     engine = Engine(target, draft, eos_ids=[])
     for prompt in (list(b"def fib(n):"), list(b"Hello, world. Hello, ")):
         ar = engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=20)).token_ids
@@ -97,14 +97,14 @@ def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, mo
     from specdec.costmodel import CostTable
 
     t_path, d_path = tiny_files
-    target = LlamaCppModel(t_path, "t", n_ctx=512, threads=2)
+    target = LlamaCppModel(t_path, "t", n_ctx=512, threads=1)
     step = {"draft.gguf": 0.030, "draft-q4_0.gguf": 0.010, "draft-iq4_nl.gguf": 0.020}  # made-up costs
     widths = list(range(1, 18)) + [24, 32]
     target_table = CostTable("t", "bf16", widths, [0.1 + 0.005 * (w - 1) for w in widths], context=32,
                              prefill_seconds=0.3)
 
     def load(source):
-        return LlamaCppModel(model_file(source, progress=False), source, n_ctx=512, threads=2)
+        return LlamaCppModel(model_file(source, progress=False), source, n_ctx=512, threads=1)
 
     def table(lm):
         s = step[lm.path.name]
@@ -135,9 +135,9 @@ def test_along_counts_positions_where_both_models_pick_the_same_token(tiny_files
     from specdec.backends.llamacpp import LlamaCppModel
 
     t_path, d_path = tiny_files
-    target = LlamaCppModel(t_path, "t", n_ctx=512, threads=2)
+    target = LlamaCppModel(t_path, "t", n_ctx=512, threads=1)
     ids = list(b"def add(a, b):\n    return a + b\n")
-    same = draft_formats.along(target, LlamaCppModel(t_path, "t2", n_ctx=512, threads=2), ids)
+    same = draft_formats.along(target, LlamaCppModel(t_path, "t2", n_ctx=512, threads=1), ids)
     assert same["agreement"] == 1.0 and set(same["agree"]) == {"1"} and len(same["top1"]) == len(ids) - 1
-    other = draft_formats.along(target, LlamaCppModel(d_path, "d", n_ctx=512, threads=2), ids)
+    other = draft_formats.along(target, LlamaCppModel(d_path, "d", n_ctx=512, threads=1), ids)
     assert 0.0 <= other["agreement"] < 1.0

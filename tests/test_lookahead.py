@@ -200,7 +200,7 @@ def test_greedy_lookahead_equals_plain_decoding_on_llama_cpp(tmp_path):
 
     path = save_tiny_gguf(tiny_model(21, layers=1, hidden=16, initializer_range=0.2), byte_tokenizer(),
                           tmp_path / "target.gguf")
-    engine = Engine(LlamaCppModel(path, "tiny", n_ctx=256, threads=2), None, eos_ids=[258])
+    engine = Engine(LlamaCppModel(path, "tiny", n_ctx=256, threads=1), None, eos_ids=[258])
     accepted = 0
     for prompt in PROMPTS:
         ar = engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=24)).token_ids

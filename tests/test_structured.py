@@ -384,7 +384,7 @@ def test_llama_cpp_backend_respects_the_grammar(tmp_path):
     kw = dict(layers=1, hidden=16, initializer_range=0.2)
     paths = (save_tiny_gguf(tiny_model(21, **kw), TOK, tmp_path / "t.gguf"),
              save_tiny_gguf(tiny_model(22, **kw), TOK, tmp_path / "d.gguf"))
-    target, draft = (LlamaCppModel(p, f"tiny-{i}", n_ctx=256, threads=2) for i, p in enumerate(paths))
+    target, draft = (LlamaCppModel(p, f"tiny-{i}", n_ctx=256, threads=1) for i, p in enumerate(paths))
     engine = Engine(target, draft, eos_ids=[EOS], constraints=Constraints(TOK, target.vocab_limit, [EOS]))
     for kind in ("regex", "json"):
         ar_cfg = DecodeConfig(policy="ar", max_new_tokens=30, constraint=constraint(kind))

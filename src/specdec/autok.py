@@ -29,7 +29,9 @@ the prior returns where nothing is drafted: :mod:`specdec.acceptance`).
   this acceptance: the rate to beat) against ``j`` draft steps and the wider verify pass. Jagged
   width curves (4-bit kernels take rows in fours) are read as measured.
 - Drafters without probabilities (prompt lookup, suffix) draft the block that maximises expected
-  tokens per second under a per-position acceptance estimate; their draft costs ~0.
+  tokens per second under a per-position acceptance estimate (learned from their rounds, not from
+  their match length); their draft costs ~0. While they take plain steps the estimate fades back
+  to its prior, so they try again after a bad stretch.
 - A policy with a lookahead ``W`` (FLy's window) drafts at least ``W + 1`` when it drafts, since
   shorter blocks leave the window inert.
 
