@@ -127,6 +127,9 @@ def test_a_long_read_measured_on_an_accelerator_prices_long_prompts():
     assert flat.read(1) == pytest.approx(0.016)
     assert flat.read(288) == pytest.approx(0.016 + 287 / 511 * 0.004)  # not 288 x the 32-token prefill's share
     assert CostTable.from_dict(flat.to_dict()).long_read == [512, 0.020]
+    for bad in ([512], [512, -1.0], "512", [1, 0.02]):
+        with pytest.raises(ValueError, match="long_read"):
+            CostTable.from_dict({**flat.to_dict(), "long_read": bad})
     assert bf16_like().long_read is None and bf16_like().read(64) == pytest.approx(64 * 0.3 / 32)
 
 
@@ -303,3 +306,19 @@ def test_the_stop_threshold_policy_stops_after_a_draft_below_its_threshold():
     cut = replay(trace, "d", StopBelow(0.5), clock)
     assert all(a == k or a == k - 1 for k, a in zip(cut.k_chosen, cut.accepted_per_round))
     assert cut.drafted - cut.accepted <= one.drafted - one.accepted + cut.rounds
+
+
+def test_a_bad_long_read_or_prompt_in_a_file_is_a_one_line_error(tmp_path):
+    from specdec.bench.replaycli import read_tables
+
+    table = {**bf16_like().to_dict(), "long_read": [512]}
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(table))
+    with pytest.raises(SpecdecError, match="long_read"):
+        read_tables([str(path)])
+    trace = hand_trace("1101")
+    trace.prompt = [1, 2, 3]  # 3 ids for a 40-token prompt
+    bad = tmp_path / "bad.jsonl"
+    write_traces(bad, header("qwen@bf16", "tok1", count=1), [trace])
+    with pytest.raises(SpecdecError):
+        read_traces(bad)

@@ -108,4 +108,13 @@ class CostTable:
                    kernels=[str(k) for k in d.get("kernels") or []],
                    spread=[float(x) for x in d.get("spread") or []], noisy=str(d.get("noisy") or ""),
                    stale=str(d.get("stale") or ""), context_slope=float(d.get("context_slope") or 0.0),
-                   long_read=[int(d["long_read"][0]), float(d["long_read"][1])] if d.get("long_read") else None)
+                   long_read=_long_read(d.get("long_read")))
+
+
+def _long_read(value) -> list[float] | None:
+    """A table's ``long_read`` as stored, checked: ``[tokens > 1, seconds > 0]`` or None."""
+    if not value:
+        return None
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and float(value[0]) > 1 and float(value[1]) > 0):
+        raise ValueError(f"long_read must be [tokens > 1, seconds > 0], got {value!r}")
+    return [int(value[0]), float(value[1])]
