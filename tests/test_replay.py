@@ -297,7 +297,7 @@ def test_calibrate_exports_what_replay_reads_and_an_unwritable_path_is_one_line(
 
 
 def test_the_stop_threshold_policy_stops_after_a_draft_below_its_threshold():
-    from specdec.replay import StopBelow
+    from specdec.bench.replaycli import StopBelow
 
     trace = hand_trace("1101111011")  # top1 0.9 where the draft agrees, 0.4 where it does not
     clock = Clock(bf16_like(), draft_table())

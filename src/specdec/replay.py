@@ -183,8 +183,7 @@ class LookupSource:
         return len(tokens), accepted, 0.0
 
     def commit(self, t: int, drafted: int, accepted: int) -> None:
-        n = len(self.trace.prompt) + t + accepted + 1
-        self.context = list(self.trace.prompt) + self.trace.answer[: n - len(self.trace.prompt)]
+        self.context = list(self.trace.prompt) + self.trace.answer[: t + accepted + 1]
         self.drafter.commit(self.context, drafted, accepted)
 
 
@@ -226,38 +225,6 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None) 
         policy.end(n, cut=trace.finish_reason == "length")
     out.seconds = out.prefill + out.draft + out.verify + out.overhead
     return out
-
-
-class StopBelow:
-    """A K policy for comparison: draft up to ``k_max``, stop after a draft the draft model gave
-    less than ``threshold`` (the drafter's ``min_prob`` rule). The best threshold found with
-    hindsight over a dataset (:data:`THRESHOLDS`) bounds what a controller that reads only the
-    draft's own probabilities gets there, far tighter than the oracle on prose."""
-
-    declined = 0
-    tables: tuple = ()
-
-    def __init__(self, threshold: float, k_max: int = 31):
-        self.threshold, self.k_max = float(threshold), int(k_max)
-
-    def begin(self, max_new_tokens: int) -> None:
-        pass
-
-    def budget(self, t: int, room: int, backlog: int) -> int:
-        return max(0, min(self.k_max, room))
-
-    def more(self, i: int, p: float) -> bool:
-        return p >= self.threshold
-
-    def observe(self, drafted: int, accepted: int, seconds: float = 0.0) -> None:
-        pass
-
-    def end(self, tokens: int, cut: bool = False) -> None:
-        pass
-
-
-#: the stop thresholds :class:`StopBelow` is replayed at (the best one is reported)
-THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 def runs(dt: DraftTrace, n: int) -> np.ndarray:
