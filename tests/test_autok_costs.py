@@ -181,3 +181,22 @@ def test_an_answer_cut_by_its_length_limit_counts_as_running_on():
         short.end(8)
     short.begin(257)
     assert short.budget(0, 255, 300) == 0
+
+
+def test_a_controller_waiting_to_read_forgets_a_bad_stretch_and_starts_again():
+    """A window rule (draft at least W + 1 or nothing) after bad rounds: the pooled rate sits where a
+    block barely pays, so reading a long backlog does not; while it waits, what it learned fades (as
+    at K = 0) and it starts again within the answer, instead of taking plain steps to the end."""
+    prior = AcceptancePrior([0.27, 0.55, 0.63, 0.97, 0.98, 0.99, 0.91, 0.99], 0.84)
+    c = AutoK(bandwidth_bound(), draft_table(), window=6, prior=prior)
+    c.begin(400)
+    for _ in range(2):
+        assert c.budget(0, 7, 1) == 7
+        for i in range(1, 8):
+            c.more(i, 0.97)
+        c.observe(7, 0)  # seven sure drafts, none kept
+    c.end(400, cut=True)
+    c.begin(400)
+    ks = [c.budget(t, 399 - t, 100 + t) for t in range(399)]
+    assert ks[0] == 0 and c.declined > 0
+    assert any(ks[:100]), "never drafted again"

@@ -54,6 +54,8 @@ STEADY_FEED = 2
 UNMEASURED_DRAFT_STEP = 1 / 3
 #: answer lengths remembered per controller (to judge whether a new answer runs long enough to read for)
 LENGTHS = 16
+#: a start position is planned again when the seconds per token drafting would take moved by this share
+REPLAN = 0.01
 
 class KPolicy:
     """What the engine (and a replay) asks each round. ``budget(t, room, backlog)``: the most drafts
@@ -118,6 +120,7 @@ class AutoK(KPolicy):
         self.max_new = 0
         self.start_at: int | None = 0  # this request's position to start reading at (None: never)
         self.planned_backlog, self.planned_t, self.planned_until = -1, 0, 0  # what start_at was planned for
+        self.planned_spt = 0.0  # and at which seconds per token drafting would take
         self._plans: dict[float, tuple[int, float]] = {}
         self.probs: list[float] = []  # this round's draft probabilities
         self.kept_p = 1.0  # the chance every draft of this round so far is kept
@@ -172,17 +175,18 @@ class AutoK(KPolicy):
         self.probs, self.kept_p, self.limit = [], 1.0, 0
         if room <= 0:
             return 0
-        k, _ = self.plan()
+        k, spt = self.plan()
         if k == 0:  # nothing is learned at K = 0: the prior slowly returns
-            self.bins.decay() if self.needs_model else self.positions.forget()
-            self._plans.clear()
+            self._fade()
             return 0
         if backlog > STEADY_FEED and self.needs_model:
             if (self.planned_backlog < 0 or backlog != self.planned_backlog + (t - self.planned_t)
-                    or t >= self.planned_until):
+                    or t >= self.planned_until or abs(spt - self.planned_spt) > REPLAN * self.planned_spt):
                 self.start_at, self.planned_backlog, self.planned_t = self.start(t, room, backlog), backlog, t
+                self.planned_spt = spt
             if self.start_at is None or t < self.start_at:
                 self.declined += 1
+                self._fade()  # nor while waiting to read: else a plan that barely pays never starts
                 return 0
         room = min(room, self.k_max)
         if not self.needs_model:  # no probabilities: the block with the most tokens per second
@@ -192,6 +196,10 @@ class AutoK(KPolicy):
             return k
         self.limit = room
         return room
+
+    def _fade(self) -> None:
+        self.bins.decay() if self.needs_model else self.positions.forget()
+        self._plans.clear()
 
     def more(self, i: int, p: float) -> bool:
         self.probs.append(float(p))
