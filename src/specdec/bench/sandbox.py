@@ -34,13 +34,17 @@ other user (``ISOLATED_USERNS``) but for identity:
   ``subprocess`` functions are removed in the program process (ctypes gets past it; the layers
   above do not depend on it).
 
-Why bubblewrap and nothing of our own: every guarantee above is one of bwrap's options, bwrap
-alone makes the namespaces and the mounts, and the two processes get namespaces and an identity
-each by being two sandboxes side by side rather than one sandbox that splits itself. The one step
-it cannot take is as root: ``--uid`` needs a user namespace, and a user namespace made by root maps
-the sandbox to root's own uid, which still owns root's files; so as root the process takes its
-fresh uid itself, with the two capabilities bwrap leaves it for that (``os.setresuid``, no
-namespace code). bwrap's seccomp filters are not used (there is no filter today either).
+Why bubblewrap and nothing of our own: the namespace code this replaced (a supervisor that split
+one ``unshare`` sandbox into the program's and the tester's) argued that the two need namespaces
+and an identity each inside, which bwrap would not make; two sandboxes side by side give them
+that, with no nesting (a nested bwrap would need a user namespace inside the first) and no
+supervisor (the caller reads the verdict), and every guarantee above is one of bwrap's options.
+The one step bwrap cannot take is as root: ``--uid`` needs a user namespace, and a user namespace
+made by root maps the sandbox to root's own uid, which still owns root's files (``/etc/shadow``
+would be readable); so as root the process takes its fresh uid itself, with the two capabilities
+bwrap leaves it for that (``os.setresuid``: no namespace code is kept). Not used: ``--as-pid-1``
+(bwrap's reaper as pid 1 is what reaps the program's orphans), seccomp filters (bwrap takes a
+compiled filter, and there was none before either).
 
 **Verdict.** A program that shares a process with the code deciding "passed" can always forge it
 (any secret in its memory or any pipe it holds can be found with ctypes). So the tests run in the
