@@ -74,9 +74,10 @@ EXPECTED_VIEW = ([1, 2], 2, "0" * 16, "0" * 16, "1",
 
 @isolated
 def test_program_sees_only_its_own_processes_and_devices_and_has_no_capabilities():
-    """pid 1 is its namespace's reaper, pid 2 the program: the supervisor and the tester are out of
-    sight; no capability, no_new_privs, and of /dev only the harmless devices. As root, no groups
-    either (not root, the user's groups stay: an unprivileged process cannot drop them)."""
+    """pid 1 is its namespace's reaper (bwrap's), pid 2 the program: the tester, in a sandbox of its
+    own, is out of sight; no capability, no_new_privs, and of /dev only the harmless devices. As
+    root, no groups either (not root, the user's groups stay: an unprivileged process cannot drop
+    them)."""
     plain = run_program(OWN_VIEW + f"assert view() == {EXPECTED_VIEW!r}, view()\n")
     assert plain.passed, plain.status
     tested = run_program(OWN_VIEW, tests=f"def check(c):\n    assert c() == {EXPECTED_VIEW!r}\n", entry_point="view")
@@ -235,7 +236,7 @@ def test_kill_of_an_outside_process_fails():
 
 
 FORGERIES = {
-    # write a pass verdict, in the supervisor's format, to every descriptor the program has
+    # write a pass verdict, in the verdict pipe's format, to every descriptor the program has
     "verdict-on-every-fd": (
         "import json, os, struct\n"
         "msg = json.dumps({'passed': True}).encode()\n"
@@ -256,13 +257,13 @@ FORGERIES = {
         "class Any:\n    def __eq__(self, other):\n        return True\n"
         "def f(x):\n    return Any()\n"
     ),
-    # signal or trace the tester and the supervisor
+    # signal or trace the tester and the caller
     "kill-the-tester": (
         "import ctypes\nlibc = ctypes.CDLL(None)\n"
         "for pid in range(1, 64):\n    libc.kill(pid, 9)\n"
         "def f(x):\n    return x\n"
     ),
-    # read the tests (and their expected values) from the tester's or supervisor's memory and fds
+    # read the tests (and their expected values) from the tester's or the caller's memory and fds
     "read-the-tests": (
         "import glob\nfound = []\n"
         "for p in glob.glob('/proc/[0-9]*/fd/*') + glob.glob('/proc/[0-9]*/mem') + ['/dev/stdin']:\n"
