@@ -199,23 +199,30 @@ def bwrap_args(mode: str, cwd: str) -> list[str]:
     args = [shutil.which("bwrap") or "bwrap", *BWRAP_FLAGS, *(USERNS_FLAGS if mode == ISOLATED_USERNS else ROOT_FLAGS),
             "--ro-bind", "/", "/", "--proc", "/proc", "--tmpfs", "/dev"]
     for name in DEVICES:
-        args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+        if os.path.exists(f"/dev/{name}"):
+            args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
     for name, target in DEV_LINKS.items():
         args += ["--symlink", target, f"/dev/{name}"]
     args += ["--dir", "/dev/shm", "--remount-ro", "/dev",
-             "--size", str(TMP_MB << 20), "--tmpfs", "/tmp", "--perms", "01777", "--dir", WORK]
-    hidden = [h for h in HIDDEN if os.path.isdir(h) and not os.path.islink(h)]
-    python = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, *sys.path) if p and os.path.exists(p)}
-    for h in hidden:
-        args += ["--tmpfs", h]
-        for p in sorted(python):  # outermost first; a path inside one already bound comes with it
-            if p.startswith(h + "/") and not any(p.startswith(q + "/") for q in python):
-                between = [q for q in Path(p).parents if Path(h) in q.parents]  # bwrap would make them 0700
-                for q in reversed(between):
-                    args += ["--perms", "0755", "--dir", str(q)]
-                args += ["--ro-bind", p, p]
-        args += ["--remount-ro", h]
+             "--size", str(TMP_MB << 20), "--tmpfs", "/tmp", *_python_under("/tmp"), "--perms", "01777", "--dir", WORK]
+    for h in HIDDEN:
+        if os.path.isdir(h) and not os.path.islink(h):
+            args += ["--tmpfs", h, *_python_under(h), "--remount-ro", h]
     return [*args, "--chdir", cwd, "--"]
+
+
+def _python_under(folder: str) -> list[str]:
+    """bwrap's options that bind this Python installation (its prefixes and ``sys.path``) back
+    where it lies under ``folder``, once ``folder`` is covered; the folders on the way readable."""
+    python = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, *sys.path) if p and os.path.exists(p)}
+    args = []
+    for p in sorted(python):  # the outermost only: what lies inside one comes with it
+        if p.startswith(folder + "/") and not any(p.startswith(q + "/") for q in python):
+            between = [q for q in Path(p).parents if Path(folder) in q.parents]  # bwrap would make them 0700
+            for q in reversed(between):
+                args += ["--perms", "0755", "--dir", str(q)]
+            args += ["--ro-bind", p, p]
+    return args
 
 
 def _command(mode: str, role: str, cwd: str) -> list[str]:
