@@ -9,12 +9,14 @@
 - any other folder carries a README.md naming the command or script that made it, and any
   ``specdec bench`` command it prints parses and passes today's checks.
 
-No model is loaded; the folders are copied, never written. ``python -m specdec.bench.migrate``
-brings a folder written by an older specdec up to date.
+No model is loaded; the folders are copied, never written.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import json
 import shlex
 import shutil
@@ -22,21 +24,64 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import migrate as mig
+from specdec.bench import cli as bench_cli, tune
+from specdec.bench.options import run_settings
+from specdec.bench.results import ResultsFile, _refuse_other_settings
+from specdec.bench.tune_status import STAGES
 from specdec.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 FOLDERS = sorted(p for p in BENCH.iterdir() if p.is_dir())
 RUNS = [p.name for p in FOLDERS if (p / "run.json").is_file()]
-TUNES = [p.name for p in FOLDERS if any((p / s / "run.json").is_file() for s in mig.TUNE_STAGES)]
+TUNES = [p.name for p in FOLDERS if any((p / s / "run.json").is_file() for s in STAGES)]
 OTHERS = [p.name for p in FOLDERS if p.name not in RUNS and p.name not in TUNES]
 
 
-def _argv(command: list[str], out: Path, *extra: str) -> list[str]:
+def _argv(command: list[str], out: Path | str, *extra: str) -> list[str]:
     argv = list(command)
     argv[argv.index("--out") + 1] = str(out)
     return [*argv, *extra]
+
+
+def folder_command(folder: Path, name: str) -> list[str]:
+    """The command ``folder``'s run.json records (what the bare ``--report-only`` reads), with
+    ``--out`` the committed folder ``benchmarks/NAME``."""
+    command = bench_cli.recorded_command(folder)
+    assert command and "--out" in command, folder
+    return _argv(command, f"benchmarks/{name}")
+
+
+def parse_command(command: list[str]) -> argparse.Namespace:
+    """``command`` parsed by today's ``specdec`` parser, as ``specdec bench``/``tune`` parse it."""
+    parser = argparse.ArgumentParser(prog="specdec")
+    sub = parser.add_subparsers(dest="command")
+    bench_cli.register(sub)
+    tune.register(sub)
+    with contextlib.redirect_stderr(io.StringIO()):
+        return parser.parse_args(command)
+
+
+def check_tune_folder(tune_folder: Path, command: list[str]) -> None:
+    """Today's tune, given ``command``, plans every problem each stage folder of ``tune_folder``
+    holds and computes the settings its run.json stores, the machine's keys aside: what its resume
+    compares, and what ``--status`` reports."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        a = parse_command(_argv(command, tune_folder))
+        plan = tune._plan_tune(a)
+    splits = {"proxy": (plan.proxy_set, plan.proxy_settings), "confirm": (plan.dataset, plan.settings),
+              "validate": (plan.validation, plan.settings)}
+    for stage in STAGES:
+        folder = Path(tune_folder) / stage
+        if not (folder / "run.json").is_file():
+            continue
+        dataset, settings = splits[stage]
+        planned = {s.id for s in dataset.samples} if dataset is not None else set()
+        ran = {r["sample_id"] for r in ResultsFile(folder).load(repair=False)}
+        assert ran <= planned, (stage, sorted(ran - planned)[:3])
+        stored = json.loads((folder / "run.json").read_text())["settings"]
+        _refuse_other_settings(folder, stored, run_settings(a, settings, dataset, plan.env),
+                               ignore=bench_cli.MACHINE_KEYS)
 
 
 def test_the_folders_are_found():
@@ -46,8 +91,8 @@ def test_the_folders_are_found():
 @pytest.mark.parametrize("name", RUNS)
 def test_report_only_accepts_the_folder(name, tmp_path, monkeypatch, capsys):
     src = BENCH / name
-    command = mig.canonical_command(src)
-    assert command[0] == "bench" and command[command.index("--out") + 1] == f"benchmarks/{name}", command
+    command = folder_command(src, name)
+    assert command[0] == "bench", command
     copy = tmp_path / name
     shutil.copytree(src, copy)
     monkeypatch.chdir(ROOT)  # --config paths are the committed ones
@@ -110,18 +155,18 @@ def test_bare_report_only_on_a_tune_folder_points_to_status(tmp_path, monkeypatc
 @pytest.mark.parametrize("name", TUNES)
 def test_tune_accepts_the_folder(name, tmp_path, monkeypatch, capsys):
     src = BENCH / name
-    stages = [s for s in mig.TUNE_STAGES if (src / s / "run.json").is_file()]
-    commands = {s: mig.canonical_command(src / s) for s in stages}
+    stages = [s for s in STAGES if (src / s / "run.json").is_file()]
+    commands = {s: folder_command(src / s, name) for s in stages}
     command = commands[stages[-1]]
     assert all(c == command for c in commands.values()), commands
-    assert command[0] == "tune" and command[command.index("--out") + 1] == f"benchmarks/{name}", command
+    assert command[0] == "tune", command
     copy = tmp_path / name
     shutil.copytree(src, copy)
     monkeypatch.chdir(ROOT)
     # --unsafe-exec: where this machine cannot isolate code; --status executes none, and the sandbox
     # label is a machine key
     command = [*command, "--unsafe-exec"]
-    mig.check_tune_folder(copy, command)
+    check_tune_folder(copy, command)
     rc = main(_argv(command, copy, "--status"))
     out, err = capsys.readouterr()
     assert rc == 0, err
@@ -141,43 +186,8 @@ def test_other_folders_name_what_made_them(name, monkeypatch):
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("specdec bench "):
-            a = mig.parse_command(shlex.split(line)[1:])
+            a = parse_command(shlex.split(line)[1:])
             parse_args(a)  # raises on a configuration today's code refuses
-
-
-def test_migration_round_trip(tmp_path, monkeypatch, capsys):
-    """An older run.json (no backend, scorer 2, no sandbox) is refused with a pointer to the
-    migration; migrated, the same command reports it, with the verdicts unchanged."""
-    name = "specbench-coding3-256-fly-after-avx512bf16"
-    copy = tmp_path / "benchmarks" / name
-    shutil.copytree(BENCH / name, copy)
-    run = json.loads((copy / "run.json").read_text())
-    old = {k: v for k, v in run["settings"].items() if k not in ("backend", "sandbox")}
-    (copy / "run.json").write_text(json.dumps({"settings": {**old, "scorer": 2},
-                                               "invocations": run["invocations"]}))
-    monkeypatch.chdir(ROOT)
-    command = run["migrations"][-1]["command"]
-    assert main(_argv(command, copy, "--report-only", "--no-plots", "-q")) == 2
-    err = capsys.readouterr().err
-    assert "python -m specdec.bench.migrate" in err and "scorer: 2 -> 3" in err
-    r = mig.migrate(copy, renames=mig.renamed_outs(BENCH), progress=False)
-    assert r["filled"]["backend"]["value"] == "transformers"
-    assert r["verdicts_changed"]["count"] == 0 and r["rescored"] == 9
-    assert r["command"] == command
-    assert not r["figures"]
-    capsys.readouterr()
-    assert main(_argv(command, copy, "--report-only", "--no-plots", "-q")) == 0
-
-
-def test_migration_refuses_what_it_cannot_tell(tmp_path):
-    folder = tmp_path / "old"
-    folder.mkdir()
-    (folder / "run.json").write_text(json.dumps({"settings": {"scorer": 2}, "invocations": [{"argv": ["bench"]}]}))
-    with pytest.raises(mig.SpecdecError, match="results.jsonl"):
-        mig.migrate(folder)
-    (folder / "results.jsonl").write_text("")
-    with pytest.raises(mig.SpecdecError, match="cpu_flags"):
-        mig.migrate(folder)
 
 
 def _documented_runs() -> list[tuple[str, list[str]]]:
@@ -223,7 +233,7 @@ def test_documented_command_names_its_folder(where, argv, tmp_path, monkeypatch,
     shutil.copytree(src, copy)
     if argv[0] == "tune":
         command = [*argv, "--unsafe-exec"]
-        mig.check_tune_folder(copy, command)
+        check_tune_folder(copy, command)
         assert main(_argv(command, copy, "--status")) == 0, capsys.readouterr().err
     elif (src / "run.json").is_file():
         rc = main(_argv(argv, copy, "--report-only", "--no-plots", "-q"))
@@ -232,4 +242,4 @@ def test_documented_command_names_its_folder(where, argv, tmp_path, monkeypatch,
             json.loads((src / "summary.json").read_text())["configs"].keys()
     else:
         assert (src / "README.md").is_file()
-        parse_args(mig.parse_command(argv))
+        parse_args(parse_command(argv))

@@ -8,7 +8,8 @@ transformers' own assisted generation. Modules:
 - :mod:`.datasets`  HumanEval, Spec-Bench and the built-in fixture as :class:`~.datasets.Sample`
 - :mod:`.jsontask`  json-extraction: Spec-Bench's extraction questions under JSON schemas, and JSON validity
 - :mod:`.prompts`   the one prompt format every benchmark uses
-- :mod:`.sandbox`   running untrusted programs (namespaces, identities of their own, limits; the tests apart)
+- :mod:`.sandbox`   running untrusted programs on bubblewrap (namespaces, identities of their own, limits;
+  the tests in a sandbox apart); :mod:`.sandbox_child` the code that runs inside
 - :mod:`.quality`   pass@1, math final-answer accuracy, agreement with ``ar``
 - :mod:`.peers`     transformers' assisted generation and prompt lookup, timed like ours
 - :mod:`.results`   the append-only, resumable ``results.jsonl`` and the run settings file

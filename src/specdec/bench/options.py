@@ -56,8 +56,8 @@ def add_execution_args(o) -> None:
     o.add_argument("--sandbox-timeout", default="10", metavar="S", help="wall seconds per HumanEval check (default: 10)")
     o.add_argument("--sandbox-memory-mb", default="1024", metavar="MB", help="address-space limit per check (default: 1024)")
     o.add_argument("--unsafe-exec", action="store_true",
-                   help="where the sandbox cannot isolate code (it needs unshare and, unless root, unprivileged user "
-                        "namespaces), run model-written code anyway, with resource limits only (recorded in run.json)")
+                   help="where the sandbox cannot isolate code (it needs bubblewrap and, unless root, unprivileged "
+                        "user namespaces), run model-written code anyway, with resource limits only (recorded in run.json)")
     o.add_argument("-q", "--quiet", action="store_true", help="no progress bar or startup line")
 
 

@@ -248,12 +248,6 @@ def _refuse_other_settings(out_dir: Path, old: dict, new: dict, ignore: tuple = 
     diffs = [k for k in sorted(set(old) | set(new)) if k not in ignore and old.get(k) != new.get(k)]
     if diffs:
         shown = "; ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in diffs[:4])
-        older = [k for k in diffs if k not in old and k in new]
-        if isinstance(new.get("scorer"), int) and (old.get("scorer") or 0) < new["scorer"]:
-            older.append("scorer")
-        if older:  # written by an older specdec: the migration fills what it lacks and re-scores
-            hint += (f"; the folder was written by an older specdec (no or older {', '.join(sorted(set(older)))}): "
-                     f"python -m specdec.bench.migrate {out_dir} brings it up to date")
         raise SpecdecError(f"{out_dir} holds results made with different settings ({shown}); {hint}")
 
 

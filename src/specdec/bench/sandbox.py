@@ -1,59 +1,69 @@
 """Run an untrusted program (model-written code) against its tests, isolated from the machine.
 
-Isolation (``isolation()`` probes it once; the bench records its ``label`` in ``run.json``), the
-same as root (``ISOLATED``) and as any other user (``ISOLATED_USERNS``) but for identity:
+The program and the tests that judge it run in two processes, each in a bubblewrap sandbox of its
+own (``bwrap``, Debian's ``bubblewrap``), joined only by two pipes; ``isolation()`` probes it once
+and the bench records its ``label`` in ``run.json``, the same as root (``ISOLATED``) and as any
+other user (``ISOLATED_USERNS``) but for identity:
 
-- **namespaces**: ``unshare --pid --fork --kill-child --mount --mount-proc --net --ipc --uts``
-  starts the supervisor (:mod:`.sandbox_child`) as pid 1 of its own pid namespace, with a
-  network namespace holding only a downed loopback (no route anywhere, abstract unix sockets
-  cut off) and a mount namespace where everything is read-only and nosuid except a tmpfs work
-  folder (``/tmp/work``, ``TMP_MB``); ``/tmp``, ``/run``, ``/root``, ``/home`` and the like are
-  covered by empty tmpfs, so no socket file or scratch file of the host is reachable, and
-  ``/dev`` holds only null, zero, full, random and urandom (no terminal, no disk). Not root,
-  ``--user --map-root-user`` comes first: a new user namespace, where the supervisor is root
-  over these namespaces only, owns them (as ``unshare -r`` does). The program then runs in a pid
-  namespace of its own inside, with a ``/proc`` that shows it alone.
-- **an identity of its own** for the program (and another for its tester), with no
-  capabilities and ``no_new_privs``; ``RLIMIT_NPROC`` (``NPROC``) bounds the processes it can
-  start. As root: a fresh unprivileged uid per run, with no groups, that owns nothing. Not root:
-  a user namespace of its own (nested in the sandbox's) with every capability dropped, so it has
-  none over the sandbox's namespaces; its uid outside is the user's, so the supervisor and the
-  tester are non-dumpable (not to be traced or read) and, being in another pid namespace, cannot
-  be named, let alone signalled. Either way root-only files (``/etc/shadow``) cannot be read and
-  no process outside can be signalled or traced. What the user's uid adds, not root: the program
-  can read what the user can read outside the covered folders (root's fresh uid reads only
-  world-readable files), with the user's supplementary groups (an unprivileged process cannot
-  drop them). It can write nothing outside the work folder either way.
-- **limits**: memory (``RLIMIT_AS``), CPU seconds, file size, no core dumps, 256 open files, and
-  a wall-clock timeout after which the ``unshare`` process is killed; ``--kill-child`` then kills
-  pid 1, and the kernel kills every process of the pid namespace (``setsid`` does not help). Should
-  the caller die first, pid 1 exits on its own alarm 5 s after the timeout.
-- a weaker in-process layer as before: Python's sockets and the destructive ``os``/``shutil``/
+- **namespaces** (``BWRAP_FLAGS``): pid, mount, network, IPC, UTS and cgroup namespaces of its
+  own; the program is pid 2 after bwrap's reaper, and ``/proc`` shows those two alone (the tester,
+  in another sandbox, cannot even be named). The network holds only a loopback of its own (no
+  route anywhere, abstract unix sockets cut off). The whole tree is bound read-only, nosuid and
+  nodev; ``/tmp`` is a size-limited tmpfs (``TMP_MB``) holding the work folder, the one place it
+  can write; ``/var/tmp``, ``/run``, ``/root``, ``/home`` and the like are covered by empty
+  read-only tmpfs (the Python installation bound back where it lies under one of them), so no
+  socket file or scratch file of the host is reachable; ``/dev`` holds only null, zero, full,
+  random and urandom (no terminal, no disk). ``--new-session`` (no terminal to push input into),
+  ``--die-with-parent`` (the sandbox dies with its caller), ``no_new_privs``.
+- **an identity of its own** for the program and another for its tester, with no capabilities.
+  As root: bwrap keeps only CAP_SETUID and CAP_SETGID, and the process takes a fresh unprivileged
+  uid, with no groups, that owns nothing (the change of uid clears the two). Not root: a user
+  namespace of its own (``--unshare-user``, ``--disable-userns``: it can make no other) with no
+  capability; its uid outside is the user's, but being in another pid namespace the sandboxes
+  cannot name each other or the caller, let alone signal or trace them. Either way root-only
+  files (``/etc/shadow``) cannot be read and no process outside can be signalled. What the user's
+  uid adds, not root: the program can read what the user can read outside the covered folders
+  (root's fresh uid reads only world-readable files), with the user's supplementary groups (an
+  unprivileged process cannot drop them). It can write nothing outside the work folder either way.
+- **limits**: memory (``RLIMIT_AS``), CPU seconds, file size, no core dumps, 256 open files,
+  ``RLIMIT_NPROC`` (``NPROC``) on the processes it starts, set in the process before the program
+  runs; and a wall-clock timeout after which both bwrap processes are killed; their reapers die
+  with them, and with the reaper the kernel kills every process of its pid namespace (``setsid``
+  does not help).
+- a weaker in-process layer: Python's sockets and the destructive ``os``/``shutil``/
   ``subprocess`` functions are removed in the program process (ctypes gets past it; the layers
   above do not depend on it).
 
-``unshare`` (util-linux) is the one tool for both, not bubblewrap: ``bwrap`` would set up the
-outer namespaces, but the program and tester each need namespaces and an identity of their own
-inside, which the supervisor makes anyway; and one code path is one set of tests.
+Why bubblewrap and nothing of our own: the namespace code this replaced (a supervisor that split
+one ``unshare`` sandbox into the program's and the tester's) argued that the two need namespaces
+and an identity each inside, which bwrap would not make; two sandboxes side by side give them
+that, with no nesting (a nested bwrap would need a user namespace inside the first) and no
+supervisor (the caller reads the verdict), and every guarantee above is one of bwrap's options.
+The one step bwrap cannot take is as root: ``--uid`` needs a user namespace, and a user namespace
+made by root maps the sandbox to root's own uid, which still owns root's files (``/etc/shadow``
+would be readable); so as root the process takes its fresh uid itself, with the two capabilities
+bwrap leaves it for that (``os.setresuid``: no namespace code is kept). Not used: ``--as-pid-1``
+(bwrap's reaper as pid 1 is what reaps the program's orphans), seccomp filters (bwrap takes a
+compiled filter, and there was none before either).
 
 **Verdict.** A program that shares a process with the code deciding "passed" can always forge it
-(any secret in its memory or any pipe it holds can be found with ctypes). So the tests run in a
-separate *tester* process, with an identity of its own, that never shares memory with the
-program: ``check(candidate)`` runs there, and ``candidate`` (and every other name the tests use
-without defining it) is a proxy that sends the arguments to the program process and gets the
-result back as plain data (see :func:`.sandbox_child.encode`; exact types only, so an object that
-equals everything is refused). The program never sees the tests or their expected values, cannot
-signal, trace or read the tester or the supervisor, and has no handle on the verdict pipe; the
-supervisor (pid 1) reads the verdict from the tester alone. To pass, a program has to return the
-right values. ``run_program`` without tests (a plain script) can only report "ran to the end" from
-the program's own process, which a hostile program can fake: the bench always passes tests.
+(any secret in its memory or any pipe it holds can be found with ctypes). So the tests run in the
+*tester*, a process in a sandbox of its own that never shares memory with the program:
+``check(candidate)`` runs there, and ``candidate`` (and every other name the tests use without
+defining it) is a proxy that sends the arguments to the program process and gets the result back
+as plain data (see :func:`.sandbox_child.encode`; exact types only, so an object that equals
+everything is refused). The program never sees the tests or their expected values (they are never
+in its sandbox), cannot signal, trace or read the tester, and has no handle on the verdict pipe;
+the caller reads the verdict from the tester alone. To pass, a program has to return the right
+values. ``run_program`` without tests (a plain script) can only report "ran to the end" from the
+program's own process, which a hostile program can fake: the bench always passes tests.
 
-**Without isolation** (no ``unshare``, unprivileged user namespaces turned off for a non-root user,
-a kernel without ``mount_setattr``, a container that forbids the namespaces) ``run_program`` raises
-:class:`SandboxUnavailable`, whose one line says how to get isolation (the sysctl to set, or root),
-unless called with ``unsafe=True`` (``specdec bench --unsafe-exec``): then the same processes run
-without namespaces or uid change, with the limits and the in-process layer only, and a timeout
-kills their process group (a ``setsid`` child escapes it), label ``unsafe: rlimits only``.
+**Without isolation** (bwrap not installed, unprivileged user namespaces turned off for a non-root
+user, a container that forbids the namespaces) ``run_program`` raises :class:`SandboxUnavailable`,
+whose one line says how to get isolation (``apt-get install bubblewrap``, the sysctl to set, or
+root) and names ``--unsafe-exec``; with ``unsafe=True`` (``specdec bench --unsafe-exec``) the same
+two processes run without bwrap or uid change, with the limits and the in-process layer only, and
+a timeout kills their process groups (a ``setsid`` child escapes it), label ``unsafe: rlimits only``.
 """
 
 from __future__ import annotations
@@ -80,12 +90,20 @@ DEFAULT_MEMORY_MB = 1024
 OUTPUT_LIMIT = 8 << 20  # bytes a program may write to stdout/stderr or one file
 TMP_MB = 64  # the work folder's tmpfs
 NPROC = 16  # processes (and threads) the program's uid may have at once
-UNSHARE_FLAGS = ("--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--net", "--ipc", "--uts")
-USERNS_FLAGS = ("--user", "--map-root-user")  # first, when not root: the other namespaces belong to it
+WORK = "/tmp/work"
+HIDDEN = ("/var/tmp", "/run", "/root", "/home", "/mnt", "/media", "/srv")  # covered, read-only
+DEVICES = ("null", "zero", "full", "random", "urandom")  # all of /dev the program gets
+DEV_LINKS = {"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1",
+             "stderr": "/proc/self/fd/2"}
+BWRAP_FLAGS = ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+               "--die-with-parent", "--new-session")
+USERNS_FLAGS = ("--unshare-user", "--disable-userns")  # not root
+ROOT_FLAGS = ("--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID")  # to take a fresh uid
 ISOLATED = "namespaces (pid, mount, net, ipc, uts) + fresh uid"  # as root
 ISOLATED_USERNS = "user namespaces (pid, mount, net, ipc, uts), no capabilities"  # not root
 UNSAFE = "unsafe: rlimits only"
 PROC_SYS = "/proc/sys"
+INSTALL = "bubblewrap is not installed: apt-get install bubblewrap"
 _CHILD = Path(__file__).with_name("sandbox_child.py")
 
 
@@ -119,13 +137,13 @@ def isolation() -> Isolation:
 
 def probe(mode: str) -> Isolation:
     """Run a small check isolated as ``mode`` (ISOLATED or ISOLATED_USERNS); say why not if it fails."""
-    if shutil.which("unshare") is None:
-        return Isolation(False, "unshare is not installed: install util-linux")
+    if shutil.which("bwrap") is None:
+        return Isolation(False, INSTALL)
     try:
         res = _run("def f():\n    return 41 + 1\n", "def check(c):\n    assert c() == 42\n", "f",
                    timeout=30, memory_mb=DEFAULT_MEMORY_MB, mode=mode)
     except OSError as e:
-        res = SandboxResult(False, f"unshare failed: {e}", None, 0.0, mode)
+        res = SandboxResult(False, f"bwrap failed: {e}", None, 0.0, mode)
     if res.passed:
         return Isolation(True, "", mode)
     why = res.status.removeprefix("failed: ").removeprefix("sandbox error: ")
@@ -176,69 +194,154 @@ def run_program(
     return _run(program, tests, entry_point, timeout=timeout, memory_mb=memory_mb, mode=label(unsafe))
 
 
-def _command(mode: str) -> list[str]:
-    """The supervisor's command line: under ``unshare`` unless ``mode`` is UNSAFE."""
-    child = [sys.executable, "-I", "-c", _CHILD.read_text()]
-    if mode == UNSAFE:
-        return child
-    userns = USERNS_FLAGS if mode == ISOLATED_USERNS else ()
-    return [shutil.which("unshare") or "unshare", *userns, *UNSHARE_FLAGS, *child]
+def bwrap_args(mode: str, cwd: str) -> list[str]:
+    """bwrap's options for one of the two processes (the module docstring's namespaces)."""
+    args = [shutil.which("bwrap") or "bwrap", *BWRAP_FLAGS, *(USERNS_FLAGS if mode == ISOLATED_USERNS else ROOT_FLAGS),
+            "--ro-bind", "/", "/", "--proc", "/proc", "--tmpfs", "/dev"]
+    for name in DEVICES:
+        if os.path.exists(f"/dev/{name}"):
+            args += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for name, target in DEV_LINKS.items():
+        args += ["--symlink", target, f"/dev/{name}"]
+    args += ["--dir", "/dev/shm", "--remount-ro", "/dev",
+             "--size", str(TMP_MB << 20), "--tmpfs", "/tmp", *_python_under("/tmp"), "--perms", "01777", "--dir", WORK]
+    for h in HIDDEN:
+        if os.path.isdir(h) and not os.path.islink(h):
+            args += ["--tmpfs", h, *_python_under(h), "--remount-ro", h]
+    return [*args, "--chdir", cwd, "--"]
+
+
+def _python_under(folder: str) -> list[str]:
+    """bwrap's options that bind this Python installation (its prefixes and ``sys.path``) back
+    where it lies under ``folder``, once ``folder`` is covered; the folders on the way readable."""
+    python = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, *sys.path) if p and os.path.exists(p)}
+    args = []
+    for p in sorted(python):  # the outermost only: what lies inside one comes with it
+        if p.startswith(folder + "/") and not any(p.startswith(q + "/") for q in python):
+            between = [q for q in Path(p).parents if Path(folder) in q.parents]  # bwrap would make them 0700
+            for q in reversed(between):
+                args += ["--perms", "0755", "--dir", str(q)]
+            args += ["--ro-bind", p, p]
+    return args
+
+
+def _command(mode: str, role: str, cwd: str) -> list[str]:
+    """One process's command line: the child under bwrap, unless ``mode`` is UNSAFE."""
+    child = [sys.executable, "-I", "-c", _CHILD.read_text(), role]
+    return child if mode == UNSAFE else [*bwrap_args(mode, cwd), *child]
 
 
 def _run(program: str, tests: str | None, entry_point: str | None, *, timeout: float, memory_mb: int | None,
          mode: str) -> SandboxResult:
-    prog = program.encode("utf-8", "replace")
-    test_bytes = None if tests is None else tests.encode("utf-8", "replace")
+    isolated = mode != UNSAFE
+    uid = 1_000_000_000 + 2 * secrets.randbelow(500_000_000) if mode == ISOLATED else None
+    limits = {"memory_bytes": int(memory_mb) << 20 if memory_mb else None,
+              "cpu_seconds": max(1, math.ceil(timeout)) + 1, "output_bytes": OUTPUT_LIMIT,
+              "nproc": NPROC if isolated else None, "entry_point": entry_point}
     start = time.perf_counter()
+    procs: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="specdec-sandbox-") as tmp:
         out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
-        with open(out_path, "wb") as out, open(err_path, "wb") as err:
-            header = json.dumps({
-                "memory_bytes": int(memory_mb) << 20 if memory_mb else None,
-                "cpu_seconds": max(1, math.ceil(timeout)) + 1, "wall_seconds": math.ceil(timeout) + 5,
-                "output_bytes": OUTPUT_LIMIT, "nproc": NPROC,
-                "tmp_mb": TMP_MB, "uid": 1_000_000_000 + 2 * secrets.randbelow(500_000_000),
-                "isolated": mode != UNSAFE, "userns": mode == ISOLATED_USERNS,
-                "out_fd": out.fileno(), "entry_point": entry_point,
-                "program_bytes": len(prog), "tests_bytes": None if test_bytes is None else len(test_bytes),
-            }).encode()
-            payload = struct.pack(">Q", len(header)) + header + prog + (test_bytes or b"")
-            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}
-            proc = subprocess.Popen(_command(mode), stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=err, cwd=tmp, env=env, start_new_session=True,
-                                    pass_fds=(out.fileno(),))
-            timed_out = False
-            try:
-                report, _ = proc.communicate(input=payload, timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out, report = True, b""
-            finally:
-                _kill_group(proc.pid)
-                proc.wait()
+
+        def spawn(role: str, source: str, own_uid: int | None, fds: dict, cwd: str) -> None:
+            """One process, its stdin a file: ``<8-byte length><JSON header><source>``."""
+            header = json.dumps({**limits, **fds, "uid": own_uid}).encode()
+            Path(tmp, role).write_bytes(struct.pack(">Q", len(header)) + header + source.encode("utf-8", "replace"))
+            with open(Path(tmp, role), "rb") as stdin, open(out_path, "ab") as out, open(err_path, "ab") as err:
+                procs.append(subprocess.Popen(
+                    _command(mode, role, cwd), stdin=stdin, stdout=out, stderr=err, cwd=tmp,
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, start_new_session=True,
+                    pass_fds=[fd for fd in fds.values() if fd is not None]))
+
+        verdict_r, verdict_w = os.pipe()
+        pipes = os.pipe() + os.pipe() if tests is not None else (None,) * 4
+        req_r, req_w, rep_r, rep_w = pipes
+        cwd = WORK if isolated else tmp
+        try:
+            if tests is None:
+                spawn("program", program, uid, {"verdict": verdict_w, "requests": None, "replies": None}, cwd)
+            else:
+                spawn("program", program, uid, {"verdict": None, "requests": req_r, "replies": rep_w}, cwd)
+                spawn("tester", tests, uid and uid + 1, {"verdict": verdict_w, "requests": req_w, "replies": rep_r},
+                      "/" if isolated else cwd)
+            _close(verdict_w, *pipes)  # theirs alone now: a process's end is an end of file to the other
+            verdict_w, pipes = None, ()
+            timed_out, statuses = _wait(procs, timeout - (time.perf_counter() - start))
+        finally:
+            for p in procs:
+                _kill_group(p.pid)
+                p.wait()
+            _close(verdict_w, *pipes)
+        verdict = _read_verdict(verdict_r)
         seconds = time.perf_counter() - start
-        stderr_tail = _tail(err_path)
-    iso = mode
-    rc = proc.returncode
-    if timed_out:
-        return SandboxResult(False, "timed out", rc, seconds, iso)
+        status = _outcome(timed_out, verdict, statuses, _tail(err_path))
+    return SandboxResult(status == "passed", status, procs[-1].returncode, seconds, mode)
+
+
+def _wait(procs: list[subprocess.Popen], timeout: float) -> tuple[bool, list[str]]:
+    """Wait for the judge (the tester, or the lone program) until ``timeout``: whether it timed out,
+    and how each process ended (or "running"), the program's given half a second more."""
     try:
-        result = json.loads(report.decode().strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        lines = [ln for ln in stderr_tail.splitlines() if ln.strip()]
-        return SandboxResult(False, f"failed: sandbox error: {lines[-1] if lines else f'exit status {rc}'}"[:300],
-                             rc, seconds, iso)
-    if "error" in result:
-        return SandboxResult(False, f"failed: sandbox error: {result['error']}"[:300], rc, seconds, iso)
-    verdict = result.get("verdict") or {}
-    if verdict.get("passed") is True:
-        return SandboxResult(True, "passed", rc, seconds, iso)
-    statuses = (result.get("status"), result.get("program_status"))
+        procs[-1].wait(timeout=max(0.0, timeout))
+    except subprocess.TimeoutExpired:
+        return True, []
+    if len(procs) > 1:
+        try:  # how the program ended, when it did (a CPU limit reads as a timeout)
+            procs[0].wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+    return False, [_status(p.poll()) for p in procs]
+
+
+def _outcome(timed_out: bool, verdict: dict | None, statuses: list[str], stderr_tail: str) -> str:
+    """``passed``, ``timed out`` or ``failed: <why>`` (a sandbox that could not be made says so)."""
+    if timed_out:
+        return "timed out"
+    if verdict and verdict.get("passed") is True:
+        return "passed"
+    setup = [ln for ln in stderr_tail.splitlines() if ln.startswith("bwrap: ")]
+    if setup:  # bwrap's own error: the sandbox could not be made
+        return f"failed: sandbox error: {setup[-1]}"[:300]
     if "killed by SIGXCPU" in statuses:  # the CPU limit (the wall-clock one is handled above)
-        return SandboxResult(False, "timed out", rc, seconds, iso)
-    why = verdict.get("why") or f"{result.get('status')} before the end"
-    if "exited" in why and str(statuses[1]).startswith("killed"):
-        why += f" ({statuses[1]})"
-    return SandboxResult(False, f"failed: {str(why).strip()}"[:300], rc, seconds, iso)
+        return "timed out"
+    why = (verdict or {}).get("why") or f"{statuses[-1]} before the end"
+    if "exited" in why and statuses[0].startswith("killed"):
+        why += f" ({statuses[0]})"
+    return f"failed: {str(why).strip()}"[:300]
+
+
+def _read_verdict(fd: int) -> dict | None:
+    """The one message the judge wrote on the verdict pipe (a 4-byte length and JSON), if any."""
+    os.set_blocking(fd, False)
+    try:
+        data = os.read(fd, 1 << 16)
+        (m,) = struct.unpack(">I", data[:4])
+        verdict = json.loads(data[4:4 + m])
+        return verdict if isinstance(verdict, dict) else None
+    except (OSError, ValueError, struct.error):
+        return None
+    finally:
+        os.close(fd)
+
+
+def _status(rc: int | None) -> str:
+    """A process's end as bwrap reports it (a signal as 128 + its number, as a shell does)."""
+    if rc is None:
+        return "running"
+    if rc < 0:  # killed itself (no bwrap around it)
+        rc = 128 - rc
+    if rc > 128:
+        try:
+            return f"killed by {signal.Signals(rc - 128).name}"
+        except ValueError:
+            pass
+    return f"exit status {rc}"
+
+
+def _close(*fds: int | None) -> None:
+    for fd in fds:
+        if fd is not None:
+            os.close(fd)
 
 
 def _kill_group(pgid: int) -> None:
