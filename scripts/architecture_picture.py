@@ -28,7 +28,7 @@ LAYERS = [
     ("the library's face", ["api", "configfile", "genconfig"]),
     ("the loop", ["engine", "autok", "request", "drafters", "verify", "constrain", "logprobs", "text", "stats"]),
     ("what runs models", ["backends", "costmodel", "acceptance", "replay", "trace", "kernels", "quant", "bundled",
-                          "convert", "models"]),
+                          "convert", "models", "cache"]),
 ]
 
 

@@ -13,7 +13,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .convert import build_atomically, check_folder, convert_gguf, specdec_home
+from .cache import build_atomically, check_folder, specdec_home
+from .convert import convert_gguf
 from .errors import SpecdecError
 
 
@@ -177,7 +178,7 @@ def gguf_file(name: str, progress: bool = True, verify: bool = False) -> Path:
     call hashes nothing while those are unchanged; a replaced or rewritten file (another size or
     mtime) is hashed again, and one that does not match is assembled again (``verify`` hashes it
     whatever the sidecar says). A failed assembly removes its ``.gguf.tmp``."""
-    from .convert import file_lock
+    from .cache import file_lock
 
     b = BUNDLED[name]
     final = specdec_home() / "gguf-files" / f"{name}.gguf"
@@ -217,7 +218,7 @@ def _verified(final: Path, sha256: str, progress: bool, rehash: bool = False) ->
     hash, else (or with ``rehash``) by hashing the file, recording a match in the sidecar."""
     import json
 
-    from .convert import sha256_file
+    from .cache import sha256_file
 
     st = final.stat()
     stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}

@@ -171,7 +171,7 @@ def check_argv(argv: Sequence[str]) -> None:
 
 def cmd_models(a: argparse.Namespace) -> int:
     from . import bundled
-    from .convert import specdec_home
+    from .cache import specdec_home
 
     if a.action == "prepare":
         names = a.names or list(BUNDLED)
@@ -186,7 +186,7 @@ def cmd_models(a: argparse.Namespace) -> int:
     for name, b in BUNDLED.items():
         state = bundled.state(name)
         if a.verify and state == "ready":
-            from .convert import check_folder
+            from .cache import check_folder
 
             problem = check_folder(bundled.cache_dir(name), full=True)
             state = "ready (verified)" if problem is None else f"corrupt: {problem}"

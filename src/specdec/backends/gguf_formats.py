@@ -69,7 +69,7 @@ def _stderr(line: str) -> None:
 
 def copy_path(source_file: Path, fmt: str) -> Path:
     """Where the ``fmt`` copy of ``source_file`` is cached."""
-    from ..convert import specdec_home
+    from ..cache import specdec_home
     from .llamacpp import file_key
 
     return (specdec_home() / "gguf-formats" / f"{source_file.stem}-{file_key(source_file)}-{fmt}"
@@ -79,7 +79,7 @@ def copy_path(source_file: Path, fmt: str) -> Path:
 def formatted(source_file: Path, fmt: str, log: Callable[[str], None] = lambda line: None) -> Path:
     """The ``fmt`` copy of the GGUF file ``source_file``, made on first use (llama.cpp's
     ``llama_model_quantize``, ``allow_requantize``; seconds to a minute) and cached."""
-    from ..convert import build_atomically, check_folder
+    from ..cache import build_atomically, check_folder
     from .llamacpp import default_threads, lib
 
     dest = copy_path(source_file, fmt)

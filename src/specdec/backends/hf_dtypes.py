@@ -201,7 +201,8 @@ def cached_choice(target: str, draft: str | None, device: torch.device) -> Dtype
     from pathlib import Path
 
     from ..bundled import BUNDLED, cache_dir
-    from ..convert import check_folder, gguf_cache_dir
+    from ..cache import check_folder
+    from ..convert import gguf_cache_dir
     from ..costmodel import fingerprint, load_cached
 
     def folder(source: str) -> Path | None:

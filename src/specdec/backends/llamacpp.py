@@ -142,7 +142,7 @@ def gguf_tokenizer(path: Path, progress: bool = True):
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from ..convert import build_atomically, specdec_home
+    from ..cache import build_atomically, specdec_home
 
     folder = specdec_home() / "tokenizers" / f"{path.stem}-{file_key(path)}"
     if (folder / "tokenizer_config.json").exists():

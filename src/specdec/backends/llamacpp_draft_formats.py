@@ -73,7 +73,7 @@ class DraftChoice:
 
 
 def cache_file() -> Path:
-    from ..convert import specdec_home
+    from ..cache import specdec_home
 
     return specdec_home() / "costs" / "draft-formats.json"
 
