@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.backends.gguf_formats import FORMATS, split_format
+from specdec.sources import FORMATS, split_format
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
@@ -37,7 +37,7 @@ def test_transformers_refuses_a_format_copy():
 
 
 def test_the_bundled_draft_goes_with_a_copy_of_the_bundled_target():
-    from specdec.api import resolve_draft
+    from specdec.sources import resolve_draft
 
     assert resolve_draft("qwen2.5-coder-1.5b@q8_0", "auto") == "qwen2.5-coder-0.5b"
 

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from . import genconfig
-from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from .bundled import DEFAULT_TARGET
 from .configfile import read_config
 from .constrain import Constraints
 from .engine import Engine, Generation
@@ -18,11 +18,11 @@ from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
 from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request
 from .models import resolve_device
+from .sources import AUTO as _AUTO, resolve_draft
 from .request import DecodeConfig, check_tree_fits, default_drafter, make_config, overlay
 from .stats import Stats
 from .text import StopStrings, TextStream, encode_prompt, eos_ids
 
-_AUTO = "auto"
 
 
 @dataclass
@@ -69,16 +69,6 @@ class Stream:
         close = getattr(self._chunks, "close", None)
         if close is not None:
             close()
-
-
-def resolve_draft(target: str, draft: str | None) -> str | None:
-    """The draft model :func:`load` loads: ``"auto"`` is the bundled draft for the bundled target
-    and none otherwise; anything else as given (None: no draft model)."""
-    if draft == _AUTO:
-        from .backends.gguf_formats import split_format
-
-        return DEFAULT_DRAFT if split_format(target)[0] == DEFAULT_TARGET else None
-    return draft
 
 
 class Pair:

@@ -187,7 +187,7 @@ def decode_kwargs(a: argparse.Namespace) -> dict:
 
 def draft_of(a: argparse.Namespace) -> str | None:
     """The draft model the model flags load (None: none), known before anything loads."""
-    from .api import resolve_draft
+    from .sources import resolve_draft
 
     return resolve_draft(a.target, None if a.draft == "none" else a.draft)
 

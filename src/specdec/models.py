@@ -1,12 +1,9 @@
-"""Where models come from and what they run on: sources (bundled names, folders, ``.gguf`` files,
-hub ids), devices and dtypes, and the shared-tokenizer check. Backend-free: the models themselves
-live behind :class:`specdec.backends.Model` (:mod:`specdec.backends.hf`, :mod:`specdec.backends.llamacpp`).
+"""What models run on: devices and dtypes, and the shared-tokenizer check. Backend-free: the models
+themselves live behind :class:`specdec.backends.Model` (:mod:`specdec.backends.hf`,
+:mod:`specdec.backends.llamacpp`); where they come from: :mod:`specdec.sources`.
 """
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import torch
 
@@ -60,37 +57,6 @@ def output_rows(head: torch.nn.Module) -> int:
     """Rows of an LM head (plain, int8-quantized or packed linear)."""
     rows = getattr(head, "out_features", None)
     return int(rows) if rows is not None else int(head.weight.shape[0])
-
-
-# -------------------------------------------------------------------------- loading
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
-
-
-def locate(source: str) -> tuple[str, Path | None]:
-    """Classify a model source: ``('bundled', None)``, ``('folder', path)``, ``('gguf', path)`` or
-    ``('hub', None)``. A path that does not exist is a user error."""
-    from .bundled import BUNDLED
-
-    if not isinstance(source, str) or not source.strip():
-        raise SpecdecError("model source is empty; give a bundled name, a folder, a .gguf file or a hub id")
-    if source in BUNDLED:
-        return "bundled", None
-    path = Path(source).expanduser()
-    if path.exists():
-        if path.is_dir():
-            if not (path / "config.json").exists():
-                raise SpecdecError(f"{source}: folder has no config.json; is it a Hugging Face model folder?")
-            return "folder", path
-        if path.suffix == ".gguf":
-            return "gguf", path
-        raise SpecdecError(f"{source}: not a model folder or a .gguf file")
-    if source.startswith((".", "/", "~")) or source.endswith(".gguf") or not _HUB_ID.match(source):
-        names = ", ".join(BUNDLED)
-        raise SpecdecError(
-            f"model not found: {source!r} is neither an existing path, a hub id (org/name), "
-            f"nor a bundled model ({names})"
-        )
-    return "hub", None
 
 
 def check_same_vocabulary(target_tok, draft_tok, target_name: str, draft_name: str) -> None:

@@ -22,42 +22,13 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import SpecdecError
-
-#: format name -> (llama_ftype value, every tensor in that type ("pure"), what it is, for people).
-#: The 4-bit ones are pure: llama.cpp's Q4_K_M mixes types per tensor, these do not.
-FORMATS: dict[str, tuple[int, bool, str]] = {
-    "bf16": (32, False, "bfloat16"),
-    "f16": (1, False, "float16"),
-    "q8_0": (7, False, "8-bit (Q8_0)"),
-    "q4_0": (2, True, "4-bit (Q4_0, every tensor)"),
-    "iq4_nl": (25, True, "4-bit (IQ4_NL, every tensor)"),
-}
-SEPARATOR = "@"
-
-
-def split_format(source: str | None) -> tuple[str | None, str | None]:
-    """``"name@bf16"`` -> ``("name", "bf16")``; a source without a known format suffix is returned
-    whole with None. An unknown suffix after ``@`` on a name that is not an existing path is a
-    one-line error naming the formats."""
-    if source is None or SEPARATOR not in str(source):
-        return source, None
-    base, _, fmt = str(source).rpartition(SEPARATOR)
-    if Path(str(source)).expanduser().exists():  # a path that happens to hold '@'
-        return source, None
-    if fmt.lower() not in FORMATS:
-        raise SpecdecError(f"{source!r}: unknown weight format {fmt!r} after '@'; choose one of {', '.join(FORMATS)}")
-    if not base:
-        raise SpecdecError(f"{source!r}: no model before '@{fmt}'")
-    return base, fmt.lower()
-
+from ..sources import FORMATS, gguf_file, split_format
 
 def model_file(source: str, progress: bool = True) -> Path:
-    """The GGUF file llama.cpp loads for a model source (:func:`specdec.backends.llamacpp.gguf_path`),
-    or for ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
-    from .llamacpp import gguf_path
-
+    """The GGUF file llama.cpp loads for a model source (:func:`specdec.sources.gguf_file`), or for
+    ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
     base, fmt = split_format(source)
-    path = gguf_path(base, progress=progress)
+    path = gguf_file(base, progress=progress)
     return path if fmt is None else formatted(path, fmt, log=_stderr if progress else (lambda line: None))
 
 
@@ -106,17 +77,3 @@ def formatted(source_file: Path, fmt: str, log: Callable[[str], None] = lambda l
 
     build_atomically(dest.parent, build)
     return dest
-
-
-def is_gguf(source: str | None) -> bool:
-    """Whether a model source is a GGUF file (bundled models are; None, no model, counts as one),
-    without loading anything."""
-    from ..bundled import BUNDLED
-
-    if source is None:
-        return True
-    source, fmt = split_format(source)
-    if fmt is not None or source in BUNDLED or str(source).endswith(".gguf"):
-        return True
-    path = Path(str(source)).expanduser()
-    return path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1

@@ -16,7 +16,8 @@ from typing import Sequence
 import torch
 
 from ..errors import SpecdecError
-from ..models import locate, output_rows, tensor_bytes
+from ..models import output_rows, tensor_bytes
+from ..sources import locate
 from .base import Capabilities, Model
 from .hf_weights import load_lean
 

@@ -26,7 +26,7 @@ class TransformersBackend(Backend):
         return None  # the fallback: what it cannot load, check() says
 
     def check(self, req: Request) -> None:
-        from .gguf_formats import split_format
+        from ..sources import split_format
 
         for source in (req.target, req.draft):
             if split_format(source)[1] is not None:

@@ -43,7 +43,8 @@ def peer_draft(pair, quant: str, models: BenchModels):
 def gguf_of(source: str) -> str:
     """The GGUF file of a target: a bundled model's (assembled once) or a ``.gguf`` path, either with
     ``@format`` (the copy in that weight format, :mod:`specdec.backends.gguf_formats`)."""
-    from ..backends.gguf_formats import model_file, split_format
+    from ..backends.gguf_formats import model_file
+    from ..sources import split_format
     from ..bundled import BUNDLED
 
     base = split_format(source)[0]
