@@ -134,8 +134,8 @@ def fake_bundle(tmp_path, monkeypatch):
     monkeypatch.setitem(bundled.BUNDLED, name, b)
     monkeypatch.setattr(bundled, "part_files", lambda b_: list(parts))
     assembled = []
-    real = bundled._assemble
-    monkeypatch.setattr(bundled, "_assemble", lambda *a: assembled.append(a[1]) or real(*a))
+    real = bundled.assemble
+    monkeypatch.setattr(bundled, "assemble", lambda *a: assembled.append(a[1]) or real(*a))
     return name, whole, parts, assembled
 
 

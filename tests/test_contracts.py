@@ -17,7 +17,7 @@ from specdec.costmodel import CostTable
 from specdec.drafters import DRAFTERS, Draft, Drafter, drafter_class
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from tinymodels import perturbed_copy, tiny_model
 from specdec.verify import RULES, make_policy
 from specdec.verify.tree import TreeRound

@@ -6,7 +6,7 @@ own that declares what its timings depend on."""
 from __future__ import annotations
 
 from specdec.backends import Backend, Costs, Loaded, Request
-from specdec.backends.hf import HFModel
+from specdec.backends.transformers.model import HFModel
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer, tiny_model
 

@@ -16,8 +16,7 @@ from .constrain import Constraints
 from .engine import Engine, Generation
 from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
-from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request
-from .models import resolve_device
+from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request, resolve_device
 from .sources import AUTO as _AUTO, resolve_draft
 from .request import DecodeConfig, check_tree_fits, default_drafter, make_config, overlay
 from .stats import Stats
@@ -230,7 +229,7 @@ def load(
     target/draft: a bundled name (``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``), a Hugging Face
     model folder, a ``.gguf`` file or a hub id. On llama.cpp a GGUF source may end in ``@bf16``,
     ``@f16``, ``@q8_0``, ``@q4_0`` or ``@iq4_nl``: a copy of its weights in that format, made once
-    and cached (:mod:`specdec.backends.gguf_formats`; a copy of 4-bit weights is not the original
+    and cached (:mod:`specdec.backends.llamacpp.formats`; a copy of 4-bit weights is not the original
     checkpoint). On a CPU a 16-bit target verifies drafts far more cheaply than a 4-bit one.
     ``draft="auto"`` picks the bundled draft for the bundled target and no draft otherwise;
     ``draft=None`` loads none (only ``drafter="pld"`` and ``policy="ar"`` work then).

@@ -171,6 +171,7 @@ def check_argv(argv: Sequence[str]) -> None:
 
 def cmd_models(a: argparse.Namespace) -> int:
     from . import bundled
+    from .backends.transformers.convert import prepare
     from .cache import specdec_home
 
     if a.action == "prepare":
@@ -179,7 +180,7 @@ def cmd_models(a: argparse.Namespace) -> int:
             if name not in BUNDLED:
                 raise SpecdecError(f"unknown bundled model {name!r}; choose from: {', '.join(BUNDLED)}")
         for name in names:
-            path = bundled.prepare(name, progress=True, verify=a.verify)
+            path = prepare(name, progress=True, verify=a.verify)
             print(f"{name}: ready at {path}")
         return 0
     print(f"cache: {specdec_home()}")
@@ -297,7 +298,7 @@ def export_costs(pair, path: str, machine: dict) -> None:
 def print_cost_tables() -> None:
     from .backends import REGISTRY
     from .costmodel import cached_tables
-    from .models import resolve_device
+    from .backends import resolve_device
 
     device = resolve_device("auto")
     tables = []

@@ -10,8 +10,8 @@ primitive operations below (``_append``, ``_crop``, ``_clear``, and for token tr
 checks before generating: an unsupported combination is a one-line error up front, never a failure
 mid-generation.
 
-Backends: :mod:`specdec.backends.hf` (transformers, eager PyTorch; CPU or GPU) and
-:mod:`specdec.backends.llamacpp` (llama.cpp through llama-cpp-python's low-level API; GGUF files).
+Backends: :mod:`specdec.backends.transformers.model` (transformers, eager PyTorch; CPU or GPU) and
+:mod:`specdec.backends.llamacpp.model` (llama.cpp through llama-cpp-python's low-level API; GGUF files).
 """
 
 from __future__ import annotations

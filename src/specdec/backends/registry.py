@@ -160,6 +160,32 @@ class Backend:
         return None
 
 
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu. ``cuda`` without a GPU is a user error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecdecError("device 'cuda' was asked for, but torch sees no CUDA GPU; use --device cpu")
+    if device not in ("cpu", "mps") and not device.startswith("cuda"):
+        raise SpecdecError(f"unknown device {device!r}; choose cpu, cuda, cuda:N or auto")
+    return torch.device(device)
+
+
+def check_same_vocabulary(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Refuse a draft whose token table differs from the target's: its ids would mean other text."""
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv == dv:
+        return
+    differing = sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: kv[1])
+    examples = ", ".join(f"{tok!r}->{idx}" for tok, idx in differing[:3])
+    raise SpecdecError(
+        f"draft {draft_name!r} and target {target_name!r} do not share a tokenizer: vocabularies of "
+        f"{len(dv)} and {len(tv)} tokens differ in {len(differing)} entries (e.g. {examples}). "
+        "Speculative decoding needs the same token table; pick a draft from the target's family, "
+        "or use --drafter pld, which needs no draft model."
+    )
+
+
 class Registry:
     """The backends, in the order ``auto`` prefers them (the last one must accept anything)."""
 
@@ -268,5 +294,5 @@ class Registry:
 
 #: every backend, in the order ``backend="auto"`` prefers them: one line each
 REGISTRY = Registry()
-REGISTRY.add("llama.cpp", "specdec.backends.llamacpp_backend:LlamaCppBackend")
-REGISTRY.add("transformers", "specdec.backends.hf_backend:TransformersBackend")
+REGISTRY.add("llama.cpp", "specdec.backends.llamacpp.backend:LlamaCppBackend")
+REGISTRY.add("transformers", "specdec.backends.transformers.backend:TransformersBackend")

@@ -12,7 +12,7 @@ Its outputs differ from the 4-bit file's by the re-rounding (none for the 16-bit
 llama.cpp's arithmetic), and it is named as what it is: ``qwen2.5-coder-1.5b@bf16``.
 
 Copies live under ``$SPECDEC_HOME/gguf-formats/<file stem>-<file key>-<format>/<file stem>-<format>.gguf``,
-keyed by the source file's identity (:func:`specdec.backends.llamacpp.file_key`), built atomically.
+keyed by the source file's identity (:func:`specdec.backends.llamacpp.model.file_key`), built atomically.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import ctypes
 from pathlib import Path
 from typing import Callable
 
-from ..errors import SpecdecError
-from ..sources import FORMATS, gguf_file, split_format
+from ...errors import SpecdecError
+from ...sources import FORMATS, gguf_file, split_format
 
 def model_file(source: str, progress: bool = True) -> Path:
     """The GGUF file llama.cpp loads for a model source (:func:`specdec.sources.gguf_file`), or for
@@ -40,8 +40,8 @@ def _stderr(line: str) -> None:
 
 def copy_path(source_file: Path, fmt: str) -> Path:
     """Where the ``fmt`` copy of ``source_file`` is cached."""
-    from ..cache import specdec_home
-    from .llamacpp import file_key
+    from ...cache import specdec_home
+    from .model import file_key
 
     return (specdec_home() / "gguf-formats" / f"{source_file.stem}-{file_key(source_file)}-{fmt}"
             / f"{source_file.stem}-{fmt}.gguf")
@@ -50,8 +50,8 @@ def copy_path(source_file: Path, fmt: str) -> Path:
 def formatted(source_file: Path, fmt: str, log: Callable[[str], None] = lambda line: None) -> Path:
     """The ``fmt`` copy of the GGUF file ``source_file``, made on first use (llama.cpp's
     ``llama_model_quantize``, ``allow_requantize``; seconds to a minute) and cached."""
-    from ..cache import build_atomically, check_folder
-    from .llamacpp import default_threads, lib
+    from ...cache import build_atomically, check_folder
+    from .model import default_threads, lib
 
     dest = copy_path(source_file, fmt)
     if dest.parent.is_dir() and check_folder(dest.parent) is None:

@@ -31,8 +31,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import SpecdecError
-from .base import Capabilities, Model
+from ...errors import SpecdecError
+from ..base import Capabilities, Model
 
 BACKEND = "llama.cpp"
 #: llama.cpp's limit on sequence ids (``LLAMA_MAX_SEQ``): the most root-to-leaf paths of a tree
@@ -89,7 +89,7 @@ def extra_buffer_types() -> bool:
     forced = os.environ.get("SPECDEC_LLAMA_EXTRA_BUFTS")
     if forced in ("0", "1"):
         return forced == "1"
-    from ..costmodel.fingerprints import cpu_flags
+    from ...costmodel.fingerprints import cpu_flags
 
     return "amx_tile" not in cpu_flags()
 
@@ -119,7 +119,7 @@ def gguf_tokenizer(path: Path, progress: bool = True):
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from ..cache import build_atomically, specdec_home
+    from ...cache import build_atomically, specdec_home
 
     folder = specdec_home() / "tokenizers" / f"{path.stem}-{file_key(path)}"
     if (folder / "tokenizer_config.json").exists():

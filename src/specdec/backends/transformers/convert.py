@@ -1,12 +1,16 @@
-"""GGUF -> cached bf16 safetensors folders (built atomically by :mod:`specdec.cache`)."""
+"""GGUF -> cached bf16 safetensors folders (built atomically by :mod:`specdec.cache`): a user's GGUF
+file (:func:`ensure_converted`) and a bundled model (:func:`prepare`: its chunk packages assembled,
+checked by sha256 and converted once into ``$SPECDEC_HOME/models/<name>``)."""
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
-from .cache import build_atomically, specdec_home
-from .errors import SpecdecError
+from ...bundled import BUNDLED, assemble, cache_dir
+from ...cache import build_atomically, specdec_home
+from ...errors import SpecdecError
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, progress: bool = True) -> None:
@@ -52,3 +56,26 @@ def ensure_converted(gguf_path: Path, progress: bool = True) -> Path:
         return {"gguf": str(gguf_path.resolve())}
 
     return build_atomically(gguf_cache_dir(gguf_path), build)
+
+
+def prepare(name: str, progress: bool = True, verify: bool = False) -> Path:
+    """Build (or check) the cached bf16 folder of a bundled model; returns its path.
+
+    ``verify`` re-hashes every cached file instead of trusting unchanged sizes and mtimes.
+    """
+    if name not in BUNDLED:
+        raise SpecdecError(f"unknown bundled model {name!r}; choose one of: {', '.join(BUNDLED)}")
+    b = BUNDLED[name]
+
+    def build(tmp: Path) -> dict:
+        src = tmp / "_source"
+        src.mkdir()
+        gguf = src / f"{name}.gguf"
+        if progress:
+            print(f"specdec: preparing {name} (once): assemble, check sha256, convert to bf16", flush=True)
+        assemble(b, gguf, progress)
+        convert_gguf(gguf, tmp, progress=progress)
+        shutil.rmtree(src)
+        return {"bundled": name, "gguf_sha256": b.sha256, "packages": b.requirements}
+
+    return build_atomically(cache_dir(name), build, full_check=verify)

@@ -1,14 +1,14 @@
 """The transformers backend's entry in the registry (:mod:`specdec.backends.registry`): Hugging Face
 models (and GGUF files, dequantized once into a cached bf16 folder) in torch, on any device, in
-the dtype the cost model measures fastest (:mod:`specdec.backends.hf_dtypes`). The fallback of
+the dtype the cost model measures fastest (:mod:`specdec.backends.transformers.dtypes`). The fallback of
 ``backend="auto"``: it loads anything the others refuse."""
 
 from __future__ import annotations
 
 import torch
 
-from ..errors import SpecdecError
-from .registry import Backend, Costs, Loaded, Log, Request
+from ...errors import SpecdecError
+from ..registry import Backend, Costs, Loaded, Log, Request, check_same_vocabulary
 
 
 class TransformersBackend(Backend):
@@ -26,7 +26,7 @@ class TransformersBackend(Backend):
         return None  # the fallback: what it cannot load, check() says
 
     def check(self, req: Request) -> None:
-        from ..sources import split_format
+        from ...sources import split_format
 
         for source in (req.target, req.draft):
             if split_format(source)[1] is not None:
@@ -35,9 +35,8 @@ class TransformersBackend(Backend):
         self.check_options(req)
 
     def load(self, req: Request, why: str) -> Loaded:
-        from ..models import check_same_vocabulary, output_rows
-        from .hf import HFModel
-        from .hf_dtypes import choose_variants, materialize, split_variant
+        from .dtypes import choose_variants, materialize, split_variant
+        from .model import HFModel, output_rows
 
         target, draft, dev = req.target, req.draft, req.device
         chosen = choose_variants(req)
@@ -63,9 +62,9 @@ class TransformersBackend(Backend):
 
     def measure(self, lm, remeasure: bool = False, log: Log | None = None):
         """The cost table of a loaded model in its variant (``specdec.load`` measures candidates
-        before loading instead: :func:`specdec.backends.hf_dtypes.candidate_tables`)."""
-        from ..costmodel import load_cached, model_fingerprint, model_key, table_for
-        from .hf_dtypes import choose_kernels
+        before loading instead: :func:`specdec.backends.transformers.dtypes.candidate_tables`)."""
+        from ...costmodel import load_cached, model_fingerprint, model_key, table_for
+        from .dtypes import choose_kernels
 
         key = model_key(lm.name, lm.model.config)
         if not remeasure:
@@ -75,6 +74,6 @@ class TransformersBackend(Backend):
         return table_for(lm, key, lm.variant, log=log, kernels=choose_kernels(lm.model, lm))
 
     def cached_estimate(self, req: Request):
-        from .hf_dtypes import cached_choice
+        from .dtypes import cached_choice
 
         return cached_choice(req.target, req.draft, torch.device("cpu"))
