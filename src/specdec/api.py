@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -16,7 +15,7 @@ from .constrain import Constraints
 from .engine import Engine, Generation
 from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
-from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request, resolve_device
+from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request, resolve_device, stderr_log
 from .sources import AUTO as _AUTO, resolve_draft
 from .request import DecodeConfig, check_tree_fits, default_drafter, make_config, overlay
 from .stats import Stats
@@ -262,7 +261,7 @@ def load(
     lines (default: stderr when ``progress``).
     """
     if log is None:
-        log = _stderr if progress else (lambda line: None)
+        log = stderr_log if progress else (lambda line: None)
     sampling = genconfig.resolve(generation_config, target)  # a bad path fails before any model loads
     pair = _load(target, draft, backend=backend, dtype=dtype, draft_dtype=draft_dtype, device=device,
                  draft_quant=draft_quant, calibrate=calibrate, recalibrate=recalibrate, progress=progress, log=log,
@@ -288,6 +287,3 @@ def _load(target: str, draft: str | None, *, backend: str, dtype, draft_dtype, d
     pair.draft_quant = loaded.draft_quant
     return pair
 
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

@@ -7,7 +7,8 @@ Importing this package imports neither library."""
 from __future__ import annotations
 
 from .base import Capabilities, Model, Scores, TreeState, common_prefix
-from .registry import AUTO, REGISTRY, Backend, Costs, Loaded, Request, check_same_vocabulary, resolve_device
+from .registry import (AUTO, REGISTRY, Backend, Costs, Loaded, Request, check_same_vocabulary, resolve_device,
+                       stderr_log)
 
 
 def check_backend(name) -> str:
@@ -17,4 +18,4 @@ def check_backend(name) -> str:
 
 
 __all__ = ["AUTO", "Backend", "Capabilities", "Costs", "Loaded", "Model", "REGISTRY", "Request", "Scores", "TreeState",
-           "check_backend", "check_same_vocabulary", "common_prefix", "resolve_device"]
+           "check_backend", "check_same_vocabulary", "common_prefix", "resolve_device", "stderr_log"]

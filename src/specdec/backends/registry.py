@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,6 +26,11 @@ from .base import Model
 
 Log = Callable[[str], None]
 AUTO = "auto"
+
+
+def stderr_log(line: str) -> None:
+    """The :data:`Log` of progress lines when none is given: each line to stderr."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @dataclass

@@ -23,19 +23,15 @@ from typing import Callable
 
 from ...errors import SpecdecError
 from ...sources import FORMATS, gguf_file, split_format
+from ..registry import stderr_log
+
 
 def model_file(source: str, progress: bool = True) -> Path:
     """The GGUF file llama.cpp loads for a model source (:func:`specdec.sources.gguf_file`), or for
     ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
     base, fmt = split_format(source)
     path = gguf_file(base, progress=progress)
-    return path if fmt is None else formatted(path, fmt, log=_stderr if progress else (lambda line: None))
-
-
-def _stderr(line: str) -> None:
-    import sys
-
-    print(line, file=sys.stderr, flush=True)
+    return path if fmt is None else formatted(path, fmt, log=stderr_log if progress else (lambda line: None))
 
 
 def copy_path(source_file: Path, fmt: str) -> Path:

@@ -19,19 +19,18 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 from ...costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for, time_step
 from ...errors import SpecdecError
+from ..registry import Log
 from .kernels import can_pad_rows, pack_linears, set_row_padding
 from .load import Checkpoint, folder_config, load as load_model, load_config
 from .model import HFModel, variant_name
 from .quant import quantize_int8, resolve_quant
 
-Log = Callable[[str], None]
-
+#: the dtypes ``dtype=`` and ``draft_dtype=`` name (besides ``auto``)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
