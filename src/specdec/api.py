@@ -77,7 +77,6 @@ class Pair:
                  backend_why: str | None = None):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.target_name, self.draft_name = names
-        self.draft_quant = "none"
         self.costs = costs or Costs()
         #: which backend runs the models, and why (``backend="auto"``)
         self.backend = target.backend
@@ -92,6 +91,11 @@ class Pair:
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
                              draft_costs=self.costs.draft, prior=self.costs.prior,
                              constraints=Constraints(tokenizer, target.vocab_limit, self.eos_ids))
+
+    @property
+    def draft_quant(self) -> str:
+        """The draft's weight quantization, as its backend applied it (``"none"`` without a draft)."""
+        return self.draft.quant if self.draft is not None else "none"
 
     # ----------------------------------------------------------------- requests
     def encode(self, prompt, chat: bool | None = None, system: str | None = None) -> list[int]:
@@ -217,11 +221,9 @@ class Pair:
 
 
 def load(
-    target: str = DEFAULT_TARGET, draft: str | None = _AUTO, *, backend: str = AUTO_BACKEND,
-    dtype: str | torch.dtype = "auto", draft_dtype: str | torch.dtype = "auto", device: str = "auto",
-    draft_quant: str = "auto", calibrate: bool = True, recalibrate: bool = False, progress: bool = True,
-    log: Callable[[str], None] | None = None, context_length: int | None = None,
-    generation_config: str | os.PathLike = "auto",
+    target: str = DEFAULT_TARGET, draft: str | None = _AUTO, *, backend: str = AUTO_BACKEND, device: str = "auto",
+    calibrate: bool = True, recalibrate: bool = False, progress: bool = True, log: Callable[[str], None] | None = None,
+    generation_config: str | os.PathLike = "auto", **options: Any,
 ) -> Pair:
     """Load a target and (optionally) a draft model.
 
@@ -239,15 +241,19 @@ def load(
     files are dequantized once into a cached bf16 folder). ``Pair.backend_why`` and the CLI's
     startup line say which was chosen and why.
 
-    The rest applies to the transformers backend (the llama.cpp backend refuses non-default values):
-    dtype: ``auto`` (measured: on a CPU the faster of float32 and bfloat16 for this machine,
-    prefill and decoding both counted; bfloat16 on a GPU, float16 without bf16 support),
-    ``bfloat16``, ``float16`` or ``float32``. draft_dtype: ``auto`` (measured with ``dtype="auto"``,
-    else the same as ``dtype``) or a dtype: the draft only proposes, so it may differ from the
-    target's without changing what the lossless rules output. device: ``auto``, ``cpu``, ``cuda``.
-    draft_quant: ``auto`` (int8 weight-only for a bfloat16 draft on a CPU, none elsewhere),
-    ``int8`` or ``none``. context_length (llama.cpp only): the KV cache's size in tokens (default:
-    the model's trained context, at most 8192).
+    device: ``auto``, ``cpu``, ``cuda``.
+
+    options: the backends' load options, each declared once by the backend that takes it
+    (``Backend.Options``, :mod:`specdec.backends.registry`); ``None`` or ``"auto"`` is the default, and
+    an option of another backend than the one loading is a one-line error naming its owner.
+    transformers: dtype: ``auto`` (measured: on a CPU the faster of float32 and bfloat16 for this
+    machine, prefill and decoding both counted; bfloat16 on a GPU, float16 without bf16 support),
+    ``bfloat16``, ``float16`` or ``float32`` (or a ``torch.dtype``). draft_dtype: ``auto`` (measured
+    with ``dtype="auto"``, else the same as ``dtype``) or a dtype: the draft only proposes, so it may
+    differ from the target's without changing what the lossless rules output. draft_quant: ``auto``
+    (int8 weight-only for a bfloat16 draft on a CPU, none elsewhere), ``int8`` or ``none``.
+    llama.cpp: context_length: the KV cache's size in tokens (default: the model's trained context,
+    at most 8192).
 
     generation_config: where a request's sampling defaults come from (:mod:`specdec.genconfig`):
     ``auto`` (the model's own: a bundled model's published settings, or a Hugging Face folder's
@@ -263,27 +269,21 @@ def load(
     if log is None:
         log = stderr_log if progress else (lambda line: None)
     sampling = genconfig.resolve(generation_config, target)  # a bad path fails before any model loads
-    pair = _load(target, draft, backend=backend, dtype=dtype, draft_dtype=draft_dtype, device=device,
-                 draft_quant=draft_quant, calibrate=calibrate, recalibrate=recalibrate, progress=progress, log=log,
-                 context_length=context_length)
+    pair = _load(target, draft, backend=backend, device=device, calibrate=calibrate, recalibrate=recalibrate,
+                 progress=progress, log=log, options=options)
     pair.sampling_defaults, pair.sampling_why = sampling
     return pair
 
 
-def _load(target: str, draft: str | None, *, backend: str, dtype, draft_dtype, device: str, draft_quant: str,
-          calibrate: bool, recalibrate: bool, progress: bool, log: Callable[[str], None],
-          context_length: int | None) -> Pair:
+def _load(target: str, draft: str | None, *, backend: str, device: str, calibrate: bool, recalibrate: bool,
+          progress: bool, log: Callable[[str], None], options: dict) -> Pair:
     """:func:`load`'s models, on the backend the registry chooses (:mod:`specdec.backends.registry`)."""
     dev = resolve_device(device)
     draft_auto = draft == _AUTO
     draft = resolve_draft(target, draft)
-    given = {"dtype": dtype, "draft_dtype": draft_dtype, "draft_quant": draft_quant, "context_length": context_length}
-    options = {k: v for k, v in given.items() if v is not None and v != "auto"}
-    req = Request(target, draft, dev, options, calibrate=calibrate, recalibrate=recalibrate, progress=progress,
+    req = Request(target, draft, dev, REGISTRY.given(options), calibrate=calibrate, recalibrate=recalibrate, progress=progress,
                   log=log, draft_auto=draft_auto)
     loaded = REGISTRY.load(backend, req)
-    pair = Pair(loaded.target, loaded.tokenizer, loaded.draft, names=loaded.names, costs=loaded.costs,
+    return Pair(loaded.target, loaded.tokenizer, loaded.draft, names=loaded.names, costs=loaded.costs,
                 backend_why=loaded.why)
-    pair.draft_quant = loaded.draft_quant
-    return pair
 

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from ..checks import Spec, options_of
 from ..errors import SpecdecError
 from .base import Model
 
@@ -59,8 +60,6 @@ class Loaded:
     names: tuple[str, str | None]
     costs: Costs
     why: str
-    #: the draft's weight quantization (``"none"`` unless the backend quantized it)
-    draft_quant: str = "none"
 
     def close(self) -> None:
         for m in (self.target, self.draft):
@@ -85,6 +84,11 @@ class Request:
     draft_auto: bool = False
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    """The load options of a backend that takes none."""
+
+
 class Backend:
     """The contract of a backend. Subclasses set the class attributes and implement :meth:`load` and
     :meth:`measure`; the rest has defaults. Its models declare what they can do
@@ -97,8 +101,11 @@ class Backend:
     #: the module it imports beyond specdec's own dependencies (None: none), and how to install it
     package: str | None = None
     install: str = ""
-    #: load options it takes: name -> what it does (``specdec.load``'s keywords of the same name)
-    options: dict[str, str] = {}
+    #: the load options it takes: a frozen dataclass whose fields are declared with
+    #: :func:`specdec.checks.option`. The one declaration gives ``specdec.load``'s keyword of that name,
+    #: the check of its value, the commands' flag (``context_length``: ``--context-length``) and the
+    #: error naming this backend when another one is asked for with it
+    Options: type = NoOptions
     #: said when options it does not take are given (after "applies to the X backend; ")
     foreign_options: str = "it does not take them"
 
@@ -127,6 +134,11 @@ class Backend:
         self.require()
         self.check_options(req)
 
+    @property
+    def options(self) -> dict[str, str]:
+        """Its load options' names and help (:attr:`Options`)."""
+        return {name: spec.help for name, (spec, _) in options_of(self.Options).items()}
+
     def foreign(self, options: dict) -> list[str]:
         """The given options this backend does not take."""
         return [k for k in options if k not in self.options]
@@ -141,6 +153,9 @@ class Backend:
             names = ", ".join(f"{k}={req.options[k]}" for k in foreign)
             raise SpecdecError(f"{names}: {'applies' if len(foreign) == 1 else 'apply'} to the "
                                f"{REGISTRY.owner(foreign[0])} backend; {self.foreign_options}")
+        declared = options_of(self.Options)
+        for name, value in req.options.items():
+            declared[name][0].check(name, value)
 
     # ------------------------------------------------------------------ the work
     def load(self, req: Request, why: str) -> Loaded:
@@ -238,14 +253,31 @@ class Registry:
         return " or ".join(b.name for b in self if option in b.options) or "no"
 
     def option_names(self) -> list[str]:
-        return list(dict.fromkeys(k for b in self for k in b.options))
+        return list(self.options())
+
+    def options(self) -> dict[str, tuple[Spec, Any]]:
+        """Every backend's load options, in the registry's order: ``{name: (spec, default)}``."""
+        out: dict[str, tuple[Spec, Any]] = {}
+        for b in self:
+            for name, declared in options_of(b.Options).items():
+                out.setdefault(name, declared)
+        return out
+
+    def given(self, options: dict) -> dict:
+        """The load options a caller set: those not ``None`` or ``"auto"`` (their defaults); a name no
+        backend declares is a one-line error."""
+        self.check_known(options)
+        return {k: v for k, v in options.items() if v is not None and v != AUTO}
+
+    def check_known(self, options: dict) -> None:
+        unknown = [k for k in options if k not in self.option_names()]
+        if unknown:
+            raise SpecdecError(f"unknown load option(s) {', '.join(unknown)}; known: {', '.join(self.option_names())}")
 
     def choose(self, name: str, req: Request) -> tuple[Backend, str]:
         """The backend for ``req`` and why: the one named, checked; or with ``auto`` the first in
         order that does not refuse, the why naming what ruled out those before it."""
-        unknown = [k for k in req.options if k not in self.option_names()]
-        if unknown:
-            raise SpecdecError(f"unknown load option(s) {', '.join(unknown)}; known: {', '.join(self.option_names())}")
+        self.check_known(req.options)
         name = self.canonical(name)
         if name != AUTO:
             backend = self.get(name)

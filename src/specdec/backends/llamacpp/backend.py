@@ -4,10 +4,19 @@ the CPU, run as stored (their own quantization, llama.cpp's kernels) by
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from ...checks import option
 from ...errors import SpecdecError
 from ..registry import Backend, Costs, Loaded, Log, Request, check_same_vocabulary
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    context_length: int | None = option(None, kind=int, lo=16, help="KV cache size in tokens (default: the model's "
+                                                                    "trained context, at most 8192)")
 
 
 class LlamaCppBackend(Backend):
@@ -15,7 +24,7 @@ class LlamaCppBackend(Backend):
     aliases = ("llama-cpp", "llamacpp")
     package = "llama_cpp"
     install = "pip install 'specdec-rules[llama]' (it builds llama.cpp from source, ~8 minutes on 2 cores)"
-    options = {"context_length": "the KV cache's size in tokens (default: the model's trained context, at most 8192)"}
+    Options = LlamaCppOptions
     foreign_options = "llama.cpp runs a GGUF file's weights as stored"
 
     def auto_refusal(self, req: Request) -> str | None:
@@ -48,10 +57,6 @@ class LlamaCppBackend(Backend):
             if not is_gguf(source):
                 raise SpecdecError(f"backend 'llama.cpp' needs GGUF models, and {source!r} is not one; "
                                    "use backend 'transformers'")
-        if "context_length" in req.options:
-            from ...checks import check_int
-
-            check_int("context_length", req.options["context_length"], lo=16)
 
     def load(self, req: Request, why: str) -> Loaded:
         """The GGUF models; with ``req.draft_auto`` (the bundled draft chosen by ``draft="auto"``) the

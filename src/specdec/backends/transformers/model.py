@@ -82,7 +82,8 @@ class HFModel(Model):
         self.head = head
         param = next(model.parameters())
         self.dtype = param.dtype
-        variant = variant_name(self.dtype, "int8" if is_quantized(model) else "none")
+        self.quant = "int8" if is_quantized(model) else "none"
+        variant = variant_name(self.dtype, self.quant)
         max_length = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
         super().__init__(name, output_rows(head), vocab_limit, max_length, param.device, variant)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
