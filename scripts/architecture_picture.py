@@ -27,8 +27,7 @@ LAYERS = [
     ("shared flags", ["cliargs"]),
     ("the library's face", ["api", "configfile", "genconfig"]),
     ("the loop", ["engine", "autok", "request", "drafters", "verify", "constrain", "logprobs", "text", "stats"]),
-    ("what runs models", ["backends", "costmodel", "acceptance", "replay", "trace", "kernels", "quant", "bundled",
-                          "convert", "models"]),
+    ("what runs models", ["backends", "costmodel", "acceptance", "replay", "trace", "sources", "bundled", "cache"]),
 ]
 
 

@@ -67,7 +67,7 @@ def samples(a):
 
     from specdec.bench.datasets import load_dataset
     from specdec.bench.prompts import build_prompt
-    from specdec.backends.hf import resolve
+    from specdec.backends.transformers.load import resolve
 
     tok = AutoTokenizer.from_pretrained(resolve(a.target)[1])
     data = load_dataset("humaneval", limit=a.limit)

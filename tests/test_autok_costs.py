@@ -14,7 +14,7 @@ from specdec.acceptance import AcceptancePrior, Bins
 from specdec.autok import AutoK
 from specdec.costmodel import CostTable
 from specdec.engine import DecodeConfig, Engine
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from tinymodels import perturbed_copy, tiny_model
 
 WIDTHS = list(range(1, 18)) + [24, 32]

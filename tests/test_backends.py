@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from specdec.backends import REGISTRY, Capabilities, check_backend
-from specdec.backends.hf import HFModel
+from specdec.backends.transformers.model import HFModel
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
 
@@ -32,7 +32,7 @@ def _hf(request):
 
 
 def _llama(request):
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.llamacpp.model import LlamaCppModel
 
     return LlamaCppModel(request.getfixturevalue("gguf_path"), "tiny", n_ctx=512, threads=1)
 
@@ -68,7 +68,7 @@ def test_logits_at_every_position_equal_one_token_passes(lm):
 
 
 def test_both_backends_compute_the_same_model(gguf_path):
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.llamacpp.model import LlamaCppModel
 
     hf, ll = HFModel(tiny_model(0), "tiny"), LlamaCppModel(gguf_path, "tiny", n_ctx=512, threads=1)
     try:
@@ -204,7 +204,7 @@ def test_bad_backend_names_are_one_line_errors(bad):
 
 def test_llama_cpp_without_the_package_names_the_extra(monkeypatch):
     import specdec
-    from specdec.backends.llamacpp_backend import LlamaCppBackend
+    from specdec.backends.llamacpp.backend import LlamaCppBackend
 
     monkeypatch.setattr(LlamaCppBackend, "available", lambda self: False)
     with pytest.raises(SpecdecError, match=r"specdec-rules\[llama\]"):
@@ -253,7 +253,7 @@ def test_auto_follows_the_measurement_when_both_backends_are_measured(gguf_path,
     """auto picks llama.cpp for a GGUF on a CPU, and says so; when the transformers backend's
     tables for the same models are cached here and predict a faster request, it follows them."""
     import specdec
-    from specdec.backends.hf_backend import TransformersBackend
+    from specdec.backends.transformers.backend import TransformersBackend
     from specdec.costmodel import DtypeChoice
 
     pair = specdec.load(str(gguf_path), draft=None, progress=False)

@@ -6,7 +6,7 @@ import threading
 import pytest
 
 from specdec import bundled
-from specdec.convert import MANIFEST, build_atomically, check_folder, specdec_home
+from specdec.cache import MANIFEST, build_atomically, check_folder, specdec_home
 
 
 def writer(content=b"weights" * 1000, calls=None):
@@ -134,20 +134,20 @@ def fake_bundle(tmp_path, monkeypatch):
     monkeypatch.setitem(bundled.BUNDLED, name, b)
     monkeypatch.setattr(bundled, "part_files", lambda b_: list(parts))
     assembled = []
-    real = bundled._assemble
-    monkeypatch.setattr(bundled, "_assemble", lambda *a: assembled.append(a[1]) or real(*a))
+    real = bundled.assemble
+    monkeypatch.setattr(bundled, "assemble", lambda *a: assembled.append(a[1]) or real(*a))
     return name, whole, parts, assembled
 
 
 def test_gguf_file_is_hashed_once_then_trusted_by_size_and_mtime(fake_bundle, monkeypatch):
-    import specdec.convert
+    import specdec.cache
 
     name, whole, parts, assembled = fake_bundle
     path = bundled.gguf_file(name, progress=False)
     assert path.read_bytes() == whole and len(assembled) == 1
     assert bundled._sidecar(path).is_file()
     # a second load: no assembly, no hashing (the sidecar vouches for this size and mtime)
-    monkeypatch.setattr(specdec.convert, "sha256_file", lambda *a, **k: pytest.fail("hashed again"))
+    monkeypatch.setattr(specdec.cache, "sha256_file", lambda *a, **k: pytest.fail("hashed again"))
     monkeypatch.setattr(bundled, "part_files", lambda b_: pytest.fail("needs no chunk package"))
     assert bundled.gguf_file(name, progress=False) == path and len(assembled) == 1
 

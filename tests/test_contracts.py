@@ -17,7 +17,7 @@ from specdec.costmodel import CostTable
 from specdec.drafters import DRAFTERS, Draft, Drafter, drafter_class
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from tinymodels import perturbed_copy, tiny_model
 from specdec.verify import RULES, make_policy
 from specdec.verify.tree import TreeRound
@@ -231,6 +231,20 @@ def test_a_backend_is_one_file_and_one_registry_line(toy_backend, tmp_path, caps
     records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
     assert {r["config"] for r in records} >= {"ar"} and len(records) == 2
     assert json.loads((run / "run.json").read_text())["settings"]["backend"] == "toy"
+
+
+def test_the_toy_model_keeps_the_model_contract():
+    """The toy model, written from the Model contract alone: a context fed at once, a token at a
+    time, or rolled back and fed again gives the same logits."""
+    from toybackend import ToyModel
+
+    lm = ToyModel(31, "toy-31", 259)
+    context = list(b"def add(a, b):")
+    whole = lm.forward(context, num_logits=len(context))
+    lm.reset()
+    assert torch.equal(torch.cat([lm.forward([t]) for t in context]), whole)
+    lm.truncate(5)
+    assert torch.equal(lm.logits_for(context, 3), whole[-3:]) and lm.tokens == context
 
 
 def test_every_registered_backend_declares_the_contract():

@@ -190,8 +190,8 @@ def test_dtype_auto_loads_the_measured_choice(tiny_dirs):
 
 
 def test_kernel_choice_is_recorded_in_the_table_and_rebuilt_from_it(tiny_dirs, counting, monkeypatch):
-    from specdec.backends import hf_dtypes as calibrate
-    from specdec.kernels import RowPaddedLinear
+    from specdec.backends.transformers import dtypes as calibrate
+    from specdec.backends.transformers.kernels import RowPaddedLinear
 
     target, _ = tiny_dirs
     monkeypatch.setattr(calibrate, "choose_kernels", lambda model, lm: calibrate.set_row_padding(model, True) and ["pad1"])

@@ -8,7 +8,7 @@ from specdec.api import Pair
 from specdec.drafters.model import AUTO_WINDOW, window_start
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from specdec.request import make_config
 from specdec.sampling import SamplingParams
 from tinymodels import byte_tokenizer, chisquare_joint, engine_sample, perturbed_copy, tiny_engine, tiny_model

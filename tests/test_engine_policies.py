@@ -5,7 +5,7 @@ import torch
 
 from specdec.api import Pair
 from specdec.drafters import LookupModelDrafter, ModelDrafter
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from specdec.sampling import SamplingParams
 from specdec.verify.policy import SCHEDULE_PARAMS
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model

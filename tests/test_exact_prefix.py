@@ -102,7 +102,7 @@ def test_the_ramp_draws_each_position_at_its_chance():
 @pytest.fixture(scope="module")
 def pair():
     from specdec.api import Pair
-    from specdec.backends.hf import HFModel as CausalLM
+    from specdec.backends.transformers.model import HFModel as CausalLM
 
     target = tiny_model(11)
     return Pair(CausalLM(target), byte_tokenizer(), CausalLM(perturbed_copy(target, 0.2, 12)))

@@ -13,7 +13,7 @@ from specdec.api import Pair
 from specdec.cli import build_parser
 from specdec.cliargs import decode_kwargs
 from specdec.errors import SpecdecError
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 QWEN = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}

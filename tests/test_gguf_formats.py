@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.backends.gguf_formats import FORMATS, split_format
+from specdec.sources import FORMATS, split_format
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
@@ -37,7 +37,7 @@ def test_transformers_refuses_a_format_copy():
 
 
 def test_the_bundled_draft_goes_with_a_copy_of_the_bundled_target():
-    from specdec.api import resolve_draft
+    from specdec.sources import resolve_draft
 
     assert resolve_draft("qwen2.5-coder-1.5b@q8_0", "auto") == "qwen2.5-coder-0.5b"
 
@@ -54,8 +54,8 @@ def tiny_files(tmp_path_factory):
 
 
 def test_copies_are_made_once_and_cached(tiny_files):
-    from specdec.backends.gguf_formats import model_file as gguf_path
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.llamacpp.formats import model_file as gguf_path
+    from specdec.backends.llamacpp.model import LlamaCppModel
 
     target, _ = tiny_files
     made = {}
@@ -71,8 +71,8 @@ def test_copies_are_made_once_and_cached(tiny_files):
 
 @pytest.mark.parametrize("target_fmt,draft_fmt", [("bf16", "q4_0"), ("f16", "iq4_nl"), ("q8_0", "q4_0")])
 def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, draft_fmt):
-    from specdec.backends.gguf_formats import model_file as gguf_path
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.llamacpp.formats import model_file as gguf_path
+    from specdec.backends.llamacpp.model import LlamaCppModel
 
     t_path, d_path = tiny_files
     target = LlamaCppModel(gguf_path(f"{t_path}@{target_fmt}", progress=False), "t", n_ctx=256, threads=1)
@@ -87,13 +87,13 @@ def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, dra
 
 
 def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, monkeypatch):
-    """``draft="auto"``'s format choice (specdec.backends.llamacpp_draft_formats): every candidate is
+    """``draft="auto"``'s format choice (specdec.backends.llamacpp.draft_formats): every candidate is
     measured and replayed under k=auto on the reference request with its own agreement and costs; the
     least time wins (a faster draft that agrees much less loses), and the measurements are cached by
     the files' identities."""
-    from specdec.backends import llamacpp_draft_formats as draft_formats
-    from specdec.backends.gguf_formats import model_file
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.llamacpp import draft_formats
+    from specdec.backends.llamacpp.formats import model_file
+    from specdec.backends.llamacpp.model import LlamaCppModel
     from specdec.costmodel import CostTable
 
     t_path, d_path = tiny_files
@@ -131,8 +131,8 @@ def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, mo
 
 
 def test_along_counts_positions_where_both_models_pick_the_same_token(tiny_files):
-    from specdec.backends import llamacpp_draft_formats as draft_formats
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.llamacpp import draft_formats
+    from specdec.backends.llamacpp.model import LlamaCppModel
 
     t_path, d_path = tiny_files
     target = LlamaCppModel(t_path, "t", n_ctx=512, threads=1)

@@ -7,7 +7,7 @@ import torch
 
 from specdec.drafters import Draft
 from specdec.engine import DecodeConfig, Engine
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from tinymodels import perturbed_copy, tiny_model
 
 

@@ -27,7 +27,7 @@ def pair_paths(tmp_path_factory):
 def engine_on(paths, vocab_limit=None, eos=(258,)):
     """An engine over the tiny GGUF pair, one thread each (a second thread of a tiny model only
     spins against the other test worker: the sampling test took 6 minutes under -n 2 with two)."""
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.llamacpp.model import LlamaCppModel
 
     target, draft = (LlamaCppModel(p, f"tiny-{i}", vocab_limit=vocab_limit, n_ctx=256, threads=1)
                      for i, p in enumerate(paths))

@@ -13,7 +13,7 @@ from specdec.drafters import LookaheadDrafter
 from specdec.drafters.lookahead import MAX_NODES, pass_nodes
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from specdec.sampling import SamplingParams
 from tinymodels import (byte_tokenizer, chisquare_joint, engine_sample, per_rule, save_tiny_gguf, tiny_engine,
                              tiny_model)
@@ -196,7 +196,7 @@ def test_greedy_lookahead_is_token_identical_to_plain_decoding(options, k):
 
 def test_greedy_lookahead_equals_plain_decoding_on_llama_cpp(tmp_path):
     pytest.importorskip("llama_cpp")
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.llamacpp.model import LlamaCppModel
 
     path = save_tiny_gguf(tiny_model(21, layers=1, hidden=16, initializer_range=0.2), byte_tokenizer(),
                           tmp_path / "target.gguf")

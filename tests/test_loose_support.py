@@ -7,7 +7,7 @@ import torch
 from specdec.api import Pair
 from specdec.costmodel import CostTable
 from specdec.errors import SpecdecError
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from specdec.sampling import SamplingParams, probabilities
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 from specdec.verify import Round, make_policy

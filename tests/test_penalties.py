@@ -10,7 +10,7 @@ import torch
 from specdec.api import Pair
 from specdec.drafters.base import Draft
 from specdec.errors import SpecdecError
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from specdec.request import make_config
 from specdec.sampling import SamplingParams, penalize
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.api import Pair
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from specdec.autok import AutoK, Fixed
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from specdec.costmodel import CostTable
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError

@@ -24,7 +24,7 @@ from specdec.drafters import DRAFTERS, Draft, Drafter, ModelDrafter  # noqa: E40
 from specdec.drafters.tree import TreeDrafter  # noqa: E402
 from specdec.engine import DecodeConfig, Engine  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
-from specdec.backends.hf import HFModel as CausalLM  # noqa: E402
+from specdec.backends.transformers.model import HFModel as CausalLM  # noqa: E402
 from specdec.sampling import SamplingParams, probabilities  # noqa: E402
 from tinymodels import byte_tokenizer, chisquare_joint, joint3, perturbed_copy, tiny_model  # noqa: E402
 
@@ -378,7 +378,7 @@ def test_generate_cli_flags(tiny_dirs, tmp_path):
 
 def test_llama_cpp_backend_respects_the_grammar(tmp_path):
     pytest.importorskip("llama_cpp")
-    from specdec.backends.llamacpp import LlamaCppModel
+    from specdec.backends.llamacpp.model import LlamaCppModel
     from tinymodels import save_tiny_gguf
 
     kw = dict(layers=1, hidden=16, initializer_range=0.2)

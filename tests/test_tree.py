@@ -8,7 +8,7 @@ import torch
 
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.hf import HFModel as CausalLM
+from specdec.backends.transformers.model import HFModel as CausalLM
 from specdec.sampling import SamplingParams
 from tinymodels import chisquare_joint, engine_sample, per_rule, perturbed_copy, tiny_engine, tiny_model
 from specdec.verify import Round, make_policy

@@ -405,7 +405,7 @@ def test_each_rule_inside_vllm_equals_specdecs_engine(engine_outputs, tiny_model
     + the rule, except possibly in the last round, where specdec's engine drafts fewer than K
     (it never drafts past max_new_tokens) and vLLM may not."""
     from specdec.engine import DecodeConfig, Engine
-    from specdec.backends.hf import HFModel as CausalLM
+    from specdec.backends.transformers.model import HFModel as CausalLM
     from transformers import AutoModelForCausalLM
 
     from specdec.verify.schedule import Schedule

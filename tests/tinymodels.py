@@ -328,7 +328,7 @@ def tiny_engine(vocab: int = 4, seeds: tuple[int, int] = (21, 22)):
     """An :class:`~specdec.engine.Engine` over two random one-layer models with ``vocab`` tokens:
     a target and a draft far enough apart that rounds reject often (no EOS)."""
     from specdec.engine import Engine
-    from specdec.backends.hf import CausalLM
+    from specdec.backends.transformers.model import HFModel as CausalLM
 
     target, draft = (CausalLM(tiny_model(s, vocab_size=vocab, layers=1, hidden=16, initializer_range=0.2))
                      for s in seeds)
@@ -336,7 +336,7 @@ def tiny_engine(vocab: int = 4, seeds: tuple[int, int] = (21, 22)):
 
 
 def target_joint(target, prompt: list[int], params, vocab: int) -> torch.Tensor:
-    """``[V, V, V]``: the joint law of a :class:`~specdec.models.CausalLM`'s first three sampled tokens."""
+    """``[V, V, V]``: the joint law of a :class:`~specdec.backends.transformers.model.HFModel`'s first three sampled tokens."""
     from specdec.sampling import probabilities
 
     def dist(context):

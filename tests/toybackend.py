@@ -1,18 +1,49 @@
 """A toy backend, written as a newcomer adds one: this file and one registry line
-(``REGISTRY.add("toy", "toybackend:ToyBackend")``). Its models are tiny random transformers models
-named ``toy-SEED`` (built from a config, nothing downloaded), run through a :class:`Model` of its
-own that declares what its timings depend on."""
+(``REGISTRY.add("toy", "toybackend:ToyBackend")``), against the contract alone (``Model`` and
+``Backend``, nothing of the real backends). Its models are ``toy-SEED``: a seeded table of logits
+by the last two tokens, so what it says next depends on its context like a language model's, and
+its "cache" is the token list :class:`Model` keeps."""
 
 from __future__ import annotations
 
-from specdec.backends import Backend, Costs, Loaded, Request
-from specdec.backends.hf import HFModel
+from typing import Sequence
+
+import torch
+
+from specdec.backends import Backend, Costs, Loaded, Model, Request
 from specdec.errors import SpecdecError
-from tinymodels import byte_tokenizer, tiny_model
+from tinymodels import byte_tokenizer
 
 
-class ToyModel(HFModel):
+class ToyModel(Model):
+    """Logits after position i: ``table[token i] + table[token i-1].roll(1)``, float32, on the CPU."""
+
     backend = "toy"
+
+    def __init__(self, seed: int, name: str, vocab: int):
+        g = torch.Generator().manual_seed(seed)
+        self.table = torch.randn(vocab, vocab, generator=g) * 3  # [V, V]
+        super().__init__(name, vocab, vocab, 512, torch.device("cpu"), "float32")
+
+    def _append(self, ids: Sequence[int], num_logits: int, hidden: bool):
+        seq = torch.tensor([*self.tokens, *ids])  # the whole context: the cache's tokens, then ids
+        start = len(seq) - num_logits
+        logits = self.table[seq[start:]]  # [num_logits, V] (a copy)
+        before = seq[max(0, start - 1):-1]  # the token before each of those that has one
+        logits[num_logits - len(before):] += self.table[before].roll(1, dims=-1)
+        return logits, None
+
+    def _crop(self, length: int) -> None:
+        pass  # the context is self.tokens, which Model crops
+
+    def _clear(self) -> None:
+        pass
+
+    def parameter_bytes(self) -> int:
+        return self.table.numel() * self.table.element_size()
+
+    def cache_bytes(self) -> int:
+        return 0
 
     def fingerprint_extra(self) -> dict:
         return {"backend": "toy", "backend_version": "1"}
@@ -22,7 +53,6 @@ class ToyBackend(Backend):
     name = "toy"
     aliases = ("toy-backend",)
     package = None
-    options = {}
     foreign_options = "toy models take no options"
 
     def auto_refusal(self, req: Request) -> str | None:
@@ -36,8 +66,8 @@ class ToyBackend(Backend):
 
     def load(self, req: Request, why: str) -> Loaded:
         tokenizer = byte_tokenizer()
-        target = ToyModel(tiny_model(int(req.target[4:])), req.target)
-        draft = ToyModel(tiny_model(int(req.draft[4:])), req.draft) if req.draft is not None else None
+        target = ToyModel(int(req.target[4:]), req.target, len(tokenizer))
+        draft = ToyModel(int(req.draft[4:]), req.draft, len(tokenizer)) if req.draft is not None else None
         costs = Costs()
         if req.calibrate or req.recalibrate:
             costs.target = self.measure(target, req.recalibrate, req.log)

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from . import genconfig
-from .bundled import DEFAULT_DRAFT, DEFAULT_TARGET
+from .bundled import DEFAULT_TARGET
 from .configfile import read_config
 from .constrain import Constraints
 from .engine import Engine, Generation
 from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
-from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request
-from .models import resolve_device
+from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request, resolve_device, stderr_log
+from .sources import AUTO as _AUTO, resolve_draft
 from .request import DecodeConfig, check_tree_fits, default_drafter, make_config, overlay
 from .stats import Stats
 from .text import StopStrings, TextStream, encode_prompt, eos_ids
 
-_AUTO = "auto"
 
 
 @dataclass
@@ -71,16 +69,6 @@ class Stream:
             close()
 
 
-def resolve_draft(target: str, draft: str | None) -> str | None:
-    """The draft model :func:`load` loads: ``"auto"`` is the bundled draft for the bundled target
-    and none otherwise; anything else as given (None: no draft model)."""
-    if draft == _AUTO:
-        from .backends.gguf_formats import split_format
-
-        return DEFAULT_DRAFT if split_format(target)[0] == DEFAULT_TARGET else None
-    return draft
-
-
 class Pair:
     """A target model, an optional draft model that shares its tokenizer, and the engine over them."""
 
@@ -89,7 +77,6 @@ class Pair:
                  backend_why: str | None = None):
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.target_name, self.draft_name = names
-        self.draft_quant = "none"
         self.costs = costs or Costs()
         #: which backend runs the models, and why (``backend="auto"``)
         self.backend = target.backend
@@ -104,6 +91,11 @@ class Pair:
         self.engine = Engine(target, draft, self.eos_ids, target_costs=self.costs.target,
                              draft_costs=self.costs.draft, prior=self.costs.prior,
                              constraints=Constraints(tokenizer, target.vocab_limit, self.eos_ids))
+
+    @property
+    def draft_quant(self) -> str:
+        """The draft's weight quantization, as its backend applied it (``"none"`` without a draft)."""
+        return self.draft.quant if self.draft is not None else "none"
 
     # ----------------------------------------------------------------- requests
     def encode(self, prompt, chat: bool | None = None, system: str | None = None) -> list[int]:
@@ -229,18 +221,16 @@ class Pair:
 
 
 def load(
-    target: str = DEFAULT_TARGET, draft: str | None = _AUTO, *, backend: str = AUTO_BACKEND,
-    dtype: str | torch.dtype = "auto", draft_dtype: str | torch.dtype = "auto", device: str = "auto",
-    draft_quant: str = "auto", calibrate: bool = True, recalibrate: bool = False, progress: bool = True,
-    log: Callable[[str], None] | None = None, context_length: int | None = None,
-    generation_config: str | os.PathLike = "auto",
+    target: str = DEFAULT_TARGET, draft: str | None = _AUTO, *, backend: str = AUTO_BACKEND, device: str = "auto",
+    calibrate: bool = True, recalibrate: bool = False, progress: bool = True, log: Callable[[str], None] | None = None,
+    generation_config: str | os.PathLike = "auto", **options: Any,
 ) -> Pair:
     """Load a target and (optionally) a draft model.
 
     target/draft: a bundled name (``qwen2.5-coder-1.5b``, ``qwen2.5-coder-0.5b``), a Hugging Face
     model folder, a ``.gguf`` file or a hub id. On llama.cpp a GGUF source may end in ``@bf16``,
     ``@f16``, ``@q8_0``, ``@q4_0`` or ``@iq4_nl``: a copy of its weights in that format, made once
-    and cached (:mod:`specdec.backends.gguf_formats`; a copy of 4-bit weights is not the original
+    and cached (:mod:`specdec.backends.llamacpp.formats`; a copy of 4-bit weights is not the original
     checkpoint). On a CPU a 16-bit target verifies drafts far more cheaply than a 4-bit one.
     ``draft="auto"`` picks the bundled draft for the bundled target and no draft otherwise;
     ``draft=None`` loads none (only ``drafter="pld"`` and ``policy="ar"`` work then).
@@ -251,15 +241,19 @@ def load(
     files are dequantized once into a cached bf16 folder). ``Pair.backend_why`` and the CLI's
     startup line say which was chosen and why.
 
-    The rest applies to the transformers backend (the llama.cpp backend refuses non-default values):
-    dtype: ``auto`` (measured: on a CPU the faster of float32 and bfloat16 for this machine,
-    prefill and decoding both counted; bfloat16 on a GPU, float16 without bf16 support),
-    ``bfloat16``, ``float16`` or ``float32``. draft_dtype: ``auto`` (measured with ``dtype="auto"``,
-    else the same as ``dtype``) or a dtype: the draft only proposes, so it may differ from the
-    target's without changing what the lossless rules output. device: ``auto``, ``cpu``, ``cuda``.
-    draft_quant: ``auto`` (int8 weight-only for a bfloat16 draft on a CPU, none elsewhere),
-    ``int8`` or ``none``. context_length (llama.cpp only): the KV cache's size in tokens (default:
-    the model's trained context, at most 8192).
+    device: ``auto``, ``cpu``, ``cuda``.
+
+    options: the backends' load options, each declared once by the backend that takes it
+    (``Backend.Options``, :mod:`specdec.backends.registry`); ``None`` or ``"auto"`` is the default, and
+    an option of another backend than the one loading is a one-line error naming its owner.
+    transformers: dtype: ``auto`` (measured: on a CPU the faster of float32 and bfloat16 for this
+    machine, prefill and decoding both counted; bfloat16 on a GPU, float16 without bf16 support),
+    ``bfloat16``, ``float16`` or ``float32`` (or a ``torch.dtype``). draft_dtype: ``auto`` (measured
+    with ``dtype="auto"``, else the same as ``dtype``) or a dtype: the draft only proposes, so it may
+    differ from the target's without changing what the lossless rules output. draft_quant: ``auto``
+    (int8 weight-only for a bfloat16 draft on a CPU, none elsewhere), ``int8`` or ``none``.
+    llama.cpp: context_length: the KV cache's size in tokens (default: the model's trained context,
+    at most 8192).
 
     generation_config: where a request's sampling defaults come from (:mod:`specdec.genconfig`):
     ``auto`` (the model's own: a bundled model's published settings, or a Hugging Face folder's
@@ -273,32 +267,23 @@ def load(
     lines (default: stderr when ``progress``).
     """
     if log is None:
-        log = _stderr if progress else (lambda line: None)
+        log = stderr_log if progress else (lambda line: None)
     sampling = genconfig.resolve(generation_config, target)  # a bad path fails before any model loads
-    pair = _load(target, draft, backend=backend, dtype=dtype, draft_dtype=draft_dtype, device=device,
-                 draft_quant=draft_quant, calibrate=calibrate, recalibrate=recalibrate, progress=progress, log=log,
-                 context_length=context_length)
+    pair = _load(target, draft, backend=backend, device=device, calibrate=calibrate, recalibrate=recalibrate,
+                 progress=progress, log=log, options=options)
     pair.sampling_defaults, pair.sampling_why = sampling
     return pair
 
 
-def _load(target: str, draft: str | None, *, backend: str, dtype, draft_dtype, device: str, draft_quant: str,
-          calibrate: bool, recalibrate: bool, progress: bool, log: Callable[[str], None],
-          context_length: int | None) -> Pair:
+def _load(target: str, draft: str | None, *, backend: str, device: str, calibrate: bool, recalibrate: bool,
+          progress: bool, log: Callable[[str], None], options: dict) -> Pair:
     """:func:`load`'s models, on the backend the registry chooses (:mod:`specdec.backends.registry`)."""
     dev = resolve_device(device)
     draft_auto = draft == _AUTO
     draft = resolve_draft(target, draft)
-    given = {"dtype": dtype, "draft_dtype": draft_dtype, "draft_quant": draft_quant, "context_length": context_length}
-    options = {k: v for k, v in given.items() if v is not None and v != "auto"}
-    req = Request(target, draft, dev, options, calibrate=calibrate, recalibrate=recalibrate, progress=progress,
+    req = Request(target, draft, dev, REGISTRY.given(options), calibrate=calibrate, recalibrate=recalibrate, progress=progress,
                   log=log, draft_auto=draft_auto)
     loaded = REGISTRY.load(backend, req)
-    pair = Pair(loaded.target, loaded.tokenizer, loaded.draft, names=loaded.names, costs=loaded.costs,
+    return Pair(loaded.target, loaded.tokenizer, loaded.draft, names=loaded.names, costs=loaded.costs,
                 backend_why=loaded.why)
-    pair.draft_quant = loaded.draft_quant
-    return pair
 
-
-def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)

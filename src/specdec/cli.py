@@ -171,7 +171,8 @@ def check_argv(argv: Sequence[str]) -> None:
 
 def cmd_models(a: argparse.Namespace) -> int:
     from . import bundled
-    from .convert import specdec_home
+    from .backends.transformers.convert import prepare
+    from .cache import specdec_home
 
     if a.action == "prepare":
         names = a.names or list(BUNDLED)
@@ -179,14 +180,14 @@ def cmd_models(a: argparse.Namespace) -> int:
             if name not in BUNDLED:
                 raise SpecdecError(f"unknown bundled model {name!r}; choose from: {', '.join(BUNDLED)}")
         for name in names:
-            path = bundled.prepare(name, progress=True, verify=a.verify)
+            path = prepare(name, progress=True, verify=a.verify)
             print(f"{name}: ready at {path}")
         return 0
     print(f"cache: {specdec_home()}")
     for name, b in BUNDLED.items():
         state = bundled.state(name)
         if a.verify and state == "ready":
-            from .convert import check_folder
+            from .cache import check_folder
 
             problem = check_folder(bundled.cache_dir(name), full=True)
             state = "ready (verified)" if problem is None else f"corrupt: {problem}"
@@ -297,7 +298,7 @@ def export_costs(pair, path: str, machine: dict) -> None:
 def print_cost_tables() -> None:
     from .backends import REGISTRY
     from .costmodel import cached_tables
-    from .models import resolve_device
+    from .backends import resolve_device
 
     device = resolve_device("auto")
     tables = []

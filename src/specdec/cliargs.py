@@ -42,10 +42,9 @@ def backend_arg(text: str) -> str:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model flags: the sources, the backend, the device, and every backend's load options as
+    its entry declares them (``Backend.Options``: the flag, its values and help, the owner named)."""
     from .backends import REGISTRY
-
-    def only(option: str) -> str:  # which backend a load option belongs to (the registry's declaration)
-        return f"{REGISTRY.owner(option)} backend"
 
     g = p.add_argument_group("models")
     g.add_argument("--target", default=DEFAULT_TARGET,
@@ -57,19 +56,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--backend", default="auto", type=backend_arg,
                    help="what runs the models: auto (default: llama.cpp for GGUF models on a CPU when "
                         f"llama-cpp-python is installed, else transformers), or one of: {', '.join(REGISTRY.names())}")
-    g.add_argument(*flag_names("--context-length"), dest="context_length", type=int, default=None, metavar="N",
-                   help=f"{only('context_length')}: KV cache size in tokens (default: the model's trained context, "
-                        "at most 8192)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help=f"{only('dtype')}: target dtype (default: auto = measured on this machine: on a CPU the faster of float32 "
-                        "and bfloat16, prefill and decoding counted; bfloat16 on a GPU)")
-    g.add_argument("--draft-dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
-                   help=f"{only('draft_dtype')}: draft dtype; the draft only proposes, so lossless output is unchanged (default: auto = "
-                        "measured with --dtype auto, else the same as --dtype)")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
-    g.add_argument("--draft-quant", default="auto", choices=["auto", "int8", "none"],
-                   help=f"{only('draft_quant')}: quantize the draft's weights; the draft only proposes, so lossless output is "
-                        "unchanged (default: auto = int8 for bfloat16 on CPU, none otherwise)")
+    for name, (spec, default) in REGISTRY.options().items():
+        shape = {"choices": list(spec.choices)} if spec.choices else {"type": spec.kind, "metavar": "N"}
+        g.add_argument(*flag_names(f"--{name.replace('_', '-')}"), dest=name, default=default,
+                       help=f"{REGISTRY.owner(name)} backend: {spec.help}", **shape)
     g.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                    help="do not measure the cost model (dtype auto is then bfloat16 and -k auto is k=5); "
                         "measurements are cached per machine, so this only saves the first load")
@@ -187,7 +178,7 @@ def decode_kwargs(a: argparse.Namespace) -> dict:
 
 def draft_of(a: argparse.Namespace) -> str | None:
     """The draft model the model flags load (None: none), known before anything loads."""
-    from .api import resolve_draft
+    from .sources import resolve_draft
 
     return resolve_draft(a.target, None if a.draft == "none" else a.draft)
 
@@ -203,11 +194,12 @@ def decode_config(a: argparse.Namespace, kwargs: dict | None = None) -> DecodeCo
 
 def load_pair(a: argparse.Namespace, progress: bool = True):
     from .api import load
+    from .backends import REGISTRY
 
     draft = None if a.draft == "none" else a.draft
-    return load(a.target, draft=draft, backend=a.backend, dtype=a.dtype, draft_dtype=a.draft_dtype, device=a.device,
-                draft_quant=a.draft_quant, calibrate=a.calibrate, progress=progress,
-                recalibrate=getattr(a, "recalibrate", False), context_length=a.context_length,
+    options = {name: getattr(a, name) for name in REGISTRY.options()}
+    return load(a.target, draft=draft, backend=a.backend, device=a.device, calibrate=a.calibrate, progress=progress,
+                recalibrate=getattr(a, "recalibrate", False), **options,
                 # bench and tune set every sampling field themselves: only generate and serve take the model's
                 generation_config=getattr(a, "generation_config", None) or genconfig.NONE)
 

@@ -68,8 +68,8 @@ def from_file(path: str | Path) -> dict[str, Any]:
 def of_model(source: str | None) -> tuple[dict[str, Any], str]:
     """``(settings, where from)`` for a model source (a bundled name, a folder, a GGUF file), read
     without loading the model: nothing for a source that ships none."""
-    from .backends.gguf_formats import split_format
     from .bundled import BUNDLED
+    from .sources import split_format
 
     if source is None:
         return {}, "none"

@@ -1,12 +1,14 @@
 """Backends: what runs a model. One model interface (:class:`Model`, :mod:`specdec.backends.base`),
 one backend contract and table (:class:`Backend`, :data:`REGISTRY`, :mod:`specdec.backends.registry`)
-and its entries: ``llama.cpp`` (:mod:`specdec.backends.llamacpp_backend`) and ``transformers``
-(:mod:`specdec.backends.hf_backend`). Importing this package imports neither library."""
+and its entries, each a package holding all of its backend: ``llama.cpp``
+(:mod:`specdec.backends.llamacpp`) and ``transformers`` (:mod:`specdec.backends.transformers`).
+Importing this package imports neither library."""
 
 from __future__ import annotations
 
 from .base import Capabilities, Model, Scores, TreeState, common_prefix
-from .registry import AUTO, REGISTRY, Backend, Costs, Loaded, Request
+from .registry import (AUTO, REGISTRY, Backend, Costs, Loaded, Request, check_same_vocabulary, resolve_device,
+                       stderr_log)
 
 
 def check_backend(name) -> str:
@@ -16,4 +18,4 @@ def check_backend(name) -> str:
 
 
 __all__ = ["AUTO", "Backend", "Capabilities", "Costs", "Loaded", "Model", "REGISTRY", "Request", "Scores", "TreeState",
-           "check_backend", "common_prefix"]
+           "check_backend", "check_same_vocabulary", "common_prefix", "resolve_device", "stderr_log"]

@@ -10,8 +10,8 @@ primitive operations below (``_append``, ``_crop``, ``_clear``, and for token tr
 checks before generating: an unsupported combination is a one-line error up front, never a failure
 mid-generation.
 
-Backends: :mod:`specdec.backends.hf` (transformers, eager PyTorch; CPU or GPU) and
-:mod:`specdec.backends.llamacpp` (llama.cpp through llama-cpp-python's low-level API; GGUF files).
+Backends: :mod:`specdec.backends.transformers.model` (transformers, eager PyTorch; CPU or GPU) and
+:mod:`specdec.backends.llamacpp.model` (llama.cpp through llama-cpp-python's low-level API; GGUF files).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class Scores(NamedTuple):
 class Model(ABC):
     """A causal LM fed token ids, with one KV cache and the ids that cache holds.
 
-    Public surface (what the rest of specdec may use): ``name``, ``backend``, ``variant``,
+    Public surface (what the rest of specdec may use): ``name``, ``backend``, ``variant``, ``quant``,
     ``device`` (where logits live), ``vocab_size`` (rows of the LM head), ``vocab_limit`` (rows
     returned: the tokenizer's table), ``max_length`` (context limit or None), ``capabilities``,
     ``tokens`` / ``linear_tokens`` (what the cache holds), ``tree``, ``forward_calls``; the
@@ -108,6 +108,8 @@ class Model(ABC):
 
     backend: str = "?"
     capabilities: Capabilities = Capabilities()
+    #: the weight quantization the backend applied at load (``"none"``: the weights as stored)
+    quant: str = "none"
     #: the verify widths the cost model times (None: every width 1..17, then 24 and 32,
     #: :data:`specdec.costmodel.WIDTHS`; a backend with smooth curves may declare fewer)
     calibration_widths: tuple[int, ...] | None = None

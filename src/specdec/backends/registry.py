@@ -15,16 +15,23 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
+from ..checks import Spec, options_of
 from ..errors import SpecdecError
 from .base import Model
 
 Log = Callable[[str], None]
 AUTO = "auto"
+
+
+def stderr_log(line: str) -> None:
+    """The :data:`Log` of progress lines when none is given: each line to stderr."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -53,8 +60,6 @@ class Loaded:
     names: tuple[str, str | None]
     costs: Costs
     why: str
-    #: the draft's weight quantization (``"none"`` unless the backend quantized it)
-    draft_quant: str = "none"
 
     def close(self) -> None:
         for m in (self.target, self.draft):
@@ -79,6 +84,11 @@ class Request:
     draft_auto: bool = False
 
 
+@dataclass(frozen=True)
+class NoOptions:
+    """The load options of a backend that takes none."""
+
+
 class Backend:
     """The contract of a backend. Subclasses set the class attributes and implement :meth:`load` and
     :meth:`measure`; the rest has defaults. Its models declare what they can do
@@ -91,8 +101,11 @@ class Backend:
     #: the module it imports beyond specdec's own dependencies (None: none), and how to install it
     package: str | None = None
     install: str = ""
-    #: load options it takes: name -> what it does (``specdec.load``'s keywords of the same name)
-    options: dict[str, str] = {}
+    #: the load options it takes: a frozen dataclass whose fields are declared with
+    #: :func:`specdec.checks.option`. The one declaration gives ``specdec.load``'s keyword of that name,
+    #: the check of its value, the commands' flag (``context_length``: ``--context-length``) and the
+    #: error naming this backend when another one is asked for with it
+    Options: type = NoOptions
     #: said when options it does not take are given (after "applies to the X backend; ")
     foreign_options: str = "it does not take them"
 
@@ -121,6 +134,11 @@ class Backend:
         self.require()
         self.check_options(req)
 
+    @property
+    def options(self) -> dict[str, str]:
+        """Its load options' names and help (:attr:`Options`)."""
+        return {name: spec.help for name, (spec, _) in options_of(self.Options).items()}
+
     def foreign(self, options: dict) -> list[str]:
         """The given options this backend does not take."""
         return [k for k in options if k not in self.options]
@@ -135,6 +153,9 @@ class Backend:
             names = ", ".join(f"{k}={req.options[k]}" for k in foreign)
             raise SpecdecError(f"{names}: {'applies' if len(foreign) == 1 else 'apply'} to the "
                                f"{REGISTRY.owner(foreign[0])} backend; {self.foreign_options}")
+        declared = options_of(self.Options)
+        for name, value in req.options.items():
+            declared[name][0].check(name, value)
 
     # ------------------------------------------------------------------ the work
     def load(self, req: Request, why: str) -> Loaded:
@@ -158,6 +179,32 @@ class Backend:
         loading or converting anything; None when not measured here (``auto`` compares it with the
         chosen backend's measurement)."""
         return None
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu. ``cuda`` without a GPU is a user error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecdecError("device 'cuda' was asked for, but torch sees no CUDA GPU; use --device cpu")
+    if device not in ("cpu", "mps") and not device.startswith("cuda"):
+        raise SpecdecError(f"unknown device {device!r}; choose cpu, cuda, cuda:N or auto")
+    return torch.device(device)
+
+
+def check_same_vocabulary(target_tok, draft_tok, target_name: str, draft_name: str) -> None:
+    """Refuse a draft whose token table differs from the target's: its ids would mean other text."""
+    tv, dv = target_tok.get_vocab(), draft_tok.get_vocab()
+    if tv == dv:
+        return
+    differing = sorted(set(tv.items()) ^ set(dv.items()), key=lambda kv: kv[1])
+    examples = ", ".join(f"{tok!r}->{idx}" for tok, idx in differing[:3])
+    raise SpecdecError(
+        f"draft {draft_name!r} and target {target_name!r} do not share a tokenizer: vocabularies of "
+        f"{len(dv)} and {len(tv)} tokens differ in {len(differing)} entries (e.g. {examples}). "
+        "Speculative decoding needs the same token table; pick a draft from the target's family, "
+        "or use --drafter pld, which needs no draft model."
+    )
 
 
 class Registry:
@@ -206,14 +253,31 @@ class Registry:
         return " or ".join(b.name for b in self if option in b.options) or "no"
 
     def option_names(self) -> list[str]:
-        return list(dict.fromkeys(k for b in self for k in b.options))
+        return list(self.options())
+
+    def options(self) -> dict[str, tuple[Spec, Any]]:
+        """Every backend's load options, in the registry's order: ``{name: (spec, default)}``."""
+        out: dict[str, tuple[Spec, Any]] = {}
+        for b in self:
+            for name, declared in options_of(b.Options).items():
+                out.setdefault(name, declared)
+        return out
+
+    def given(self, options: dict) -> dict:
+        """The load options a caller set: those not ``None`` or ``"auto"`` (their defaults); a name no
+        backend declares is a one-line error."""
+        self.check_known(options)
+        return {k: v for k, v in options.items() if v is not None and v != AUTO}
+
+    def check_known(self, options: dict) -> None:
+        unknown = [k for k in options if k not in self.option_names()]
+        if unknown:
+            raise SpecdecError(f"unknown load option(s) {', '.join(unknown)}; known: {', '.join(self.option_names())}")
 
     def choose(self, name: str, req: Request) -> tuple[Backend, str]:
         """The backend for ``req`` and why: the one named, checked; or with ``auto`` the first in
         order that does not refuse, the why naming what ruled out those before it."""
-        unknown = [k for k in req.options if k not in self.option_names()]
-        if unknown:
-            raise SpecdecError(f"unknown load option(s) {', '.join(unknown)}; known: {', '.join(self.option_names())}")
+        self.check_known(req.options)
         name = self.canonical(name)
         if name != AUTO:
             backend = self.get(name)
@@ -268,5 +332,5 @@ class Registry:
 
 #: every backend, in the order ``backend="auto"`` prefers them: one line each
 REGISTRY = Registry()
-REGISTRY.add("llama.cpp", "specdec.backends.llamacpp_backend:LlamaCppBackend")
-REGISTRY.add("transformers", "specdec.backends.hf_backend:TransformersBackend")
+REGISTRY.add("llama.cpp", "specdec.backends.llamacpp.backend:LlamaCppBackend")
+REGISTRY.add("transformers", "specdec.backends.transformers.backend:TransformersBackend")

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..convert import sha256_file
+from ..cache import sha256_file
 from ..errors import SpecdecError
 
 DATASETS = ("humaneval", "spec-bench", "json-extraction", "fixture")

@@ -106,7 +106,7 @@ def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
     stored as asked for (``auto`` is decided at load; the summary records what it chose).
     ``--report-only`` executes nothing, so it needs no --unsafe-exec."""
     from ..cliargs import draft_of
-    from ..models import resolve_device
+    from ..backends import resolve_device
 
     device = resolve_device(a.device)
     draft = draft_of(a) or "none"

@@ -30,8 +30,8 @@ def peer_draft(pair, quant: str, models: BenchModels):
         return pair.draft.model
     copies = models.peer_drafts
     if quant not in copies:
-        from ..backends.hf import load
-        from ..quant import quantize_int8
+        from ..backends.transformers.load import load
+        from ..backends.transformers.quant import quantize_int8
 
         model = load(pair.draft_name, pair.draft.dtype, pair.draft.device, progress=False).model
         if quant == "int8":
@@ -42,8 +42,9 @@ def peer_draft(pair, quant: str, models: BenchModels):
 
 def gguf_of(source: str) -> str:
     """The GGUF file of a target: a bundled model's (assembled once) or a ``.gguf`` path, either with
-    ``@format`` (the copy in that weight format, :mod:`specdec.backends.gguf_formats`)."""
-    from ..backends.gguf_formats import model_file, split_format
+    ``@format`` (the copy in that weight format, :mod:`specdec.backends.llamacpp.formats`)."""
+    from ..backends.llamacpp.formats import model_file
+    from ..sources import split_format
     from ..bundled import BUNDLED
 
     base = split_format(source)[0]
@@ -149,7 +150,7 @@ def run_llama_spec(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequenc
 
 
 def _threads() -> int:
-    from ..backends.llamacpp import default_threads
+    from ..backends.llamacpp.model import default_threads
 
     return default_threads()
 

@@ -30,7 +30,7 @@ CACHE_NAME_CHARS = 24
 
 def costs_dir() -> Path:
     """``$SPECDEC_HOME/costs``, where the tables live."""
-    from ..convert import specdec_home
+    from ..cache import specdec_home
 
     return specdec_home() / "costs"
 

@@ -29,7 +29,7 @@ class CostTable:
     measured_at: str = ""
     prefill_seconds: float | None = None  # a prefill pass over ``context`` tokens (logits at the last only)
     #: kernel choices measured with this table and in force when the model runs ("pad1": one-row
-    #: half-precision linears run as two rows, :class:`specdec.kernels.RowPaddedLinear`)
+    #: half-precision linears run as two rows, :class:`specdec.backends.transformers.kernels.RowPaddedLinear`)
     kernels: list[str] = field(default_factory=list)
     format: int = FORMAT
     #: per width, the relative spread of its timings (median absolute deviation / median)

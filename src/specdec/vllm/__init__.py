@@ -65,7 +65,7 @@ def _check_plugin_registered() -> None:
 
 def _model_ref(source: str, what: str) -> str:
     """A bundled name, folder, .gguf file or hub id -> what vLLM's ``model=`` reads."""
-    from ..backends.hf import resolve
+    from ..backends.transformers.load import resolve
 
     if not isinstance(source, str) or not source.strip():
         raise SpecdecError(f"{what} must be a bundled name, a folder, a .gguf file or a hub id, got {source!r}")

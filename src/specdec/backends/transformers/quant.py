@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .errors import SpecdecError
+from ...errors import SpecdecError
 
 QUANT_MODES = ("none", "int8", "auto")
 #: From this many rows (a prefill), an int8 layer on the CPU kernel path multiplies in float32 by a

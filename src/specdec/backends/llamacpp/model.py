@@ -31,8 +31,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..errors import SpecdecError
-from .base import Capabilities, Model
+from ...errors import SpecdecError
+from ..base import Capabilities, Model
 
 BACKEND = "llama.cpp"
 #: llama.cpp's limit on sequence ids (``LLAMA_MAX_SEQ``): the most root-to-leaf paths of a tree
@@ -89,7 +89,7 @@ def extra_buffer_types() -> bool:
     forced = os.environ.get("SPECDEC_LLAMA_EXTRA_BUFTS")
     if forced in ("0", "1"):
         return forced == "1"
-    from ..costmodel.fingerprints import cpu_flags
+    from ...costmodel.fingerprints import cpu_flags
 
     return "amx_tile" not in cpu_flags()
 
@@ -102,29 +102,6 @@ def default_threads() -> int:
 
 
 # ------------------------------------------------------------------------------ sources
-def gguf_path(source: str, progress: bool = True) -> Path:
-    """The GGUF file of a model source: a bundled name (assembled once from its chunk packages), a
-    ``.gguf`` path, or a folder holding exactly one ``.gguf``. Anything else is a one-line error.
-    (``model@format`` copies: :func:`specdec.backends.gguf_formats.model_file`.)"""
-    from ..models import locate
-
-    kind, path = locate(source) if not (Path(str(source)).expanduser().is_dir()) else ("dir", Path(source).expanduser())
-    if kind == "bundled":
-        from ..bundled import gguf_file
-
-        return gguf_file(source, progress=progress)
-    if kind == "gguf":
-        return path
-    if kind in ("dir", "folder"):
-        files = sorted(path.glob("*.gguf"))
-        if len(files) == 1:
-            return files[0]
-        if len(files) > 1:
-            raise SpecdecError(f"{source}: the folder holds {len(files)} .gguf files; give the one to use")
-    raise SpecdecError(f"backend 'llama.cpp' needs a GGUF model (a bundled name, a .gguf file or a folder with one), "
-                       f"not {source!r}; use backend='transformers' for Hugging Face models")
-
-
 def file_key(path: Path) -> str:
     """A GGUF file's identity for caches: its size and a hash of its first 4 MiB (header, metadata
     and the first tensors), so a changed file gets a new key without hashing gigabytes."""
@@ -142,7 +119,7 @@ def gguf_tokenizer(path: Path, progress: bool = True):
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from ..convert import build_atomically, specdec_home
+    from ...cache import build_atomically, specdec_home
 
     folder = specdec_home() / "tokenizers" / f"{path.stem}-{file_key(path)}"
     if (folder / "tokenizer_config.json").exists():

@@ -3,7 +3,7 @@ acceptance.
 
 In the lossless rules the draft's weights never change the output, only how many drafts are kept,
 so its format is free speed: a pure 4-bit copy (``@q4_0``, ``@iq4_nl``,
-:mod:`specdec.backends.gguf_formats`) can step faster than the shipped Q4_K_M file. The choice,
+:mod:`specdec.backends.llamacpp.formats`) can step faster than the shipped Q4_K_M file. The choice,
 made once per machine and pair and cached:
 
 1. each candidate (the file as shipped and its copies in :data:`CANDIDATES`) is made and measured
@@ -73,7 +73,7 @@ class DraftChoice:
 
 
 def cache_file() -> Path:
-    from ..convert import specdec_home
+    from ...cache import specdec_home
 
     return specdec_home() / "costs" / "draft-formats.json"
 
@@ -117,10 +117,10 @@ def replayed_seconds(entry: dict, target_table, draft_table) -> float:
     reference text as its answer, the draft's agreement along it) over every K schedule, replayed on
     the two tables (the oracle of :mod:`specdec.replay`): what the draft's steps, its reading and its
     agreement allow at best."""
-    from ..costmodel import REFERENCE_PROMPT
-    from ..replay import Clock, oracle
-    from ..trace import DraftTrace, Trace
-    from ..window import AUTO_WINDOW
+    from ...costmodel import REFERENCE_PROMPT
+    from ...replay import Clock, oracle
+    from ...trace import DraftTrace, Trace
+    from ...window import AUTO_WINDOW
 
     agree = [c == "1" for c in entry["agree"]]
     n = len(agree)
@@ -131,14 +131,14 @@ def replayed_seconds(entry: dict, target_table, draft_table) -> float:
 
 def prior_of(entry: dict):
     """The acceptance prior (:class:`specdec.autok.AcceptancePrior`) of a measured entry of :func:`along`."""
-    from ..acceptance import AcceptancePrior
+    from ...acceptance import AcceptancePrior
 
     return AcceptancePrior.measured(entry["top1"], [c == "1" for c in entry["agree"]], "reference text")
 
 
 def measured(target, draft, tokenizer) -> dict:
     """:func:`along` for this pair of files and formats, cached in :func:`cache_file`."""
-    from .llamacpp import file_key
+    from .model import file_key
 
     key = f"{file_key(target.path)}|{target.variant}|{file_key(draft.path)}|{draft.variant}"
     cache = _read_cache()
@@ -154,7 +154,7 @@ def choose(target, tokenizer, base: str, load: Callable[[str], object], table: C
            log: Callable[[str], None], target_table=None) -> tuple[DraftChoice, object, object, object]:
     """The draft for ``draft="auto"``: ``base`` (the bundled draft's name) as shipped or one of its
     :data:`CANDIDATES` copies (module docstring). ``load(source)`` makes a
-    :class:`~specdec.backends.llamacpp.LlamaCppModel`, ``table(lm)`` its cost table (None when the
+    :class:`~specdec.backends.llamacpp.model.LlamaCppModel`, ``table(lm)`` its cost table (None when the
     measurement failed). Returns the choice, the loaded draft, its table and its acceptance prior;
     the others are closed."""
     tried = []

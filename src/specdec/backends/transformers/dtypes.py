@@ -12,25 +12,39 @@ pair with the fastest reference request, prefill and decoding both counted.
 Kernel choices that change speed but not the weights are measured with the table and recorded in
 it (``CostTable.kernels``), so the variant is rebuilt the same way whenever the table is used: for
 a half-precision model on a CPU, whether a one-token pass runs faster with each one-row linear
-padded to two rows (``pad1``, :class:`specdec.kernels.RowPaddedLinear`).
+padded to two rows (``pad1``, :class:`specdec.backends.transformers.kernels.RowPaddedLinear`).
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
-from ..costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for, time_step
-from ..errors import SpecdecError
-from ..kernels import can_pad_rows, pack_linears, set_row_padding
-from ..models import DTYPES, resolve_dtype
-from ..quant import quantize_int8, resolve_quant
-from .hf import CausalLM, Loaded, folder_config, load as load_model, load_config, variant_name
+from ...costmodel import CostTable, DtypeChoice, choose_dtypes, model_key, table_for, time_step
+from ...errors import SpecdecError
+from ..registry import Log
+from .kernels import can_pad_rows, pack_linears, set_row_padding
+from .load import Checkpoint, folder_config, load as load_model, load_config
+from .model import HFModel, variant_name
+from .quant import quantize_int8, resolve_quant
 
-Log = Callable[[str], None]
+#: the dtypes ``dtype=`` and ``draft_dtype=`` name (besides ``auto``)
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """``auto`` -> bfloat16 (float16 on a GPU without bf16 support)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return torch.bfloat16
+    if dtype not in DTYPES:
+        raise SpecdecError(f"unknown dtype {dtype!r}; choose one of: auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
 
 
 @dataclass
@@ -50,7 +64,7 @@ def choose_variants(req) -> Variants:
     """The variant of each model for a load request (:class:`specdec.backends.registry.Request`,
     options ``dtype``, ``draft_dtype``, ``draft_quant``): the cost model's choice among the
     candidates when calibrating, else the default (bfloat16 for ``auto``)."""
-    from ..costmodel import FALLBACK_K
+    from ...costmodel import FALLBACK_K
 
     dtype, draft_dtype, draft_quant = (req.options.get(k, "auto") for k in ("dtype", "draft_dtype", "draft_quant"))
     dev, draft, log = req.device, req.draft, req.log
@@ -111,7 +125,7 @@ KERNEL_GAIN = 0.05
 
 def build_variant(model: torch.nn.Module, name: str, kernels: tuple[str, ...] | list[str] = ()) -> torch.nn.Module:
     """``model`` as variant ``name``, in place: cast, then int8-quantized, or for float32 on a
-    CPU with its linears packed (:mod:`specdec.kernels`); then the measured ``kernels`` choices."""
+    CPU with its linears packed (:mod:`specdec.backends.transformers.kernels`); then the measured ``kernels`` choices."""
     dtype, quant = split_variant(name)
     model = model.to(dtype)
     if quant == "int8":
@@ -123,7 +137,7 @@ def build_variant(model: torch.nn.Module, name: str, kernels: tuple[str, ...] | 
     return model
 
 
-def choose_kernels(model: torch.nn.Module, lm: CausalLM, repeats: int = 5) -> list[str]:
+def choose_kernels(model: torch.nn.Module, lm: HFModel, repeats: int = 5) -> list[str]:
     """Measure, on this machine, the kernel choices that apply to ``model`` and leave the faster
     in force; returns their names for the cost table. ``pad1``: one-token passes with every
     one-row half-precision linear run as two rows, against as they are (interleaved, best of
@@ -143,12 +157,12 @@ def choose_kernels(model: torch.nn.Module, lm: CausalLM, repeats: int = 5) -> li
 
 def candidate_tables(source: str, role: str, cands: list[str], device: torch.device, vocab_limit: int | None = None,
                      *, remeasure: bool = False, progress: bool = True, log: Log | None = None,
-                     ) -> tuple[dict[str, CostTable | None], tuple[str, Loaded] | None]:
+                     ) -> tuple[dict[str, CostTable | None], tuple[str, Checkpoint] | None]:
     """Every candidate's table: cached where it exists, else measured. One candidate to measure
     loads in its own variant; several load one float32 master, each other variant measured on a
     cast copy, float32 last on the master itself. Returns the tables and the model measured in
     place as ``(variant, loaded)`` (so choosing that variant loads nothing again), or None."""
-    from ..costmodel import fingerprint, load_cached
+    from ...costmodel import fingerprint, load_cached
 
     key = model_key(source, load_config(source, progress))
     fp = fingerprint(device)
@@ -173,15 +187,15 @@ def candidate_tables(source: str, role: str, cands: list[str], device: torch.dev
 
 def _measure(model: torch.nn.Module, role: str, source: str, key: str, variant: str, vocab_limit: int | None,
              log: Log | None) -> CostTable | None:
-    lm = CausalLM(model, f"{role} {source}", vocab_limit=vocab_limit)
+    lm = HFModel(model, f"{role} {source}", vocab_limit=vocab_limit)
     try:
         return table_for(lm, key, variant, log=log, kernels=choose_kernels(model, lm))
     finally:
         lm.close()
 
 
-def materialize(source: str, variant: str, device: torch.device, measured: tuple[str, Loaded] | None = None,
-                progress: bool = True, table: CostTable | None = None) -> Loaded:
+def materialize(source: str, variant: str, device: torch.device, measured: tuple[str, Checkpoint] | None = None,
+                progress: bool = True, table: CostTable | None = None) -> Checkpoint:
     """The model as ``variant``: the one measured in place when it is that variant (its kernel
     choices already in force), else loaded in its dtype (and quantized or packed) with the kernel
     choices recorded in its cost ``table``."""
@@ -200,9 +214,10 @@ def cached_choice(target: str, draft: str | None, device: torch.device) -> Dtype
     llama.cpp's measured tables when it exists)."""
     from pathlib import Path
 
-    from ..bundled import BUNDLED, cache_dir
-    from ..convert import check_folder, gguf_cache_dir
-    from ..costmodel import fingerprint, load_cached
+    from ...bundled import BUNDLED, cache_dir
+    from ...cache import check_folder
+    from ...costmodel import fingerprint, load_cached
+    from .convert import gguf_cache_dir
 
     def folder(source: str) -> Path | None:
         if source in BUNDLED:

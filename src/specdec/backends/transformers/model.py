@@ -3,22 +3,19 @@
 :class:`HFModel` implements :class:`specdec.backends.base.Model` over a transformers model and its
 ``DynamicCache``: rollback crops the cache, token trees run with a 4D attention mask and keep a path
 by gathering its cache entries, hidden states come from a hook on the LM head's input (free).
-Architecture differences stay here; nothing else in specdec's core imports transformers.
+Architecture differences stay here, in :mod:`specdec.backends.transformers`.
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from ..errors import SpecdecError
-from ..models import locate, output_rows, tensor_bytes
-from .base import Capabilities, Model
-from .hf_weights import load_lean
+from ...errors import SpecdecError
+from ..base import Capabilities, Model
+from .quant import is_quantized
 
 BACKEND = "transformers"
 
@@ -44,6 +41,29 @@ def gather_cache(cache, index: torch.Tensor) -> None:
             layer.values = layer.values.index_select(-2, index)
 
 
+def tensor_bytes(tensors) -> int:
+    """Bytes of distinct tensors (shared storage counted once)."""
+    seen, total = set(), 0
+    for t in tensors:
+        if t is None:
+            continue
+        try:
+            key = ("dense", t.untyped_storage().data_ptr())
+        except (RuntimeError, NotImplementedError):  # oneDNN (mkldnn) tensors have no storage
+            key = ("id", id(t))
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.numel() * t.element_size()
+    return total
+
+
+def output_rows(head: torch.nn.Module) -> int:
+    """Rows of an LM head (plain, int8-quantized or packed linear)."""
+    rows = getattr(head, "out_features", None)
+    return int(rows) if rows is not None else int(head.weight.shape[0])
+
+
 class HFModel(Model):
     """A transformers causal LM with one ``DynamicCache`` (see :class:`~specdec.backends.base.Model`)."""
 
@@ -62,9 +82,8 @@ class HFModel(Model):
         self.head = head
         param = next(model.parameters())
         self.dtype = param.dtype
-        from ..quant import is_quantized
-
-        variant = variant_name(self.dtype, "int8" if is_quantized(model) else "none")
+        self.quant = "int8" if is_quantized(model) else "none"
+        variant = variant_name(self.dtype, self.quant)
         max_length = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
         super().__init__(name, output_rows(head), vocab_limit, max_length, param.device, variant)
         self._keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
@@ -165,80 +184,3 @@ class HFModel(Model):
                 if isinstance(t, torch.Tensor):
                     total += t.numel() * t.element_size()
         return total
-
-
-#: the name the rest of specdec (and its tests) knew this class by
-CausalLM = HFModel
-
-
-# -------------------------------------------------------------------------- loading
-@dataclass
-class Loaded:
-    """A loaded model and its tokenizer, with where they came from."""
-
-    model: torch.nn.Module
-    tokenizer: object
-    source: str
-    path: Path | None
-
-
-def resolve(source: str, progress: bool = True) -> tuple[str, str, Path | None]:
-    """``(kind, ref, path)``: what ``from_pretrained`` should read for ``source`` (bundled models and
-    GGUF files are prepared into their cached folders first). ``kind`` is ``folder`` or ``hub``."""
-    kind, path = locate(source)
-    if kind == "bundled":
-        from ..bundled import ensure_prepared
-
-        path = ensure_prepared(source, progress=progress)
-        kind = "folder"
-    if kind == "gguf":
-        from ..convert import ensure_converted
-
-        path = ensure_converted(path, progress=progress)
-        kind = "folder"
-    return kind, (str(path) if path is not None else source), path
-
-
-def folder_config(folder: Path):
-    """The transformers config in a model folder (no weights)."""
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(str(folder))
-
-
-def load_config(source: str, progress: bool = True):
-    """The model's transformers config (no weights), e.g. to key a cost table before loading."""
-    kind, ref, _ = resolve(source, progress)
-    from transformers import AutoConfig
-
-    try:
-        return AutoConfig.from_pretrained(ref)
-    except OSError as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecdecError(f"could not load the config of model {source!r} ({first_line})") from exc
-
-
-def load(source: str, dtype: torch.dtype, device: torch.device, progress: bool = True) -> Loaded:
-    """Load a causal LM and its tokenizer from a bundled name, folder, .gguf file or hub id."""
-    kind, ref, path = resolve(source, progress)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-
-    if not progress:
-        hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(ref)
-        model = load_lean(path, dtype) if kind == "folder" and path is not None else None
-        if model is None:  # not a plain safetensors folder: transformers' own loader
-            model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype)
-    except OSError as exc:
-        where = "the hub: no such local path, and the hub did not answer or has no such id" if kind == "hub" else ref
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SpecdecError(f"could not load model {source!r} from {where} ({first_line})") from exc
-    finally:
-        if not progress:
-            hf_logging.enable_progress_bar()
-    model.to(device)
-    return Loaded(model=model, tokenizer=tokenizer, source=source, path=path)
-
-

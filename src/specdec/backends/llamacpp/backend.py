@@ -1,13 +1,22 @@
 """The llama.cpp backend's entry in the registry (:mod:`specdec.backends.registry`): GGUF models on
 the CPU, run as stored (their own quantization, llama.cpp's kernels) by
-:class:`specdec.backends.llamacpp.LlamaCppModel`. Importing this module imports no llama.cpp."""
+:class:`specdec.backends.llamacpp.model.LlamaCppModel`. Importing this module imports no llama.cpp."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..errors import SpecdecError
-from .registry import Backend, Costs, Loaded, Log, Request
+from ...checks import option
+from ...errors import SpecdecError
+from ..registry import Backend, Costs, Loaded, Log, Request, check_same_vocabulary
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    context_length: int | None = option(None, kind=int, lo=16, help="KV cache size in tokens (default: the model's "
+                                                                    "trained context, at most 8192)")
 
 
 class LlamaCppBackend(Backend):
@@ -15,11 +24,11 @@ class LlamaCppBackend(Backend):
     aliases = ("llama-cpp", "llamacpp")
     package = "llama_cpp"
     install = "pip install 'specdec-rules[llama]' (it builds llama.cpp from source, ~8 minutes on 2 cores)"
-    options = {"context_length": "the KV cache's size in tokens (default: the model's trained context, at most 8192)"}
+    Options = LlamaCppOptions
     foreign_options = "llama.cpp runs a GGUF file's weights as stored"
 
     def auto_refusal(self, req: Request) -> str | None:
-        from .gguf_formats import is_gguf
+        from ...sources import is_gguf
 
         if req.device.type != "cpu":
             return f"a {req.device.type} device"
@@ -37,7 +46,7 @@ class LlamaCppBackend(Backend):
         return "auto: GGUF models on a CPU, llama-cpp-python installed"
 
     def check(self, req: Request) -> None:
-        from .gguf_formats import is_gguf
+        from ...sources import is_gguf
 
         self.require()
         if req.device.type != "cpu":
@@ -48,20 +57,15 @@ class LlamaCppBackend(Backend):
             if not is_gguf(source):
                 raise SpecdecError(f"backend 'llama.cpp' needs GGUF models, and {source!r} is not one; "
                                    "use backend 'transformers'")
-        if "context_length" in req.options:
-            from ..checks import check_int
-
-            check_int("context_length", req.options["context_length"], lo=16)
 
     def load(self, req: Request, why: str) -> Loaded:
         """The GGUF models; with ``req.draft_auto`` (the bundled draft chosen by ``draft="auto"``) the
-        draft's weight format is chosen too, by measurement (:mod:`specdec.backends.llamacpp_draft_formats`), when
+        draft's weight format is chosen too, by measurement (:mod:`specdec.backends.llamacpp.draft_formats`), when
         calibrating."""
-        from ..bundled import DEFAULT_DRAFT
-        from ..costmodel import FALLBACK_K
-        from ..models import check_same_vocabulary
-        from .gguf_formats import model_file
-        from .llamacpp import LlamaCppModel, gguf_tokenizer
+        from ...bundled import DEFAULT_DRAFT
+        from ...costmodel import FALLBACK_K
+        from .formats import model_file
+        from .model import LlamaCppModel, gguf_tokenizer
 
         target, draft, log, n_ctx = req.target, req.draft, req.log, req.options.get("context_length")
         t_path = model_file(target, progress=req.progress)
@@ -87,7 +91,7 @@ class LlamaCppBackend(Backend):
 
             t_table = table(t)
             if draft_auto:
-                from .llamacpp_draft_formats import choose
+                from .draft_formats import choose
 
                 def load_draft(source: str):
                     return LlamaCppModel(model_file(source, progress=req.progress), source, vocab_limit=vocab,
@@ -96,7 +100,7 @@ class LlamaCppBackend(Backend):
                 choice, d, d_table, prior = choose(t, tokenizer, draft, load_draft, table, log, target_table=t_table)
                 draft_name, draft_why = choice.source, choice.why
             elif d is not None:
-                from .llamacpp_draft_formats import measured, prior_of
+                from .draft_formats import measured, prior_of
 
                 d_table = table(d)
                 prior = prior_of(measured(t, d, tokenizer))
@@ -111,8 +115,8 @@ class LlamaCppBackend(Backend):
         file and weight format, else measured now (widths 1..32 as for transformers, each timed
         ``REPEATS`` times; the bundled pair took 10-30 s on 2 cores when each width was timed twice,
         and takes longer now)."""
-        from ..costmodel import load_cached, model_fingerprint, table_for
-        from .llamacpp import file_key
+        from ...costmodel import load_cached, model_fingerprint, table_for
+        from .model import file_key
 
         key = f"{lm.name}|{file_key(lm.path)}"
         if not remeasure:
@@ -122,7 +126,7 @@ class LlamaCppBackend(Backend):
         return table_for(lm, key, lm.variant, log=log)
 
     def fingerprint(self, device: torch.device | str = "cpu") -> dict:
-        from ..costmodel import fingerprint
-        from .llamacpp import BACKEND, default_threads, version
+        from ...costmodel import fingerprint
+        from .model import BACKEND, default_threads, version
 
         return fingerprint(device, {"backend": BACKEND, "backend_version": version(), "threads": default_threads()})

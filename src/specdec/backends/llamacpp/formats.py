@@ -12,7 +12,7 @@ Its outputs differ from the 4-bit file's by the re-rounding (none for the 16-bit
 llama.cpp's arithmetic), and it is named as what it is: ``qwen2.5-coder-1.5b@bf16``.
 
 Copies live under ``$SPECDEC_HOME/gguf-formats/<file stem>-<file key>-<format>/<file stem>-<format>.gguf``,
-keyed by the source file's identity (:func:`specdec.backends.llamacpp.file_key`), built atomically.
+keyed by the source file's identity (:func:`specdec.backends.llamacpp.model.file_key`), built atomically.
 """
 
 from __future__ import annotations
@@ -21,56 +21,23 @@ import ctypes
 from pathlib import Path
 from typing import Callable
 
-from ..errors import SpecdecError
-
-#: format name -> (llama_ftype value, every tensor in that type ("pure"), what it is, for people).
-#: The 4-bit ones are pure: llama.cpp's Q4_K_M mixes types per tensor, these do not.
-FORMATS: dict[str, tuple[int, bool, str]] = {
-    "bf16": (32, False, "bfloat16"),
-    "f16": (1, False, "float16"),
-    "q8_0": (7, False, "8-bit (Q8_0)"),
-    "q4_0": (2, True, "4-bit (Q4_0, every tensor)"),
-    "iq4_nl": (25, True, "4-bit (IQ4_NL, every tensor)"),
-}
-SEPARATOR = "@"
-
-
-def split_format(source: str | None) -> tuple[str | None, str | None]:
-    """``"name@bf16"`` -> ``("name", "bf16")``; a source without a known format suffix is returned
-    whole with None. An unknown suffix after ``@`` on a name that is not an existing path is a
-    one-line error naming the formats."""
-    if source is None or SEPARATOR not in str(source):
-        return source, None
-    base, _, fmt = str(source).rpartition(SEPARATOR)
-    if Path(str(source)).expanduser().exists():  # a path that happens to hold '@'
-        return source, None
-    if fmt.lower() not in FORMATS:
-        raise SpecdecError(f"{source!r}: unknown weight format {fmt!r} after '@'; choose one of {', '.join(FORMATS)}")
-    if not base:
-        raise SpecdecError(f"{source!r}: no model before '@{fmt}'")
-    return base, fmt.lower()
+from ...errors import SpecdecError
+from ...sources import FORMATS, gguf_file, split_format
+from ..registry import stderr_log
 
 
 def model_file(source: str, progress: bool = True) -> Path:
-    """The GGUF file llama.cpp loads for a model source (:func:`specdec.backends.llamacpp.gguf_path`),
-    or for ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
-    from .llamacpp import gguf_path
-
+    """The GGUF file llama.cpp loads for a model source (:func:`specdec.sources.gguf_file`), or for
+    ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
     base, fmt = split_format(source)
-    path = gguf_path(base, progress=progress)
-    return path if fmt is None else formatted(path, fmt, log=_stderr if progress else (lambda line: None))
-
-
-def _stderr(line: str) -> None:
-    import sys
-
-    print(line, file=sys.stderr, flush=True)
+    path = gguf_file(base, progress=progress)
+    return path if fmt is None else formatted(path, fmt, log=stderr_log if progress else (lambda line: None))
 
 
 def copy_path(source_file: Path, fmt: str) -> Path:
     """Where the ``fmt`` copy of ``source_file`` is cached."""
-    from ..convert import specdec_home
-    from .llamacpp import file_key
+    from ...cache import specdec_home
+    from .model import file_key
 
     return (specdec_home() / "gguf-formats" / f"{source_file.stem}-{file_key(source_file)}-{fmt}"
             / f"{source_file.stem}-{fmt}.gguf")
@@ -79,8 +46,8 @@ def copy_path(source_file: Path, fmt: str) -> Path:
 def formatted(source_file: Path, fmt: str, log: Callable[[str], None] = lambda line: None) -> Path:
     """The ``fmt`` copy of the GGUF file ``source_file``, made on first use (llama.cpp's
     ``llama_model_quantize``, ``allow_requantize``; seconds to a minute) and cached."""
-    from ..convert import build_atomically, check_folder
-    from .llamacpp import default_threads, lib
+    from ...cache import build_atomically, check_folder
+    from .model import default_threads, lib
 
     dest = copy_path(source_file, fmt)
     if dest.parent.is_dir() and check_folder(dest.parent) is None:
@@ -106,17 +73,3 @@ def formatted(source_file: Path, fmt: str, log: Callable[[str], None] = lambda l
 
     build_atomically(dest.parent, build)
     return dest
-
-
-def is_gguf(source: str | None) -> bool:
-    """Whether a model source is a GGUF file (bundled models are; None, no model, counts as one),
-    without loading anything."""
-    from ..bundled import BUNDLED
-
-    if source is None:
-        return True
-    source, fmt = split_format(source)
-    if fmt is not None or source in BUNDLED or str(source).endswith(".gguf"):
-        return True
-    path = Path(str(source)).expanduser()
-    return path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1

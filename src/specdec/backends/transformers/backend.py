@@ -1,32 +1,57 @@
 """The transformers backend's entry in the registry (:mod:`specdec.backends.registry`): Hugging Face
 models (and GGUF files, dequantized once into a cached bf16 folder) in torch, on any device, in
-the dtype the cost model measures fastest (:mod:`specdec.backends.hf_dtypes`). The fallback of
+the dtype the cost model measures fastest (:mod:`specdec.backends.transformers.dtypes`). The fallback of
 ``backend="auto"``: it loads anything the others refuse."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from ..errors import SpecdecError
-from .registry import Backend, Costs, Loaded, Log, Request
+from ...checks import option
+from ...errors import SpecdecError
+from ..registry import Backend, Costs, Loaded, Log, Request, check_same_vocabulary
+from .dtypes import DTYPES, resolve_dtype
+from .quant import QUANT_MODES, resolve_quant
+
+
+def _dtype(where: str, value):
+    """``auto``, a dtype's name or a ``torch.dtype``; else "unknown dtype ..." naming the choices."""
+    resolve_dtype(value, torch.device("cpu"))
+    return value
+
+
+def _quant(where: str, value):
+    resolve_quant(value, torch.device("cpu"), torch.float32)
+    return value
+
+
+@dataclass(frozen=True)
+class TransformersOptions:
+    dtype: str = option("auto", choices=("auto", *DTYPES), check=_dtype,
+                        help="target dtype (default: auto = measured on this machine: on a CPU the faster of float32 "
+                             "and bfloat16, prefill and decoding counted; bfloat16 on a GPU)")
+    draft_dtype: str = option("auto", choices=("auto", *DTYPES), check=_dtype,
+                              help="draft dtype; the draft only proposes, so lossless output is unchanged (default: "
+                                   "auto = measured with --dtype auto, else the same as --dtype)")
+    draft_quant: str = option("auto", choices=QUANT_MODES, check=_quant,
+                              help="quantize the draft's weights; the draft only proposes, so lossless output is "
+                                   "unchanged (default: auto = int8 for bfloat16 on CPU, none otherwise)")
 
 
 class TransformersBackend(Backend):
     name = "transformers"
     aliases = ("hf",)
     package = None  # a dependency of specdec itself
-    options = {
-        "dtype": "the target's dtype: auto (measured), bfloat16, float16 or float32",
-        "draft_dtype": "the draft's dtype: auto, or a dtype",
-        "draft_quant": "the draft's weight quantization: auto, int8 or none",
-    }
+    Options = TransformersOptions
     foreign_options = "transformers models use their own context length"
 
     def auto_refusal(self, req: Request) -> str | None:
         return None  # the fallback: what it cannot load, check() says
 
     def check(self, req: Request) -> None:
-        from .gguf_formats import split_format
+        from ...sources import split_format
 
         for source in (req.target, req.draft):
             if split_format(source)[1] is not None:
@@ -35,9 +60,8 @@ class TransformersBackend(Backend):
         self.check_options(req)
 
     def load(self, req: Request, why: str) -> Loaded:
-        from ..models import check_same_vocabulary, output_rows
-        from .hf import HFModel
-        from .hf_dtypes import choose_variants, materialize, split_variant
+        from .dtypes import choose_variants, materialize
+        from .model import HFModel, output_rows
 
         target, draft, dev = req.target, req.draft, req.device
         chosen = choose_variants(req)
@@ -58,14 +82,13 @@ class TransformersBackend(Backend):
         costs = Costs(chosen.tables["target"].get(chosen.target),
                       chosen.tables["draft"].get(chosen.draft) if chosen.draft else None, chosen.why,
                       dict(chosen.tables))
-        draft_quant = split_variant(chosen.draft)[1] if chosen.draft else "none"
-        return Loaded(target_lm, t.tokenizer, draft_lm, (target, draft), costs, why, draft_quant)
+        return Loaded(target_lm, t.tokenizer, draft_lm, (target, draft), costs, why)
 
     def measure(self, lm, remeasure: bool = False, log: Log | None = None):
         """The cost table of a loaded model in its variant (``specdec.load`` measures candidates
-        before loading instead: :func:`specdec.backends.hf_dtypes.candidate_tables`)."""
-        from ..costmodel import load_cached, model_fingerprint, model_key, table_for
-        from .hf_dtypes import choose_kernels
+        before loading instead: :func:`specdec.backends.transformers.dtypes.candidate_tables`)."""
+        from ...costmodel import load_cached, model_fingerprint, model_key, table_for
+        from .dtypes import choose_kernels
 
         key = model_key(lm.name, lm.model.config)
         if not remeasure:
@@ -75,6 +98,6 @@ class TransformersBackend(Backend):
         return table_for(lm, key, lm.variant, log=log, kernels=choose_kernels(lm.model, lm))
 
     def cached_estimate(self, req: Request):
-        from .hf_dtypes import cached_choice
+        from .dtypes import cached_choice
 
         return cached_choice(req.target, req.draft, torch.device("cpu"))

@@ -24,8 +24,9 @@ from typing import Iterator
 
 import torch
 
-#: safetensors dtype names -> torch dtypes (the ones a causal LM checkpoint holds)
-DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+#: the dtype names a safetensors header stores -> torch dtypes (the ones a causal LM checkpoint holds;
+#: the names ``dtype=`` takes are :data:`specdec.backends.transformers.dtypes.DTYPES`)
+STORED = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
           "BOOL": torch.bool}
 
@@ -59,7 +60,7 @@ def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> Iterator[t
         names = f.offset_keys() if hasattr(f, "offset_keys") else f.keys()
         for name in names:
             part = f.get_slice(name)
-            stored = DTYPES.get(part.get_dtype())
+            stored = STORED.get(part.get_dtype())
             if stored is None:
                 raise ValueError(f"{path.name}: tensor {name} has dtype {part.get_dtype()}, which is not read here")
             want = dtype if dtype is not None and stored.is_floating_point else stored
@@ -77,9 +78,9 @@ def read_safetensors(path: Path, dtype: torch.dtype | None = None) -> Iterator[t
 
 
 def stored_dtypes(path: Path) -> set[torch.dtype | None]:
-    """The dtypes of a safetensors file's tensors, from its header alone (None: not one of DTYPES)."""
+    """The dtypes of a safetensors file's tensors, from its header alone (None: not one of :data:`STORED`)."""
     with _open(path) as f:
-        return {DTYPES.get(f.get_slice(name).get_dtype()) for name in f.keys()}
+        return {STORED.get(f.get_slice(name).get_dtype()) for name in f.keys()}
 
 
 def needs_cast(files: list[Path], dtype: torch.dtype) -> bool:

@@ -1,0 +1,9 @@
+"""The transformers backend, all of it: Hugging Face causal LMs in eager PyTorch, on any device.
+
+``backend.py`` (its registry entry: options, checks, load, measure), ``model.py`` (:class:`HFModel`,
+the :class:`specdec.backends.Model` over a module and its ``DynamicCache``), ``load.py`` (a source
+-> the module and its tokenizer), ``convert.py`` (a GGUF file or a bundled model -> a cached bf16
+folder), ``weights.py`` (safetensors read with a low load peak), ``dtypes.py`` (``dtype="auto"``:
+the measured variants), ``quant.py`` (int8 weights for the draft) and ``kernels.py`` (packed and
+row-padded CPU linears). Only this package (and the GGUF tokenizer of the llama.cpp backend) imports
+transformers."""

@@ -1,0 +1,117 @@
+"""Model sources: what ``target=``/``draft=`` and ``--target``/``--draft`` take, turned into what a
+backend loads, in one place.
+
+A source is a bundled name (:data:`specdec.bundled.BUNDLED`), a Hugging Face model folder, a
+``.gguf`` file (or a folder holding exactly one), or a hub id (``org/name``); on llama.cpp it may
+end in ``@<format>`` (:data:`FORMATS`: a copy of a GGUF model's weights in that format, made by
+:mod:`specdec.backends.llamacpp.formats`). :func:`locate` classifies one without loading anything,
+:func:`gguf_file` finds the GGUF file llama.cpp reads (a bundled model's assembled once from its
+chunk packages), :func:`is_gguf` says whether a source is one, and :func:`resolve_draft` is what
+``draft="auto"`` means. The transformers backend reads a folder or a hub id; a bundled model or a
+GGUF file it dequantizes once into a cached folder first (:mod:`specdec.backends.transformers.convert`).
+Backend-free: nothing here imports a backend's library.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from . import bundled
+from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
+from .errors import SpecdecError
+
+#: ``draft="auto"``: the bundled draft for the bundled target, no draft otherwise
+AUTO = "auto"
+#: format name -> (llama_ftype value, every tensor in that type ("pure"), what it is, for people).
+#: The 4-bit ones are pure: llama.cpp's Q4_K_M mixes types per tensor, these do not.
+FORMATS: dict[str, tuple[int, bool, str]] = {
+    "bf16": (32, False, "bfloat16"),
+    "f16": (1, False, "float16"),
+    "q8_0": (7, False, "8-bit (Q8_0)"),
+    "q4_0": (2, True, "4-bit (Q4_0, every tensor)"),
+    "iq4_nl": (25, True, "4-bit (IQ4_NL, every tensor)"),
+}
+SEPARATOR = "@"
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+def split_format(source: str | None) -> tuple[str | None, str | None]:
+    """``"name@bf16"`` -> ``("name", "bf16")``; a source without a known format suffix is returned
+    whole with None. An unknown suffix after ``@`` on a name that is not an existing path is a
+    one-line error naming the formats."""
+    if source is None or SEPARATOR not in str(source):
+        return source, None
+    base, _, fmt = str(source).rpartition(SEPARATOR)
+    if Path(str(source)).expanduser().exists():  # a path that happens to hold '@'
+        return source, None
+    if fmt.lower() not in FORMATS:
+        raise SpecdecError(f"{source!r}: unknown weight format {fmt!r} after '@'; choose one of {', '.join(FORMATS)}")
+    if not base:
+        raise SpecdecError(f"{source!r}: no model before '@{fmt}'")
+    return base, fmt.lower()
+
+
+def locate(source: str) -> tuple[str, Path | None]:
+    """Classify a model source: ``('bundled', None)``, ``('folder', path)``, ``('gguf', path)`` or
+    ``('hub', None)``. A path that does not exist is a user error."""
+    if not isinstance(source, str) or not source.strip():
+        raise SpecdecError("model source is empty; give a bundled name, a folder, a .gguf file or a hub id")
+    if source in BUNDLED:
+        return "bundled", None
+    path = Path(source).expanduser()
+    if path.exists():
+        if path.is_dir():
+            if not (path / "config.json").exists():
+                raise SpecdecError(f"{source}: folder has no config.json; is it a Hugging Face model folder?")
+            return "folder", path
+        if path.suffix == ".gguf":
+            return "gguf", path
+        raise SpecdecError(f"{source}: not a model folder or a .gguf file")
+    if source.startswith((".", "/", "~")) or source.endswith(".gguf") or not _HUB_ID.match(source):
+        names = ", ".join(BUNDLED)
+        raise SpecdecError(
+            f"model not found: {source!r} is neither an existing path, a hub id (org/name), "
+            f"nor a bundled model ({names})"
+        )
+    return "hub", None
+
+
+def gguf_file(source: str, progress: bool = True) -> Path:
+    """The GGUF file of a model source: a bundled name (assembled once from its chunk packages), a
+    ``.gguf`` path, or a folder holding exactly one ``.gguf``. Anything else is a one-line error.
+    (``model@format`` copies: :func:`specdec.backends.llamacpp.formats.model_file`.)"""
+    kind, path = locate(source) if not (Path(str(source)).expanduser().is_dir()) else ("dir", Path(source).expanduser())
+    if kind == "bundled":
+        return bundled.gguf_file(source, progress=progress)
+    if kind == "gguf":
+        return path
+    if kind in ("dir", "folder"):
+        files = sorted(path.glob("*.gguf"))
+        if len(files) == 1:
+            return files[0]
+        if len(files) > 1:
+            raise SpecdecError(f"{source}: the folder holds {len(files)} .gguf files; give the one to use")
+    raise SpecdecError(f"backend 'llama.cpp' needs a GGUF model (a bundled name, a .gguf file or a folder with one), "
+                       f"not {source!r}; use backend='transformers' for Hugging Face models")
+
+
+def is_gguf(source: str | None) -> bool:
+    """Whether a model source is a GGUF file (bundled models are; None, no model, counts as one),
+    without loading anything."""
+    if source is None:
+        return True
+    source, fmt = split_format(source)
+    if fmt is not None or source in BUNDLED or str(source).endswith(".gguf"):
+        return True
+    path = Path(str(source)).expanduser()
+    return path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1
+
+
+def resolve_draft(target: str, draft: str | None) -> str | None:
+    """The draft model :func:`specdec.load` loads: ``"auto"`` is the bundled draft for the bundled
+    target (or a copy of it in another weight format) and none otherwise; anything else as given
+    (None: no draft model)."""
+    if draft == AUTO:
+        return DEFAULT_DRAFT if split_format(target)[0] == DEFAULT_TARGET else None
+    return draft
