@@ -266,16 +266,12 @@ class Engine:
         run = self._start(prompt_ids, cfg, out)
         if run.drafter is not None:
             run.drafter.should_stop = should_stop
-
-        def cancelled() -> bool:
-            return should_stop is not None and bool(should_stop())
-
-        while not self._cancelled(run, cancelled):
+        while not self._cancelled(run, should_stop):
             clock = _Clock(run.guide)
             k, declined = self._choose_k(run)  # 0.
             with clock("draft_seconds", grammar="draft_mask_seconds"):
                 draft = run.drafter.propose(run.context, k, cfg.sampling, run.generator) if k else Draft()  # 1.
-            if self._cancelled(run, cancelled):  # the client left while the drafter ran
+            if self._cancelled(run, should_stop):  # the client left while the drafter ran
                 break
             with clock("verify_seconds"):
                 scores = draft.score(self.target, run.context, hidden=run.policy.needs_hidden)  # 2.
@@ -290,9 +286,9 @@ class Engine:
         self._finish(run)
 
     @staticmethod
-    def _cancelled(run: "_Run", cancelled: Callable[[], bool]) -> bool:
+    def _cancelled(run: "_Run", should_stop: Callable[[], bool] | None) -> bool:
         """Whether the caller stopped the generation; it then ends with finish reason ``cancelled``."""
-        if cancelled():
+        if should_stop is not None and should_stop():
             run.out.finish_reason = "cancelled"
             return True
         return False
