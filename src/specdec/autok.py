@@ -3,7 +3,8 @@
 A :class:`KPolicy` is made once per request (:func:`k_policy`) and answers :meth:`~KPolicy.budget`
 before each round (the most drafts this round, 0 for a plain step), :meth:`~KPolicy.more` after
 each draft token (whether the draft should propose another), and learns from each round's record
-(:class:`~specdec.rounds.RoundRecord`) in :meth:`~KPolicy.observe`. ``k=N`` is :class:`Fixed`; ``k="auto"`` is :class:`AutoK` for chains.
+(:class:`~specdec.rounds.RoundRecord`) in :meth:`~KPolicy.observe`. ``k=N`` is :class:`Fixed`;
+``k="auto"`` is :class:`AutoK` for chains.
 The same objects drive :mod:`specdec.replay`, so a replay of a trace runs this very code.
 
 ``k="auto"`` (:class:`AutoK`) decides from what it knows, with no probes and no online cost
@@ -63,9 +64,10 @@ class KPolicy:
     this round (0: a plain step) when ``t`` tokens are written, ``room`` drafts fit, and the drafter
     must first read ``backlog`` tokens; ``more(i, p)``: after draft ``i`` (1-based), of draft
     probability ``p``, propose another?; ``observe(record)``: the round's record (what it drafted
-    and kept, its seconds by part: :class:`~specdec.rounds.RoundRecord`); ``begin``/``end``: a request starts / ends with
-    ``tokens`` written (``cut``: by the length limit, so the answer would have run longer). ``declined``: rounds of this request not drafted only because reading the
-    backlog would not pay (for the stats)."""
+    and kept, its seconds by part: :class:`~specdec.rounds.RoundRecord`); ``begin``/``end``: a
+    request starts / ends with ``tokens`` written (``cut``: by the length limit, so the answer
+    would have run longer). ``declined``: rounds of this request not drafted only because reading
+    the backlog would not pay (for the stats)."""
 
     declined = 0
     #: the cost tables and prior it was made for (the engine makes a new one when they change)
