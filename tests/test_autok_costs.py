@@ -13,8 +13,8 @@ import pytest
 from specdec.acceptance import AcceptancePrior, Bins
 from specdec.autok import AutoK
 from specdec.costmodel import CostTable
-from specdec.engine import DecodeConfig, Engine
 from specdec.rounds import RoundRecord
+from specdec.engine import DecodeConfig, Engine
 from specdec.backends.hf import HFModel as CausalLM
 from tinymodels import perturbed_copy, tiny_model
 

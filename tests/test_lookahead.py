@@ -11,9 +11,9 @@ from specdec.drafters.lookahead import PassGate
 from specdec.costmodel import CostTable
 from specdec.drafters import LookaheadDrafter
 from specdec.drafters.lookahead import MAX_NODES, pass_nodes
+from specdec.rounds import RoundRecord
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.rounds import RoundRecord
 from specdec.backends.hf import HFModel as CausalLM
 from specdec.sampling import SamplingParams
 from tinymodels import (byte_tokenizer, chisquare_joint, engine_sample, per_rule, save_tiny_gguf, tiny_engine,
