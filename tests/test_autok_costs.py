@@ -13,6 +13,7 @@ import pytest
 from specdec.acceptance import AcceptancePrior, Bins
 from specdec.autok import AutoK
 from specdec.costmodel import CostTable
+from specdec.rounds import RoundRecord
 from specdec.engine import DecodeConfig, Engine
 from specdec.backends.transformers.model import HFModel as CausalLM
 from tinymodels import perturbed_copy, tiny_model
@@ -117,7 +118,7 @@ def test_no_model_drafters_pick_only_measured_widths(widths):
         k = c.budget(0, room, 0)
         seen.add(k)
         assert k == 0 or k + 1 in widths or k == room, k
-        c.observe(k, rng.randint(0, k) if k else 0)
+        c.observe(RoundRecord(budget=k, drafted=k, accepted=rng.randint(0, k) if k else 0))
     assert seen - {0}  # it drafted
 
 
@@ -194,7 +195,7 @@ def test_a_controller_waiting_to_read_forgets_a_bad_stretch_and_starts_again():
         assert c.budget(0, 7, 1) == 7
         for i in range(1, 8):
             c.more(i, 0.97)
-        c.observe(7, 0)  # seven sure drafts, none kept
+        c.observe(RoundRecord(budget=7, drafted=7))  # seven sure drafts, none kept
     c.end(400, cut=True)
     c.begin(400)
     ks = [c.budget(t, 399 - t, 100 + t) for t in range(399)]

@@ -102,11 +102,12 @@ def test_tau_is_one_function_for_stats_summary_and_progress_line():
     """tau (1 + accepted / rounds) comes from stats.tau_of everywhere: a generation's Stats, the
     bench summary over its records and the bench's progress line agree on the same counts."""
     from specdec.bench.runner import Running
+    from specdec.rounds import RoundRecord
     from specdec.stats import Stats, tau_of
 
     stats = Stats(policy="lossless", drafter="model", k=5)
     for drafted, accepted in ((5, 3), (5, 0), (5, 5), (2, 1), (5, 2), (5, 4), (3, 3)):
-        stats.record(drafted, accepted)
+        stats.add(RoundRecord(budget=5, drafted=drafted, accepted=accepted))
     records = [rec("A", "ar", 0, 10, 1.0, stats={"rounds": 10}),
                rec("A", LL["id"], 0, 25, 0.5, stats=stats.to_dict())]
     tau = summarize(records, [AR, LL])["configs"][LL["id"]]["tau"]
@@ -397,12 +398,13 @@ def test_speed_pairs_only_samples_timed_at_one_machine_speed():
 
 
 def test_the_stats_line_names_what_a_lossy_rule_relaxed_or_none():
+    from specdec.rounds import RoundRecord
     from specdec.stats import Stats
 
     quiet = Stats(policy="mars", drafter="model", k="auto", lossy=True)
     assert "LOSSY rule (kept drafts the lossless rule would reject: none)" in quiet.summary()
     busy = Stats(policy="mars+fly", drafter="model", k=4, lossy=True)
-    busy.record(4, 3, relaxed={"mars": 2})
-    busy.record(4, 4, relaxed={"fly": 1, "mars": 1})
+    busy.add(RoundRecord(budget=4, drafted=4, accepted=3, relaxed={"mars": 2}))
+    busy.add(RoundRecord(budget=4, drafted=4, accepted=4, relaxed={"fly": 1, "mars": 1}))
     assert "reject: fly 1, mars 3)" in busy.summary()
     assert "LOSSY" not in Stats(policy="lossless", drafter="model", k=4).summary()

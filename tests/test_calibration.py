@@ -14,6 +14,7 @@ import specdec
 from specdec import autok, costmodel
 from specdec.cli import decoding_notes
 from specdec.costmodel import CostTable
+from specdec.rounds import RoundRecord
 from specdec.stats import Stats
 
 
@@ -191,7 +192,7 @@ def pair_with(target, draft=None):
 def stats(k, k_chosen, drafted_per_round, accepted_per_round, policy="lossless", drafter="model"):
     s = Stats(policy=policy, drafter=drafter, k=k)
     for d, a in zip(drafted_per_round, accepted_per_round):
-        s.record(d, a)
+        s.add(RoundRecord(budget=d, drafted=d, accepted=a))
     s.k_chosen = list(k_chosen)
     return s
 

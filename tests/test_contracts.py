@@ -187,6 +187,66 @@ def test_no_code_outside_verify_names_a_rule_or_probes_a_capability():
     assert "policy is None" not in engine  # plain decoding is a policy too (verify.Plain)
 
 
+def test_plain_decoding_and_trees_are_declared_not_named():
+    """Plain decoding is the policy that declares it drafts nothing (``Policy.drafts``): no code
+    outside verify/ and bench/ compares a policy with the name ``ar``; the engine never asks whether
+    a draft is a tree (the draft's own type knows)."""
+    import re
+
+    compares = re.compile(r"""[=!]=\s*["']ar["']|["']ar["']\s*[=!]=|in\s*\([^)]*["']ar["']""")
+    bad = [f"{path.relative_to(SRC)}:{i}" for path in SRC.rglob("*.py")
+           if not {"verify", "bench"} & set(path.relative_to(SRC).parts)
+           for i, line in enumerate(path.read_text().splitlines(), 1) if compares.search(line)]
+    assert not bad, bad
+    engine = (SRC / "engine.py").read_text()
+    assert "is_tree" not in engine and "parents" not in engine and "TreeRound" not in engine
+
+
+class Recording:
+    """A K policy that keeps every record it is handed (and drafts a fixed ``k``)."""
+
+    def __init__(self, k: int):
+        from specdec.autok import Fixed
+
+        self.fixed, self.records, self.more, self.declined = Fixed(k), [], (lambda i, p: True), 0
+
+    def begin(self, max_new_tokens):
+        pass
+
+    def budget(self, t, room, backlog):
+        return self.fixed.budget(t, room, backlog)
+
+    def observe(self, record):
+        self.records.append(record)
+
+    def end(self, tokens, cut=False):
+        pass
+
+
+@pytest.mark.parametrize("drafter,k", [("model", "auto"), ("pld", 3), ("tree", 3)])
+def test_a_round_leaves_one_record_and_the_stats_are_its_sums(drafter, k):
+    t = tiny_model(41)
+    engine = Engine(CausalLM(t), CausalLM(perturbed_copy(t, 0.2, 42)), eos_ids=[258])
+    widths = [1, 2, 4, 8, 16, 32]
+    engine.target_costs = CostTable("t|x", "float32", widths, [0.01 * w for w in widths], 32)
+    policy = Recording(4)
+    engine.k_policy = lambda cfg: policy
+    prompt = [65, 66, 67, 65, 66, 67, 65, 66]
+    s = engine.generate(prompt, DecodeConfig(drafter=drafter, k=k, max_new_tokens=30)).stats
+    records = policy.records
+    assert len(records) == s.rounds > 1 and max(r.budget for r in records) == 4
+    assert sum(r.drafted for r in records) == s.drafted and sum(r.accepted for r in records) == s.accepted
+    assert [r.accepted for r in records] == s.accepted_per_round and [r.end for r in records] == s.round_ends
+    assert records[-1].tokens == s.new_tokens and records[-1].end == s.total_seconds
+    assert s.k_chosen == ([r.k_chosen for r in records] if k == "auto" else [])
+    assert [r.depth for r in records if r.depth is not None] == s.tree_depths
+    assert bool(s.tree_depths) == (drafter == "tree")
+    for name in ("draft_seconds", "verify_seconds", "rule_seconds", "predicted_verify_seconds"):
+        assert getattr(s, name) == pytest.approx(sum(getattr(r, name) for r in records)), name
+    assert s.predicted_verify_seconds == pytest.approx(sum(0.01 * (r.drafted + 1) for r in records))
+    assert s.drafts and not engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=5)).stats.drafts
+
+
 def test_engine_steps_are_short():
     """``Engine.run`` reads as its numbered steps: no function in the engine over 40 lines."""
     tree = ast.parse((SRC / "engine.py").read_text())

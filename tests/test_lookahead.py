@@ -11,6 +11,7 @@ from specdec.drafters.lookahead import PassGate
 from specdec.costmodel import CostTable
 from specdec.drafters import LookaheadDrafter
 from specdec.drafters.lookahead import MAX_NODES, pass_nodes
+from specdec.rounds import RoundRecord
 from specdec.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
 from specdec.backends.transformers.model import HFModel as CausalLM
@@ -270,7 +271,7 @@ def test_gate_prices_the_pass_by_its_nodes_not_by_k():
     steep = PassGate(table(lambda w: 0.01 * w))  # a compute-bound CPU: each token costs a step
     for gate in (flat, steep):
         assert gate.choose()  # nothing drafted yet: the first round drafts
-        gate.observe(29, 1, gate.target.forward(30))  # a 29-node pass that yielded 2 tokens
+        gate.observe(RoundRecord(drafted=29, accepted=1, verify_seconds=gate.target.forward(30)))  # 29 nodes, 2 tokens
     assert flat.choose()
     assert not steep.choose()  # 2 tokens for 30 steps' seconds
     plain = [steep.choose() for _ in range(2000)]
@@ -279,7 +280,7 @@ def test_gate_prices_the_pass_by_its_nodes_not_by_k():
     probe_extra = steep.target.forward(30) - steep.target.forward(1)
     assert sum(plain) * probe_extra <= 0.02 * 2000 * steep.target.forward(1) + probe_extra
     for _ in range(10):
-        steep.observe(29, 40, steep.target.forward(30))
+        steep.observe(RoundRecord(drafted=29, accepted=40, verify_seconds=steep.target.forward(30)))
     assert steep.choose()  # a pass that yields more than it costs pays again
 
 

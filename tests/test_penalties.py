@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from specdec.api import Pair
-from specdec.drafters.base import Draft
+from specdec.drafters.base import Draft, TreeDraft
 from specdec.errors import SpecdecError
 from specdec.backends.transformers.model import HFModel as CausalLM
 from specdec.request import make_config
@@ -44,7 +44,7 @@ def test_each_verify_row_sees_the_drafts_before_it():
     assert out[:, 6].tolist() == [-1.0, -2.0, -2.0] and out[:, 7].tolist() == [0.0, 0.0, -1.0]
     assert Draft([4, 5, 6]).row_paths() == [[], [4], [4, 5], [4, 5, 6]]
     # a tree: nodes 0 and 1 under the root, node 2 under node 0
-    assert Draft([4, 5, 6], parents=[-1, -1, 0]).row_paths() == [[], [4], [5], [4, 6]]
+    assert TreeDraft([4, 5, 6], parents=[-1, -1, 0]).row_paths() == [[], [4], [5], [4, 6]]
 
 
 @pytest.mark.parametrize("bad", [dict(repetition_penalty=0), dict(repetition_penalty=-1.0),

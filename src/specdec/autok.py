@@ -2,8 +2,9 @@
 
 A :class:`KPolicy` is made once per request (:func:`k_policy`) and answers :meth:`~KPolicy.budget`
 before each round (the most drafts this round, 0 for a plain step), :meth:`~KPolicy.more` after
-each draft token (whether the draft should propose another), and learns from
-:meth:`~KPolicy.observe`. ``k=N`` is :class:`Fixed`; ``k="auto"`` is :class:`AutoK` for chains.
+each draft token (whether the draft should propose another), and learns from each round's record
+(:class:`~specdec.rounds.RoundRecord`) in :meth:`~KPolicy.observe`. ``k=N`` is :class:`Fixed`;
+``k="auto"`` is :class:`AutoK` for chains.
 The same objects drive :mod:`specdec.replay`, so a replay of a trace runs this very code.
 
 ``k="auto"`` (:class:`AutoK`) decides from what it knows, with no probes and no online cost
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 from .acceptance import AcceptanceEstimate, AcceptancePrior, Bins
 from .costmodel import TIE_TOLERANCE, WIDTHS, CostTable, best_k, tokens_per_second
+from .rounds import RoundRecord
 
 #: the longest block k=auto plans: the cost tables measure verify passes up to WIDTHS[-1] tokens (K drafts + 1)
 K_MAX = WIDTHS[-1] - 1
@@ -61,10 +63,11 @@ class KPolicy:
     """What the engine (and a replay) asks each round. ``budget(t, room, backlog)``: the most drafts
     this round (0: a plain step) when ``t`` tokens are written, ``room`` drafts fit, and the drafter
     must first read ``backlog`` tokens; ``more(i, p)``: after draft ``i`` (1-based), of draft
-    probability ``p``, propose another?; ``observe(drafted, accepted, seconds)``: the round's
-    outcome (``seconds``: its verify pass); ``begin``/``end``: a request starts / ends with
-    ``tokens`` written (``cut``: by the length limit, so the answer would have run longer). ``declined``: rounds of this request not drafted only because reading the
-    backlog would not pay (for the stats)."""
+    probability ``p``, propose another?; ``observe(record)``: the round's record (what it drafted
+    and kept, its seconds by part: :class:`~specdec.rounds.RoundRecord`); ``begin``/``end``: a
+    request starts / ends with ``tokens`` written (``cut``: by the length limit, so the answer
+    would have run longer). ``declined``: rounds of this request not drafted only because reading
+    the backlog would not pay (for the stats)."""
 
     declined = 0
     #: the cost tables and prior it was made for (the engine makes a new one when they change)
@@ -79,7 +82,7 @@ class KPolicy:
     def more(self, i: int, p: float) -> bool:
         return True
 
-    def observe(self, drafted: int, accepted: int, seconds: float = 0.0) -> None:
+    def observe(self, r: RoundRecord) -> None:
         pass
 
     def end(self, tokens: int, cut: bool = False) -> None:
@@ -222,14 +225,14 @@ class AutoK(KPolicy):
                 break
         return False
 
-    def observe(self, drafted: int, accepted: int, seconds: float = 0.0) -> None:
-        if drafted <= 0:
+    def observe(self, r: RoundRecord) -> None:
+        if r.drafted <= 0:
             return
         self._plans.clear()
         if self.needs_model:
-            self.bins.update(self.probs[:drafted], accepted)
+            self.bins.update(self.probs[:r.drafted], r.accepted)
         else:
-            self.positions.update(drafted, accepted)
+            self.positions.update(r.drafted, r.accepted)
 
     def end(self, tokens: int, cut: bool = False) -> None:
         if tokens > 0:

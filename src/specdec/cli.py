@@ -95,7 +95,7 @@ def decoding_notes(s, pair) -> list[str]:
 
     lines = []
     zero = sum(1 for k in s.k_chosen if k == 0) if s.k_chosen else 0
-    if s.policy != "ar" and s.rounds >= 4 and s.k_chosen and zero >= len(s.k_chosen) / 2:
+    if s.drafts and s.rounds >= 4 and s.k_chosen and zero >= len(s.k_chosen) / 2:
         why = "by this machine's measured pass costs drafting does not pay here"
         table = pair.costs.target
         if s.backlog_declined and s.backlog_declined >= zero / 2:
@@ -106,7 +106,7 @@ def decoding_notes(s, pair) -> list[str]:
         lines.append(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds, "
                      f"so no draft was rejected there: {why} ('specdec calibrate' measures the costs again, e.g. if "
                      "the machine was busy when they were measured)")
-    elif s.policy != "ar" and s.drafting_rounds >= 4 and s.drafting_tau < LOW_TAU:
+    elif s.drafts and s.drafting_rounds >= 4 and s.drafting_tau < LOW_TAU:
         lines.append(f"specdec: warning: low acceptance: the target rejected {s.drafted - s.accepted} of {s.drafted} "
                      f"drafted tokens (tau={s.drafting_tau:.2f} over the {s.drafting_rounds} rounds that drafted); "
                      "speculation is likely slower than plain decoding here. Try --drafter pld, a smaller -k, "

@@ -1,10 +1,14 @@
 """The one decoding loop. It knows nothing about text: token ids in, token ids out.
 
-Each round: (1) the drafter proposes up to K tokens; (2) the target scores ``[last, d_1..d_K]``
-in one forward pass; (3) the policy keeps a prefix of the drafts and picks one more token;
-(4) the round's tokens are committed, cut at the first stop; (5) both KV caches roll back to the
-committed text and the drafter is told what was kept. Plain decoding (``policy="ar"``) is a policy
-like the others (:class:`~specdec.verify.Plain`) that drafts nothing: the same loop through the
+Each round: (0) the request's K policy says how many drafts; (1) the drafter proposes up to K
+tokens; (2) the target scores ``[last, d_1..d_K]`` in one forward pass; (3) the policy keeps a
+prefix of the drafts and picks one more token; (4) the round's tokens are committed, cut at the
+first stop; (5) both KV caches roll back to the committed text and the drafter is told what was
+kept; (6) the round leaves one record (:class:`~specdec.rounds.RoundRecord`: what it drafted and
+kept, its seconds by part), which the stats add up and the K policy learns from. A chain and a
+token tree differ only inside the draft's own type (:class:`~specdec.drafters.base.Draft`,
+:class:`~specdec.drafters.base.TreeDraft`). Plain decoding (``policy="ar"``) is a policy like the
+others (:class:`~specdec.verify.Plain`) that declares it drafts nothing: the same loop through the
 same model wrapper, so speed comparisons are fair.
 
 Structured output (a request's ``constraint``, :mod:`specdec.constrain`): before step (3) the
@@ -24,7 +28,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from .constrain import Constraints, Guide
-from .drafters import Draft, Drafter, SuffixCache, drafter_class, make_drafter
+from .drafters import Draft, Drafter, SuffixCache, make_drafter
 from .acceptance import AcceptancePrior
 from .autok import KPolicy, k_policy
 from .costmodel import FALLBACK_K, CostTable
@@ -33,9 +37,9 @@ from .backends.base import Model, Scores, common_prefix
 from .logprobs import TokenLogprob, token_logprobs
 from .request import AUTO_K, DecodeConfig, check_k, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
 from .sampling import make_generator, next_token, penalize, probabilities
+from .rounds import SECONDS, RoundRecord
 from .stats import Stats, peak_rss_mb
-from .verify import Policy, Round, Verdict
-from .verify.tree import TreeRound, tree_depth
+from .verify import Policy, Verdict
 
 #: ``stop_check(generated_ids, n_new) -> keep``: how many generated tokens to keep when a stop
 #: sequence ends inside the last ``n_new`` tokens, else None.
@@ -92,24 +96,35 @@ class _Run:
     out: Generation
     policy: Policy  # plain decoding: verify.Plain, which drafts nothing
     drafter: Drafter | None
-    auto: bool  # k="auto"
     kpolicy: KPolicy | None  # how many drafts each round (None: plain decoding)
     generator: torch.Generator | None
     context: list[int]  # the prompt and every committed token
     limit: int  # the model's context length
     t_start: float
     guide: Guide | None = None  # structured output: the grammar's state after the committed text
+    tree_size: int = 0  # a tree drafter's most nodes in one tree (0: chains): a round that drafts needs that room
+
+
+class _Clock:
+    """A round's seconds by part (named as in :data:`specdec.rounds.SECONDS`): ``with
+    clock("draft_seconds", grammar="draft_mask_seconds"):`` adds the block's seconds to the first
+    and the grammar's own inside it (:attr:`Guide.seconds`, its own clock) to the second."""
+
+    def __init__(self, guide: Guide | None):
+        self.guide = guide
+        self.seconds = dict.fromkeys(SECONDS, 0.0)
 
     @contextmanager
-    def grammar_time(self, field_name: str) -> Iterator[None]:
-        """Add the seconds the grammar spends inside the block (:attr:`Guide.seconds`, its own clock)
-        to the stats' ``field_name``: the one place structured output's cost is booked."""
+    def __call__(self, part: str | None = None, grammar: str | None = None) -> Iterator[None]:
+        t = time.perf_counter()
         spent = self.guide.seconds if self.guide is not None else 0.0
         try:
             yield
         finally:
-            if self.guide is not None:
-                self.out.stats.add_seconds(field_name, self.guide.seconds - spent)
+            if part is not None:
+                self.seconds[part] += time.perf_counter() - t
+            if grammar is not None and self.guide is not None:
+                self.seconds[grammar] += self.guide.seconds - spent
 
 
 class Engine:
@@ -151,7 +166,7 @@ class Engine:
     def k_policy(self, cfg: DecodeConfig) -> KPolicy:
         """The request's K policy (:func:`specdec.autok.k_policy`): ``k=N`` a fixed one; ``k="auto"``
         the one kept for this kind of request (:meth:`_kind`), made again when a cost table changed."""
-        cls = drafter_class(cfg.drafter)
+        cls = cfg.drafter_type
 
         def make() -> KPolicy:
             trees = cls.grows_trees
@@ -175,7 +190,7 @@ class Engine:
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
         """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`); one that
         reads earlier requests' text sees its caller's only, and none under a loose rule."""
-        return make_drafter(cfg.drafter, self.draft, self.eos_ids, dict(cfg.drafter_params),
+        return make_drafter(cfg.drafter_type, self.draft, self.eos_ids, dict(cfg.drafter_params),
                             history=self.suffix_cache.scope(cfg.caller, read=not cfg.parsed.lossy))
 
     def check_config(self, cfg: DecodeConfig) -> None:
@@ -187,7 +202,7 @@ class Engine:
         policy = cfg.parsed
         if not policy.drafts:
             return
-        cls = drafter_class(cfg.drafter)
+        cls = cfg.drafter_type
         if cls.needs_model and self.draft is None:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cls.grows_trees:
@@ -243,29 +258,27 @@ class Engine:
         (:meth:`~specdec.drafters.base.Drafter.stopping`); yes ends it with finish reason ``cancelled``.
         ``check=False`` skips the request and prompt checks (the caller did them).
 
-        The steps of the module docstring: prefill once, then each round (1) draft, (2) score,
-        (3) verify, (4) commit, (5) roll back."""
+        The steps of the module docstring: prefill once, then each round (0) choose K, (1) propose,
+        (2) score, (3) verify, (4) commit, (5) roll back, (6) learn from the round's record."""
         if check:
             self.check_config(cfg)
             self.check_prompt(prompt_ids)
         run = self._start(prompt_ids, cfg, out)
         if run.drafter is not None:
             run.drafter.should_stop = should_stop
-        clock, cancelled = time.perf_counter, lambda: should_stop is not None and should_stop()
-        while not self._cancelled(run, cancelled):
-            k = self._choose_k(run)
-            t0 = clock()
-            with run.grammar_time("draft_mask_seconds"):
+        while not self._cancelled(run, should_stop):
+            clock = _Clock(run.guide)
+            k, declined = self._choose_k(run)  # 0.
+            with clock("draft_seconds", grammar="draft_mask_seconds"):
                 draft = run.drafter.propose(run.context, k, cfg.sampling, run.generator) if k else Draft()  # 1.
-            t1 = clock()
-            if self._cancelled(run, cancelled):  # the client left while the drafter ran
+            if self._cancelled(run, should_stop):  # the client left while the drafter ran
                 break
-            scores = self._score(run, draft)  # 2.
-            verdict = self._verify(run, draft, scores)  # 3.
-            t2 = clock()
-            self._learn(run, k, draft, verdict, scores, t1 - t0, t2 - t1)
-            new = self._commit(run, draft, verdict, stop_check, scores.logits)  # 4.
-            self._roll_back(run, draft, verdict)  # 5.
+            with clock("verify_seconds"):
+                scores = draft.score(self.target, run.context, hidden=run.policy.needs_hidden)  # 2.
+                verdict = self._verify(run, draft, scores, clock)  # 3.
+            new = self._commit(run, draft, verdict, stop_check, scores.logits, clock)  # 4.
+            self._roll_back(run, k, draft, verdict, scores)  # 5.
+            self._learn(run, self._record(run, k, declined, draft, verdict, clock))  # 6.
             if new:
                 yield run.out
             if run.out.finish_reason is not None:
@@ -273,9 +286,9 @@ class Engine:
         self._finish(run)
 
     @staticmethod
-    def _cancelled(run: "_Run", cancelled: Callable[[], bool]) -> bool:
+    def _cancelled(run: "_Run", should_stop: Callable[[], bool] | None) -> bool:
         """Whether the caller stopped the generation; it then ends with finish reason ``cancelled``."""
-        if cancelled():
+        if should_stop is not None and should_stop():
             run.out.finish_reason = "cancelled"
             return True
         return False
@@ -295,10 +308,9 @@ class Engine:
     def _start(self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None) -> "_Run":
         """The generation's state, and the prefill: every cache holds the prompt but its last
         token, which each round feeds again."""
-        policy = cfg.parsed
+        policy, cls = cfg.parsed, cfg.drafter_type  # resolved once, where the request was made
         out = out if out is not None else Generation(list(prompt_ids))
         drafter = self.make_drafter(cfg) if policy.drafts else None  # plain decoding runs none
-        auto = policy.drafts and cfg.k == AUTO_K
         kpolicy = self.k_policy(cfg) if policy.drafts else None
         if kpolicy is not None:
             kpolicy.begin(cfg.max_new_tokens)
@@ -307,9 +319,10 @@ class Engine:
             lossy=policy.lossy, prompt_tokens=len(prompt_ids), params={**policy.params, **cfg.drafter_params},
         )
         guide = self.guide_for(cfg)
-        run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, auto=auto, guide=guide, kpolicy=kpolicy,
+        run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, guide=guide, kpolicy=kpolicy,
                    generator=make_generator(cfg.sampling.seed, self.target.device),
-                   context=list(prompt_ids), limit=self.target.max_length or 1 << 62, t_start=time.perf_counter())
+                   context=list(prompt_ids), limit=self.target.max_length or 1 << 62, t_start=time.perf_counter(),
+                   tree_size=cls.tree_size(**cfg.drafter_params) if drafter is not None and cls.grows_trees else 0)
         self._prefill(run.context[:-1], out.stats)
         if drafter is not None:
             drafter.guide = guide
@@ -330,36 +343,28 @@ class Engine:
         if len(ids) > keep:
             self.target.forward(ids[keep:])
 
-    def _choose_k(self, run: "_Run") -> int:
+    def _choose_k(self, run: "_Run") -> tuple[int, int | None]:
         """This round's most drafts (a tree drafter: its depth limit), by the request's K policy,
-        within the room left; a round the policy leaves plain only because the draft model's reading
-        of its backlog would not pay is counted in the stats."""
+        within the room left; and, when the policy left the round plain only because the draft
+        model's reading of its backlog would not pay, that backlog (else None)."""
         if run.drafter is None:
-            return 0
-        cfg, stats = run.cfg, run.out.stats
-        room = min(cfg.max_new_tokens - len(run.out.token_ids), run.limit - len(run.context))
+            return 0, None
+        room = min(run.cfg.max_new_tokens - len(run.out.token_ids), run.limit - len(run.context))
         backlog = run.drafter.backlog(run.context)
         declined = run.kpolicy.declined
         k = max(0, min(run.kpolicy.budget(len(run.out.token_ids), room - 1, backlog), room - 1))
-        cls = drafter_class(cfg.drafter)
-        if k and cls.grows_trees and len(run.context) + cls.tree_size(**cfg.drafter_params) > run.limit:
-            return 0  # no room left in the context for a whole tree: a plain step
-        if run.kpolicy.declined > declined:
-            stats.backlog_declined += 1
-            stats.declined_backlog = backlog
-        return k
+        if k and len(run.context) + run.tree_size > run.limit:
+            return 0, None  # no room left in the context for a whole tree: a plain step
+        return k, backlog if run.kpolicy.declined > declined else None
 
-    def _score(self, run: "_Run", draft: Draft) -> Scores:
-        """One target pass over ``[last, d_1..d_K]`` (a tree: ``[last]`` and the tree's nodes, with a
-        tree attention mask); ``[K+1, V]`` logits, and hidden states when the policy reads them."""
-        hidden = run.policy.needs_hidden
-        if draft.is_tree:
-            return self.target.score_tree(run.context, draft.tokens, draft.parents, hidden=hidden)
-        return self.target.score(run.context + draft.tokens, len(draft) + 1, hidden=hidden)
-
-    def _verify(self, run: "_Run", draft: Draft, scores: Scores) -> Verdict:
-        """The policy's decision (no drafts: the target's next token)."""
-        params, logits = run.cfg.sampling, self._restrict(run, draft, scores.logits)
+    def _verify(self, run: "_Run", draft: Draft, scores: Scores, clock: _Clock) -> Verdict:
+        """The policy's decision on the round the draft makes of the pass (no drafts: the target's
+        next token). Structured output first masks every token the grammar forbids, along the
+        drafts (:meth:`Draft.restrict`), so every rule reads the masked target."""
+        params, logits = run.cfg.sampling, scores.logits
+        if run.guide is not None:
+            with clock(grammar="mask_seconds"):
+                logits = draft.restrict(run.guide, logits)
         penalize_rows = None
         if params.penalized:
             prompt, written, paths = run.context[:len(run.context) - len(run.out.token_ids)], run.out.token_ids, draft.row_paths()
@@ -371,62 +376,26 @@ class Engine:
                 return torch.stack([penalize(x, params, prompt, written, at) for x in flat]).reshape(rows.shape)
         if not len(draft):
             return Verdict(0, next_token(logits[0], params, run.generator))
-        shared = dict(target_logits=logits, params=params, generator=run.generator, target_hidden=scores.hidden,
-                      lm_head=self.target.head_logits, draft_logits=draft.logits, penalize_rows=penalize_rows,
-                      target_probs=None if params.greedy else probabilities(logits, params),
-                      position=len(run.out.token_ids))  # where the drafts sit in the answer (a loose policy's schedule)
-        drafts = torch.tensor(draft.tokens, device=logits.device)
-        if draft.is_tree:  # each node judged against its parent's row; the policy walks the tree
-            rnd, verify = TreeRound(tokens=drafts, parents=draft.parents, **shared), run.policy.verify_tree
-        else:
-            rnd, verify = Round(draft_tokens=drafts, draft_probs=draft.probs, **shared), run.policy.verify
-        t = time.perf_counter()
-        verdict = verify(rnd)
-        run.out.stats.rule_seconds += time.perf_counter() - t
-        return verdict
-
-    def _restrict(self, run: "_Run", draft: Draft, logits: torch.Tensor) -> torch.Tensor:
-        """Structured output: every token the grammar forbids at -inf, row 0 from the committed
-        state and row ``i`` after drafts ``1..i`` (:meth:`specdec.constrain.Guide.restrict`; a tree:
-        row ``i+1`` after node ``i``'s path, :meth:`~specdec.constrain.Guide.restrict_tree`); as is
-        without a constraint. Before the round is built, so every rule reads the masked target."""
-        if run.guide is None:
-            return logits
-        with run.grammar_time("mask_seconds"):
-            if draft.is_tree:
-                return run.guide.restrict_tree(logits, draft.tokens, draft.parents)
-            return run.guide.restrict(logits, draft.tokens)
-
-    def _learn(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, scores: Scores, draft_seconds: float,
-               verify_seconds: float) -> None:
-        """Record the round in the stats, and teach the k=auto controller its acceptance and costs;
-        a drafter that observes the target (lookahead's Jacobi window) gets its argmax after every
-        row of a pass it drafted for (:meth:`~specdec.drafters.base.Drafter.observe`)."""
-        if k and run.drafter.observes_target:
-            run.drafter.observe(draft, scores.logits.argmax(dim=-1).tolist())
-        stats, n = run.out.stats, len(draft)
-        stats.draft_seconds += draft_seconds
-        stats.verify_seconds += verify_seconds
-        stats.record(n, verdict.accepted, dict(verdict.relaxed), depth=tree_depth(draft.parents) if draft.is_tree else None)
-        if run.auto:
-            stats.k_chosen.append(n if n and not draft.is_tree else k)  # a chain: the drafts proposed
-        if run.kpolicy is not None:
-            run.kpolicy.observe(n, verdict.accepted, verify_seconds)
-        if self.target_costs is not None:  # what the table predicted for this pass, for the stats' drift
-            stats.predicted_verify_seconds += self.target_costs.forward(n + 1)
+        rnd = draft.round(target_logits=logits, params=params, generator=run.generator, target_hidden=scores.hidden,
+                          lm_head=self.target.head_logits, penalize_rows=penalize_rows,
+                          target_probs=None if params.greedy else probabilities(logits, params),
+                          position=len(run.out.token_ids))  # where the drafts sit in the answer (a loose policy's schedule)
+        with clock("rule_seconds"):
+            return draft.judge(run.policy, rnd)
 
     def _commit(self, run: "_Run", draft: Draft, verdict: Verdict, stop_check: StopCheck | None,
-                rows: torch.Tensor | None = None) -> list[int]:
+                rows: torch.Tensor, clock: _Clock) -> list[int]:
         """Append the round's tokens, cut at the first end-of-sequence id or stop sequence; sets the
         finish reason. Returns what this round added (a stop may also cut earlier rounds' tokens).
-        ``rows``: the verify pass's raw logits, for the tokens' log-probabilities when asked."""
+        ``rows``: the verify pass's raw logits, for the tokens' log-probabilities when asked; the
+        grammar's advance is booked on ``clock``."""
         out, context = run.out, run.context
         new = draft.kept(verdict) + [verdict.token]
         for i, t in enumerate(new):
             if t in self.eos_ids or t in run.cfg.stop_token_ids:
                 new, out.finish_reason = new[: i + 1], "stop"
                 break
-        if run.cfg.logprobs is not None and rows is not None:
+        if run.cfg.logprobs is not None:
             at = draft.judged_rows(verdict)
             if out.logprobs is None:
                 out.logprobs = []
@@ -434,7 +403,7 @@ class Engine:
         out.token_ids += new
         context += new
         if run.guide is not None:
-            with run.grammar_time("mask_seconds"):
+            with clock(grammar="mask_seconds"):
                 run.guide.advance(new)  # up to an end-of-sequence id; a stop string below ends the run anyway
         if stop_check is not None:
             keep = stop_check(out.token_ids, len(new))
@@ -450,18 +419,33 @@ class Engine:
             out.finish_reason = "length"
         return new
 
-    def _roll_back(self, run: "_Run", draft: Draft, verdict: Verdict) -> None:
-        """Both caches back to the committed text (after a tree: keep its path first); the drafter
-        learns what was kept."""
-        if draft.is_tree:
-            self.target.keep_path(verdict.path or ())
-        self.target.truncate(len(run.context) - 1)
+    def _roll_back(self, run: "_Run", k: int, draft: Draft, verdict: Verdict, scores: Scores) -> None:
+        """Both caches back to the committed text (:meth:`Draft.roll_back`: a tree keeps its path
+        first); the drafter learns what was kept. A drafter that observes the target (lookahead's
+        Jacobi window) first gets its argmax after every row of a pass it drafted for
+        (:meth:`~specdec.drafters.base.Drafter.observe`)."""
+        draft.roll_back(self.target, verdict, len(run.context) - 1)
         if run.drafter is not None:
+            if k and run.drafter.observes_target:
+                run.drafter.observe(draft, scores.logits.argmax(dim=-1).tolist())
             run.drafter.commit(run.context, len(draft), verdict.accepted)
-        stats = run.out.stats
-        stats.new_tokens = len(run.out.token_ids)
-        stats.total_seconds = time.perf_counter() - run.t_start
-        stats.round_ends.append(stats.total_seconds)
+
+    def _record(self, run: "_Run", k: int, declined: int | None, draft: Draft, verdict: Verdict,
+                clock: _Clock) -> RoundRecord:
+        """The round's one record: what it drafted and kept, its seconds by part (and what the target's
+        cost table predicted for its pass), the answer's length and the time at its end."""
+        seconds = dict(clock.seconds)
+        if self.target_costs is not None:  # for the stats' drift
+            seconds["predicted_verify_seconds"] = self.target_costs.forward(len(draft) + 1)
+        return RoundRecord(budget=k, drafted=len(draft), accepted=verdict.accepted, depth=draft.depth,
+                           relaxed=dict(verdict.relaxed), declined_backlog=declined, tokens=len(run.out.token_ids),
+                           end=time.perf_counter() - run.t_start, **seconds)
+
+    def _learn(self, run: "_Run", record: RoundRecord) -> None:
+        """The round's record, to the one observer: the stats add it up, the K policy learns from it."""
+        run.out.stats.add(record)
+        if run.kpolicy is not None:
+            run.kpolicy.observe(record)
 
     def generate(self, prompt_ids: Sequence[int], cfg: DecodeConfig, stop_check: StopCheck | None = None) -> Generation:
         out = Generation(list(prompt_ids))

@@ -32,6 +32,7 @@ import numpy as np
 
 from .costmodel import WIDTHS, CostTable
 from .errors import SpecdecError
+from .rounds import RoundRecord
 from .trace import DraftTrace, Trace
 
 
@@ -191,7 +192,8 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None) 
     """The seconds of ``trace``'s generation under ``policy`` (None: plain decoding) with the draft
     ``draft`` (a name in ``trace.drafts``), or with ``drafter`` (a drafter without a model, e.g.
     :class:`~specdec.drafters.LookupDrafter`, run on the trace's prompt and answer); the policy is
-    asked exactly as the engine asks it."""
+    asked exactly as the engine asks it, and learns from each round's
+    :class:`~specdec.rounds.RoundRecord`."""
     n, prompt = len(trace.answer), trace.prompt_tokens
     out = Replayed()
     out.prefill = clock.prefill(prompt - 1)
@@ -204,14 +206,16 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None) 
         room = trace.max_new_tokens - t
         k = 0 if policy is None else max(0, min(policy.budget(t, room - 1, source.backlog(t)), room - 1))
         drafted = accepted = 0
+        seconds = 0.0
         if k:
             drafted, accepted, seconds = source.propose(t, k, policy, clock)
             out.draft += seconds
         sec = clock.verify(drafted + 1, prompt + t)
         out.verify += sec
         out.overhead += clock.round_overhead + drafted * clock.token_overhead if drafted else clock.step_overhead
-        if policy is not None:
-            policy.observe(drafted, accepted, sec)
+        if policy is not None:  # the round's record, as the engine leaves it
+            policy.observe(RoundRecord(budget=k, drafted=drafted, accepted=accepted, draft_seconds=seconds,
+                                       verify_seconds=sec))
         out.rounds += 1
         out.drafted += drafted
         out.accepted += accepted

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from .checks import check_int
 from .constrain import Constraint
-from .drafters import ALL_DRAFTER_OPTIONS, check_drafter_options, drafter_class
+from .drafters import ALL_DRAFTER_OPTIONS, Drafter, check_drafter_options, drafter_class
 from .errors import SpecdecError
 from .logprobs import check_logprobs
 from .sampling import SamplingParams
@@ -124,9 +124,9 @@ def check_tree_fits(cfg: "DecodeConfig", prompt_tokens: int, limit: int | None) 
     """A token-tree drafter's tree must fit the context after the prompt (else the first verify
     pass would overflow it); refused before any work. Later, when the text leaves too little room
     for a tree, the engine takes plain steps."""
-    if limit is None or not cfg.parsed.drafts or not drafter_class(cfg.drafter).grows_trees:
+    if limit is None or not cfg.parsed.drafts or not cfg.drafter_type.grows_trees:
         return
-    nodes = drafter_class(cfg.drafter).tree_size(**cfg.drafter_params)
+    nodes = cfg.drafter_type.tree_size(**cfg.drafter_params)
     if prompt_tokens + nodes > limit:
         raise SpecdecError(f"drafter {cfg.drafter!r}: its trees of up to {nodes} nodes do not fit the context after "
                            f"the prompt ({prompt_tokens} + {nodes} tokens > {limit}); lower its options or shorten "
@@ -219,16 +219,20 @@ class DecodeConfig:
     #: the parsed policy (``ar``: :class:`~specdec.verify.Plain`): parsed once, here, and used by the
     #: engine as is
     parsed: Policy = field(default=None, init=False, repr=False, compare=False)
+    #: the drafter's registered class (:func:`specdec.drafters.drafter_class`), looked up once, here;
+    #: None when the policy drafts nothing (plain decoding runs no drafter)
+    drafter_type: type[Drafter] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         # unknown names and bad parameters raise here, before any work; the result is kept
         object.__setattr__(self, "parsed", make_policy(self.policy, dict(self.policy_params)))
-        if self.policy != "ar":
+        if self.parsed.drafts:
             object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
+            object.__setattr__(self, "drafter_type", drafter_class(self.drafter))
         object.__setattr__(self, "k", check_k(self.k))
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
         if self.parsed.drafts:
-            check_drafter_fits_policy(self.parsed, drafter_class(self.drafter), self.k, self.drafter_params)
+            check_drafter_fits_policy(self.parsed, self.drafter_type, self.k, self.drafter_params)
         check_constraint_fits(self)
         object.__setattr__(self, "stop_token_ids", check_stop_token_ids(self.stop_token_ids))
         object.__setattr__(self, "logprobs", check_logprobs(self.logprobs))

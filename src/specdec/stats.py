@@ -12,6 +12,8 @@ import resource
 import sys
 from dataclasses import asdict, dataclass, field
 
+from .rounds import SECONDS, RoundRecord
+
 
 def tau_of(accepted: int, rounds: int) -> float | None:
     """tau, the mean acceptance length: ``1 + accepted / rounds`` (tokens per target verify pass,
@@ -69,22 +71,24 @@ class Stats:
     peak_rss_mb: float = 0.0
     params: dict = field(default_factory=dict)  # policy/drafter parameters, for the record
 
-    def add_seconds(self, name: str, seconds: float) -> None:
-        """Add ``seconds`` to the timing field ``name`` (``mask_seconds``, ...)."""
-        setattr(self, name, getattr(self, name) + seconds)
+    @property
+    def drafts(self) -> bool:
+        """Whether the generation's policy drafts (its ``drafts`` declaration): plain decoding runs no
+        drafter, so its stats name none."""
+        return self.drafter is not None
 
-    def record(self, drafted: int, accepted: int, relaxed: dict[str, int] | None = None, depth: int | None = None) -> None:
-        """Count one verify round that drafted ``drafted`` tokens and kept ``accepted``. A token
-        tree also gives its ``depth``: then the per-position counts are per depth (a chain's depth
-        is its length)."""
-        if depth is not None:
-            self.tree_depths.append(depth)
-        depth = drafted if depth is None else depth
+    def add(self, r: RoundRecord) -> None:
+        """Count one round from its record: the rounds, drafts and kept drafts (a token tree's
+        per-position counts are per depth; a chain's depth is its length), k=auto's choice, and
+        its seconds by part; the answer's length and the time so far are the round's."""
+        if r.depth is not None:
+            self.tree_depths.append(r.depth)
+        depth = r.drafted if r.depth is None else r.depth
         self.rounds += 1
-        self.drafted += drafted
-        self.accepted += accepted
-        self.accepted_per_round.append(accepted)
-        if drafted and not accepted:
+        self.drafted += r.drafted
+        self.accepted += r.accepted
+        self.accepted_per_round.append(r.accepted)
+        if r.drafted and not r.accepted:
             self.zero_accept_rounds += 1
         if depth > len(self.drafted_at):
             grow = depth - len(self.drafted_at)
@@ -92,10 +96,20 @@ class Stats:
             self.accepted_at += [0] * grow
         for i in range(depth):
             self.drafted_at[i] += 1
-        for i in range(accepted):
+        for i in range(r.accepted):
             self.accepted_at[i] += 1
-        for name, n in (relaxed or {}).items():
+        for name, n in r.relaxed.items():
             self.relaxed[name] = self.relaxed.get(name, 0) + n
+        if self.k == "auto":
+            self.k_chosen.append(r.k_chosen)
+        if r.declined_backlog is not None:
+            self.backlog_declined += 1
+            self.declined_backlog = r.declined_backlog
+        for name in SECONDS:
+            setattr(self, name, getattr(self, name) + getattr(r, name))
+        self.new_tokens = r.tokens
+        self.total_seconds = r.end
+        self.round_ends.append(r.end)
 
     @property
     def mean_acceptance_length(self) -> float:
@@ -174,7 +188,7 @@ class Stats:
             f"{self.new_tokens} tokens in {self.total_seconds:.2f}s ({self.tokens_per_second:.2f} tok/s), "
             f"policy={self.policy}"
         )
-        if self.policy != "ar":
+        if self.drafts:
             line += (
                 f" drafter={self.drafter} k={self.k_label}: tau={self.mean_acceptance_length:.2f}, "
                 f"accepted {self.accepted}/{self.drafted} drafts, "

@@ -24,11 +24,11 @@ from ..backends import REGISTRY
 from ..errors import SpecdecError
 from ..request import DEFAULTS, GENERATION_FIELDS, MAX_K, DecodeConfig, check_k
 from ..sampling import SamplingParams
+from ..verify import AR
 
 if TYPE_CHECKING:
     from ..constrain import Constraint
 
-AR = "ar"
 #: ``ar:dtype=...``: plain decoding with the target loaded in another dtype (the best plain
 #: decoding on a machine may use another dtype than speculation does)
 AR_DTYPES = ("float32", "bfloat16", "float16")

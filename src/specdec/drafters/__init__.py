@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..checks import check_options, options_of
 from ..errors import SpecdecError
-from .base import Draft, Drafter
+from .base import Draft, Drafter, TreeDraft
 from .lookahead import LookaheadDrafter
 from .lookup import LookupDrafter, lookup
 from .mla import LookupModelDrafter
@@ -50,18 +50,19 @@ def check_drafter_options(drafter: str, options: dict) -> dict:
     return out
 
 
-def make_drafter(name: str, draft_lm, stop_ids: frozenset[int], options: dict,
+def make_drafter(drafter: str | type[Drafter], draft_lm, stop_ids: frozenset[int], options: dict,
                  history: CacheScope | None = None) -> Drafter:
-    """The drafter ``name`` over the draft model ``draft_lm`` (None when none is loaded); a drafter
-    that ``reads_history`` also gets ``history``, the request's view of earlier requests' text."""
-    cls = drafter_class(name)
+    """The drafter called ``drafter`` (or the registered class itself, as a request resolved it:
+    ``DecodeConfig.drafter_type``) over the draft model ``draft_lm`` (None when none is loaded); a
+    drafter that ``reads_history`` also gets ``history``, the request's view of earlier requests' text."""
+    cls = drafter_class(drafter) if isinstance(drafter, str) else drafter
     if cls.needs_model and draft_lm is None:
-        raise SpecdecError(f"drafter {name!r} needs a draft model; load one (draft=...) or use drafter='pld'")
+        raise SpecdecError(f"drafter {cls.name!r} needs a draft model; load one (draft=...) or use drafter='pld'")
     if cls.reads_history:
         return cls.build(draft_lm, stop_ids, history=history, **options)
     return cls.build(draft_lm, stop_ids, **options)
 
 
 __all__ = ["ALL_DRAFTER_OPTIONS", "DRAFTERS", "DRAFTER_OPTIONS", "check_drafter_options", "drafter_class", "make_drafter",
-           "Draft", "Drafter", "LookaheadDrafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "SuffixCache",
+           "Draft", "Drafter", "TreeDraft", "LookaheadDrafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "SuffixCache",
            "SuffixDrafter", "SuffixTreeDrafter", "TreeDrafter", "lookup"]

@@ -13,55 +13,129 @@ from typing import Callable, ClassVar, Sequence
 
 import torch
 
+from ..backends.base import Model, Scores
 from ..sampling import SamplingParams
+from ..verify import Policy, Round, Verdict
+from ..verify.tree import TreeRound, tree_depth
 
 
 @dataclass
 class Draft:
-    """Proposed tokens ``[k']`` (``k' <= k``), the distributions ``[k', V]`` they were drawn from
-    (None at T=0 and for drafters without probabilities, which count as one-hot), the draft
-    model's raw logits ``[k', V]`` (None for drafters without a model), and how many context
+    """A chain of proposed tokens ``[k']`` (``k' <= k``), the distributions ``[k', V]`` they were
+    drawn from (None at T=0 and for drafters without probabilities, which count as one-hot), the
+    draft model's raw logits ``[k', V]`` (None for drafters without a model), and how many context
     tokens the draft model was fed before drafting (so its cost per draft token can be told apart
-    from a prefill). A tree drafter also gives ``parents``: then the tokens are a tree's nodes, parents
-first, not a chain."""
+    from a prefill). A token tree is a :class:`TreeDraft`. What differs between the two (how the
+    target scores them, how the grammar masks its rows, which round the policy judges, how the
+    target's cache is rolled back, which tokens a verdict keeps) is theirs: the engine asks the
+    draft and never which kind it is."""
 
     tokens: list[int] = field(default_factory=list)
     probs: torch.Tensor | None = None
     logits: torch.Tensor | None = None
     fed: int = 0  # context tokens the drafter had to feed its model first (1-2 normally; a prefill or catch-up more)
-    parents: list[int] | None = None  # a token tree: node i hangs under node parents[i] (-1: the context); None = a chain
+    parents = None  # a chain has no tree shape (TreeDraft.parents)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     @property
-    def is_tree(self) -> bool:
-        """A token tree with at least one node (an empty draft is read as a chain)."""
-        return self.parents is not None and len(self.tokens) > 0
+    def depth(self) -> int | None:
+        """A token tree's depth; None for a chain."""
+        return None
+
+    def score(self, target: Model, context: Sequence[int], hidden: bool = False) -> Scores:
+        """The target's one pass over ``[last, d_1..d_K]``: ``[K+1, V]`` logits (and hidden states)."""
+        return target.score([*context, *self.tokens], len(self) + 1, hidden=hidden)
+
+    def restrict(self, guide, logits: torch.Tensor) -> torch.Tensor:
+        """Structured output: row 0 masked from the committed state, row ``i`` after drafts ``1..i``
+        (:meth:`specdec.constrain.Guide.restrict`)."""
+        return guide.restrict(logits, self.tokens)
+
+    def round(self, **shared) -> Round:
+        """What the policy judges (the pass's rows and the request's settings in ``shared``)."""
+        return Round(draft_tokens=torch.tensor(self.tokens, device=shared["target_logits"].device),
+                     draft_probs=self.probs, draft_logits=self.logits, **shared)
+
+    @staticmethod
+    def judge(policy: Policy, rnd: Round) -> Verdict:
+        return policy.verify(rnd)
+
+    def roll_back(self, target: Model, verdict: Verdict, length: int) -> None:
+        """The target's cache back to the committed text's first ``length`` tokens."""
+        target.truncate(length)
 
     def row_paths(self) -> list[list[int]]:
-        """For each row of the verify pass over this draft, the draft tokens it follows: a chain's
-        row ``i`` follows drafts ``1..i``; a tree's row ``j + 1`` follows node ``j``'s path."""
-        if self.parents is None:
-            return [self.tokens[:i] for i in range(len(self.tokens) + 1)]
+        """For each row of the verify pass over this draft, the draft tokens it follows: row ``i``
+        follows drafts ``1..i``."""
+        return [self.tokens[:i] for i in range(len(self.tokens) + 1)]
+
+    def kept(self, verdict: Verdict) -> list[int]:
+        """The draft tokens a verdict keeps: the first ``accepted``."""
+        return self.tokens[:verdict.accepted]
+
+    def judged_rows(self, verdict: Verdict) -> list[int]:
+        """The verify pass's row each token a verdict commits was judged on (the kept drafts, then
+        the verdict's own token): the i-th on row i."""
+        return list(range(verdict.accepted + 1))
+
+
+@dataclass
+class TreeDraft(Draft):
+    """A token tree of at least one node: node ``i`` is ``tokens[i]`` under node ``parents[i]``
+    (-1: the context), parents first; scored in one tree pass, judged by the policy's
+    ``verify_tree`` (:mod:`specdec.verify.tree`)."""
+
+    parents: list[int] = field(default_factory=list)
+
+    @property
+    def depth(self) -> int:
+        return tree_depth(self.parents)
+
+    def score(self, target: Model, context: Sequence[int], hidden: bool = False) -> Scores:
+        """``[last]`` and the tree's nodes in one pass with a tree attention mask: ``[1 + N, V]``."""
+        return target.score_tree(context, self.tokens, self.parents, hidden=hidden)
+
+    def restrict(self, guide, logits: torch.Tensor) -> torch.Tensor:
+        """Row 0 from the committed state, row ``i + 1`` after node ``i``'s path
+        (:meth:`specdec.constrain.Guide.restrict_tree`)."""
+        return guide.restrict_tree(logits, self.tokens, self.parents)
+
+    def round(self, **shared) -> TreeRound:
+        """Each node judged against its parent's row; the policy walks the tree."""
+        return TreeRound(tokens=torch.tensor(self.tokens, device=shared["target_logits"].device),
+                         parents=self.parents, draft_logits=self.logits, **shared)
+
+    @staticmethod
+    def judge(policy: Policy, rnd: TreeRound) -> Verdict:
+        return policy.verify_tree(rnd)
+
+    def roll_back(self, target: Model, verdict: Verdict, length: int) -> None:
+        """Close the scored tree keeping the verdict's path, then cut to ``length``."""
+        target.keep_path(verdict.path or ())
+        target.truncate(length)
+
+    def row_paths(self) -> list[list[int]]:
+        """Row ``j + 1`` follows node ``j``'s path."""
         paths: list[list[int]] = [[]]
         for j, parent in enumerate(self.parents):
             paths.append((paths[parent + 1] if parent >= 0 else []) + [self.tokens[j]])
         return paths
 
-    def kept(self, verdict) -> list[int]:
-        """The draft tokens a verdict keeps: a chain's first ``accepted``, a tree's ``path``."""
-        if self.is_tree:
-            return [self.tokens[i] for i in verdict.path or ()]
-        return self.tokens[:verdict.accepted]
+    def kept(self, verdict: Verdict) -> list[int]:
+        """The nodes of the verdict's ``path``."""
+        return [self.tokens[i] for i in verdict.path or ()]
 
-    def judged_rows(self, verdict) -> list[int]:
-        """The verify pass's row each token a verdict commits was judged on (the kept drafts, then
-        the verdict's own token): a chain's i-th on row i; a tree's first on row 0 and each next
-        one on the row after the node kept before it."""
-        if self.is_tree:
-            return [0] + [p + 1 for p in verdict.path or ()]
-        return list(range(verdict.accepted + 1))
+    def judged_rows(self, verdict: Verdict) -> list[int]:
+        """The first on row 0, each next one on the row after the node kept before it."""
+        return [0] + [p + 1 for p in verdict.path or ()]
+
+
+def tree_draft(tokens: list[int], parents: list[int], **fields) -> Draft:
+    """A tree drafter's proposal: a :class:`TreeDraft`, or without a node an empty chain (a plain
+    step: no tree is scored)."""
+    return TreeDraft(tokens, parents=parents, **fields) if tokens else Draft(**fields)
 
 
 class Drafter(ABC):
@@ -75,7 +149,7 @@ class Drafter(ABC):
     - ``needs_model``: it proposes from the draft model, so bench, the server and ``load`` must
       load one and the engine refuses the request without one; drafters without a model cost ~0
       per draft token to ``k="auto"``;
-    - ``grows_trees``: its drafts are token trees (``Draft.parents``), verified in one tree pass by
+    - ``grows_trees``: its drafts are token trees (:class:`TreeDraft`), verified in one tree pass by
       policies that verify trees; ``k`` is then the tree's depth limit, and ``k="auto"`` leaves
       the depth to the tree's own pruning up to :meth:`depth_limit`;
     - ``reads_history``: it also drafts from earlier requests' text: :meth:`build` gets

@@ -62,8 +62,9 @@ import math
 from ..checks import option, options_of
 from ..costmodel import TIE_TOLERANCE, CostTable
 from ..errors import SpecdecError
+from ..rounds import RoundRecord
 from ..sampling import SamplingParams
-from .base import Draft, Drafter
+from .base import Draft, Drafter, tree_draft
 
 #: the most nodes one lookahead pass may hold (the target scores them all in one pass)
 MAX_NODES = 1024
@@ -193,7 +194,7 @@ class LookaheadDrafter(Drafter):
                 node = add(node, self.levels[j][i])
             tops.append(node)
         self._tops, self._root = tops, root
-        return Draft(tokens, parents=parents)
+        return tree_draft(tokens, parents)
 
     def observe(self, draft: Draft, argmax: Sequence[int]) -> None:
         """One Jacobi step from the target's argmax after every row of the last pass (row 0: after
@@ -289,15 +290,16 @@ class PassGate:
     def end(self, tokens: int, cut: bool = False) -> None:
         pass
 
-    def observe(self, drafted: int, accepted: int, seconds: float = 0.0) -> None:
+    def observe(self, r: RoundRecord) -> None:
         """A round's tree size (0: a plain step), accepted drafts and target-pass seconds."""
+        drafted, seconds = r.drafted, r.verify_seconds
         if seconds <= 0:
             return
         if drafted <= 0:
             self.plain_scale = _ema(self.plain_scale, _clamp(seconds / self.target.forward(1)), self.EMA)
             return
         self.nodes = _ema(self.nodes, drafted, self.EMA)
-        self.tokens = _ema(self.tokens, 1.0 + accepted, self.EMA)
+        self.tokens = _ema(self.tokens, 1.0 + r.accepted, self.EMA)
         self.tree_scale = _ema(self.tree_scale, _clamp(seconds / self.target.forward(1 + drafted)), self.EMA)
 
 

@@ -56,7 +56,7 @@ import torch
 
 from ..checks import option
 from ..sampling import SamplingParams
-from .base import Draft, Drafter
+from .base import Draft, Drafter, tree_draft
 
 #: the suffix tries' depth: a matched suffix plus its draft fit in this many tokens (vLLM's default)
 DEPTH = 24
@@ -413,7 +413,7 @@ class SuffixDrafter(Drafter):
             if other.score > plan.score:
                 plan = other
                 self.from_cache += 1
-        return Draft(plan.tokens, parents=plan.parents if self.tree and plan.tokens else None)
+        return tree_draft(plan.tokens, plan.parents) if self.tree else Draft(plan.tokens)
 
 
 class SuffixTreeDrafter(SuffixDrafter):

@@ -34,7 +34,7 @@ from ..checks import option
 from ..errors import SpecdecError
 from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, probabilities
-from .base import Draft, Drafter
+from .base import Draft, Drafter, tree_draft
 from .model import Windowed, window_option
 
 
@@ -162,7 +162,7 @@ class TreeDrafter(Windowed, Drafter):
         tokens = [nodes[i].token for i in keep]
         parents = [where[nodes[i].parent] if nodes[i].parent >= 0 else -1 for i in keep]
         logits = torch.stack([rows[nodes[i].row] for i in keep]) if keep else None
-        return Draft(tokens, None, logits, fed=fed, parents=parents)
+        return tree_draft(tokens, parents, logits=logits, fed=fed)
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         """Keep the draft cache's entries along the committed path (gathered), drop the rest."""

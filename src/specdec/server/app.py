@@ -194,7 +194,8 @@ class Served:
         self.pair, self.defaults, self.limits, self.name = pair, defaults, limits, name
         self.shared_caches = shared_caches
         k = defaults.get("k", 0)
-        positions = k if isinstance(k, int) and defaults.get("policy") != "ar" else 0  # k=auto: series appear as used
+        drafts = DecodeConfig.from_options(**defaults).parsed.drafts
+        positions = k if isinstance(k, int) and drafts else 0  # k=auto: series appear as used
         self.metrics = Metrics(name, positions=positions)
         self.worker = Worker(pair, limits.max_queue, on_done=self.finished)
         self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenizer")

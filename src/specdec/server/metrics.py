@@ -110,7 +110,7 @@ class Metrics:
         self.prompt_tokens.labels(**m).inc(out.prompt_tokens)
         self.generation_tokens.labels(**m).inc(n)
         self.success.labels(**m, finished_reason=out.finish_reason).inc()
-        if s.policy != "ar":
+        if s.drafts:
             self.drafts.labels(**m).inc(s.drafted_at[0] if s.drafted_at else 0)
             self.draft_tokens.labels(**m).inc(s.drafted)
             self.accepted.labels(**m).inc(s.accepted)

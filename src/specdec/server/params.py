@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import SpecdecError
 from ..request import GENERATION_FIELDS, REQUEST_KEYWORDS, DecodeConfig, overlay
 from ..sampling import SEED_RANGE
-from ..verify.policy import SCHEDULE_PARAMS
+from ..verify.policy import AR, SCHEDULE_PARAMS
 from .errors import APIError
 from .schemas import MAX_STOP_CHARS, MAX_STOPS, ChatRequest, CompletionRequest
 from .structured import Requested, requested
@@ -90,7 +90,7 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
     if not present:
         return base
     if given is None:
-        return {"policy": "ar"}
+        return {"policy": AR}
     given = dict(given)
     for alias, key in ALIASES.items():
         if alias in given:

@@ -22,7 +22,7 @@ import os
 from typing import Any
 
 from ..errors import SpecdecError
-from ..verify import RULES
+from ..verify import AR, RULES, make_policy
 from ..verify.policy import policy_param_names
 from .config import ENGINE_KEY, REQUEST_PREFIX, VLLM_RULE, engine_selection, request_args, selection
 
@@ -109,15 +109,17 @@ def make_llm(target: str, draft: str | None = None, policy: str | None = None, k
     from .patch import check_version, install
 
     if policy is None:
-        policy = "ar" if draft is None else "lossless"
+        policy = AR if draft is None else "lossless"
     params = dict(policy_params or {})
-    if policy not in ("ar", VLLM_RULE):
+    rule = None  # specdec's policy, parsed (None: vLLM's own sampler decides)
+    if policy != VLLM_RULE:
         params.update(_split_policy_params(policy, engine_args))
+        rule = make_policy(policy, params)  # plain decoding (ar) declares it drafts nothing, and takes no parameters
     elif policy_params:
         raise SpecdecError(f"policy {policy!r} takes no parameters, got {sorted(policy_params)}")
     extra_spec = dict(engine_args.pop("speculative_config", None) or {})
     additional = dict(engine_args.pop("additional_config", None) or {})
-    if policy == "ar":
+    if rule is not None and not rule.drafts:
         if draft is not None or extra_spec:
             raise SpecdecError("policy 'ar' is plain decoding: pass draft=None and no speculative_config")
         spec = None
@@ -132,7 +134,7 @@ def make_llm(target: str, draft: str | None = None, policy: str | None = None, k
         else:
             spec = {"model": _model_ref(draft, "draft"), "num_speculative_tokens": k}
         spec.update(extra_spec)
-    if policy not in ("ar", VLLM_RULE):  # lossless too: specdec's exact rule, through the plugin
+    if rule is not None and rule.drafts:  # lossless too: specdec's exact rule, through the plugin
         additional.update(engine_config(policy, params))
     if engine_selection(additional) is not None:  # specdec's plugin decides: it must be there
         check_version()

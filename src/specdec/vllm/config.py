@@ -60,12 +60,11 @@ def _parse(sel: Selection) -> Policy | None:
                 raise SpecdecError(f"policy {VLLM_RULE!r} (vLLM's own rejection sampler) takes no parameters, "
                                    f"got {sorted(k for k, _ in sel.params)}")
             _CACHE[sel] = None
-        elif sel.policy == "ar":
-            raise SpecdecError("policy 'ar' (plain decoding) is chosen by running vLLM without a speculative_config, "
-                               "not per request or in additional_config")
         else:
             policy = make_policy(sel.policy, dict(sel.params))
-            assert policy is not None
+            if not policy.drafts:
+                raise SpecdecError(f"policy {sel.policy!r} (plain decoding) is chosen by running vLLM without a "
+                                   "speculative_config, not per request or in additional_config")
             _CACHE[sel] = policy
     return _CACHE[sel]
 
