@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
 import torch
 
-POLICIES = [
-    ("ar", {}), ("lossless", {}), ("mars", {"theta": 0.8}), ("typical", {}), ("dropmatch", {}),
+POLICIES = [  # each with each drafter, after plain decoding
+    ("lossless", {}), ("mars", {"theta": 0.8}), ("typical", {}), ("dropmatch", {}),
     ("fly", {"theta": 0.5, "window": 2}), ("fuzzy", {"divergence": "js", "threshold": 0.3}),
     ("fuzzy", {"divergence": "kl", "threshold": 0.3}), ("fuzzy", {"divergence": "tv", "threshold": 0.3}),
     ("fly+fuzzy", {"fly_theta": 0.5, "window": 2, "threshold": 0.3}),
@@ -86,20 +87,27 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--out", default=None, help="also write the lines as JSON here")
     a = ap.parse_args()
-    if a.device == "cuda" and not torch.cuda.is_available():
+    try:
+        cuda = torch.device(a.device).type == "cuda"
+    except RuntimeError as exc:
+        ap.error(f"--device {a.device!r}: {exc}")
+    if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
+        ap.error(f"--out {a.out!r}: its folder does not exist")
+    if cuda and not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
-    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name() if a.device == 'cuda' else a.device}")
+    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(a.device) if cuda else a.device}")
     failures, rows = [], []
     for dtype in (torch.float32, torch.bfloat16):
+        name = str(dtype).removeprefix("torch.")
         pair = build_pair(a.device, dtype)
         assert next(pair.target.model.parameters()).device.type == torch.device(a.device).type
         plain = pair.generate(PROMPT, policy="ar", max_new_tokens=32, chat=False).token_ids
         cases = [("-", "ar", {}, {})] + [(d, p, params, {"drafter": d, "k": 4, **params})
-                                          for d in DRAFTERS for p, params in POLICIES[1:]]
+                                          for d in DRAFTERS for p, params in POLICIES]
         for drafter, policy, params, options in cases:
             kw = dict(chat=False, max_new_tokens=32, policy=policy, **options)
-            case = f"{str(dtype)[6:]:8} {drafter:5} {policy}{json.dumps(params) if params else ''}"
+            case = f"{name:8} {drafter:5} {policy}{json.dumps(params) if params else ''}"
             t0 = time.perf_counter()
             try:
                 g = pair.generate(PROMPT, **kw)
@@ -124,7 +132,7 @@ def main() -> int:
                 failures.append(case)
         pval, what = second_token_test(pair, a.device)
         ok = pval > 1e-3
-        print(f"{str(dtype)[6:]:8} lossless second token at T=1 vs the target's marginal: chi-square p = {pval:.3f} "
+        print(f"{name:8} lossless second token at T=1 vs the target's marginal: chi-square p = {pval:.3f} "
               f"({what}) {'ok' if ok else 'FAIL'}", flush=True)
         rows.append({"case": f"{dtype} chi-square", "p": pval, "failures": [] if ok else ["chi-square"]})
         if not ok:
