@@ -70,10 +70,10 @@ def test_flags_make_one_request_with_the_drafter_the_pair_will_default_to(tmp_pa
     def request(*argv):
         return decode_config(parser.parse_args(["generate", "x", *argv]))
 
-    assert request().drafter == DEFAULTS["drafter"]  # the bundled target: its bundled draft
-    assert request("--target", DEFAULT_TARGET, "--draft", "none").drafter == "pld"
-    assert request("--target", str(tmp_path)).drafter == "pld"  # draft auto: none for another target
-    assert request("--target", str(tmp_path), "--draft", str(tmp_path)).drafter == "model"
-    none = request("--draft", "none", "--ngram-max", "3")  # pld's option, fine without a draft model
-    assert (none.drafter, dict(none.drafter_params)) == ("pld", {"ngram_max": 3})
+    # the portfolio, with a draft model or without: its sources are what the pair loads
+    assert request().drafter == DEFAULTS["drafter"] == "auto"
+    assert request("--target", DEFAULT_TARGET, "--draft", "none").drafter == "auto"
+    assert request("--target", str(tmp_path), "--draft", str(tmp_path)).drafter == "auto"
+    none = request("--draft", "none", "--ngram-max", "3")  # prompt lookup's option, passed to that source
+    assert (none.drafter, dict(none.drafter_params)) == ("auto", {"ngram_max": 3})
     assert request("-k", "7", "--max-new-tokens", "9").k == 7

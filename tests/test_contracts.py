@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
+
+from specdec.autok import KPolicy
 import torch
 
 import specdec
@@ -118,9 +120,13 @@ def test_the_engine_and_k_auto_read_the_declared_lookahead(echo):
     widths = [1, 2, 4, 8, 16, 32]
     engine.target_costs = CostTable("t|x", "float32", widths, [0.01] * 6, 32)
     engine.draft_costs = CostTable("d|x", "float32", widths, [0.001] * 6, 32)
-    out = engine.generate(list(range(40, 60)), DecodeConfig(policy="echo", policy_params={"span": 3}, max_new_tokens=40))
+    out = engine.generate(list(range(40, 60)), DecodeConfig(policy="echo", policy_params={"span": 3}, drafter="model",
+                                                            max_new_tokens=40))
     (control,) = engine.controllers.values()
     assert control.window == 3 and control.k_max >= 4 and out.finish_reason in ("length", "stop")
+    engine.generate(list(range(40, 60)), DecodeConfig(policy="echo", policy_params={"span": 3}, max_new_tokens=40))
+    portfolio = next(c for c in engine.controllers.values() if c is not control)
+    assert portfolio.model.window == 3 and portfolio.window == 3  # the portfolio's model and copies alike
     plain = engine.generate(list(range(40, 60)), DecodeConfig(policy="ar", max_new_tokens=40))
     fixed = engine.generate(list(range(40, 60)), DecodeConfig(policy="lossless", k=4, max_new_tokens=40))
     assert fixed.token_ids == plain.token_ids  # the other policies are untouched by the new rule
@@ -202,18 +208,18 @@ def test_plain_decoding_and_trees_are_declared_not_named():
     assert "is_tree" not in engine and "parents" not in engine and "TreeRound" not in engine
 
 
-class Recording:
+class Recording(KPolicy):
     """A K policy that keeps every record it is handed (and drafts a fixed ``k``)."""
 
     def __init__(self, k: int):
         from specdec.autok import Fixed
 
-        self.fixed, self.records, self.more, self.declined = Fixed(k), [], (lambda i, p: True), 0
+        self.fixed, self.records, self.declined = Fixed(k), [], 0
 
     def begin(self, max_new_tokens):
         pass
 
-    def budget(self, t, room, backlog):
+    def budget(self, t, room, backlog, offers=()):
         return self.fixed.budget(t, room, backlog)
 
     def observe(self, record):

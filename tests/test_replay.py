@@ -247,8 +247,8 @@ def test_bench_then_trace_then_replay_on_tiny_models(tiny_dirs, tmp_path, capsys
     target, draft = tiny_dirs
     models = ["--target", str(target), "--draft", str(draft), "--dtype", "float32", "--device", "cpu"]
     out = tmp_path / "run"
-    assert bench(["bench", "--dataset", "fixture", "--policies", "ar,lossless", "--k-sweep", "2,3", "--max-new-tokens",
-                  "12", "--out", str(out), "-q", "--no-plots", *models], monkeypatch) == 0
+    assert bench(["bench", "--dataset", "fixture", "--policies", "ar,lossless", "--drafter", "model", "--k-sweep", "2,3",
+                  "--max-new-tokens", "12", "--out", str(out), "-q", "--no-plots", *models], monkeypatch) == 0
     assert main(["trace", str(out), "--windows", "auto,4"]) == 0
     head, traces = read_traces(out / "traces.jsonl")
     assert len(traces) == 3 and set(traces[0].drafts) == {f"{draft}|wauto", f"{draft}|w4"}

@@ -338,10 +338,11 @@ def test_memory_is_the_real_bytes_of_the_tensors(tiny_dirs):
     assert mem["target_weights"] >= sum(p.numel() * 4 for p in torch.nn.Module.parameters(pair.target.model)) * 0.9
 
 
-def test_target_without_a_draft_uses_prompt_lookup_by_default(tiny_dirs):
+def test_target_without_a_draft_uses_the_copy_sources_by_default(tiny_dirs):
     pair = specdec.load(str(tiny_dirs[0]), draft=None, dtype="float32", progress=False)
     out = pair.generate("abcabcabcabc", chat=False, max_new_tokens=16)
-    assert out.stats.drafter == "pld" and pair.default_drafter == "pld"
+    assert out.stats.drafter == "auto" and pair.default_drafter == "auto"
+    assert set(out.stats.sources) <= {"pld", "suffix"}
 
 
 #: the only modules that import transformers: its backend, the GGUF->folder conversion, the GGUF

@@ -139,3 +139,56 @@ class AcceptanceEstimate:
         pooled, w = self.pooled, self.prior_weight
         return [((self.kept[i] if i < len(self.kept) else 0.0) + w * pooled)
                 / ((self.reached[i] if i < len(self.reached) else 0.0) + w) for i in range(k)]
+
+
+#: run bins of the copy sources' acceptance model (right edges): how many tokens a copy has matched
+#: before a draft token (the context's matched suffix, then the drafts before it)
+RUN_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+#: the chance a copy's next token is kept, per run bin (the last bin: every longer run), before any
+#: round is observed: measured on the 16-bit target's greedy traces of HumanEval 20 and Spec-Bench 26
+#: (``benchmarks/replay-avx512bf16``; prompt lookup and suffix offers at every answer position,
+#: 19,770 judged tokens, pooled over both sources: ``scripts/copy_prior.py``), made non-decreasing
+#: (adjacent bins that fall are pooled)
+COPY_PRIOR = (0.22, 0.40, 0.54, 0.55, 0.70, 0.82, 0.82, 0.87, 0.87, 0.96, 0.96, 0.96, 0.96)
+#: pseudo-rounds of the copy prior per run bin, and the forgetting per round observed
+COPY_PRIOR_WEIGHT, COPY_DECAY = 4.0, 0.98
+
+
+def run_bin(run: int) -> int:
+    return bisect.bisect_left(RUN_EDGES, int(run))
+
+
+@dataclass
+class RunRates:
+    """For copy sources (prompt lookup, suffix): the chance a copy's next token is kept given its
+    *run*, how many tokens the copy had matched before it (the matched suffix of the context, plus
+    the drafts before it in the round): decayed counts per run bin (:data:`RUN_EDGES`) on top of
+    :data:`COPY_PRIOR`'s pseudo-counts. A copy proposed in a round, drafted or not, is scored against
+    the tokens the round committed: positions up to its first miss count as reached, and a copy
+    that matched all of them says nothing of the positions after (censored: never counted as
+    misses)."""
+
+    prior: tuple[float, ...] = COPY_PRIOR
+    reached: list[float] = field(default_factory=lambda: [0.0] * (len(RUN_EDGES) + 1))
+    kept: list[float] = field(default_factory=lambda: [0.0] * (len(RUN_EDGES) + 1))
+
+    def rate(self, run: int) -> float:
+        b = run_bin(run)
+        return min(MAX_RATE, (self.kept[b] + COPY_PRIOR_WEIGHT * self.prior[b]) / (self.reached[b] + COPY_PRIOR_WEIGHT))
+
+    def kept_chances(self, run: int, n: int) -> list[float]:
+        """For drafts ``1..n`` of a copy with run ``run``: the chance draft ``i`` is kept given
+        drafts ``1..i-1`` were (what :func:`specdec.costmodel.expected_tokens` takes)."""
+        return [self.rate(run + i) for i in range(n)]
+
+    def update(self, run: int, reached: int, kept: int) -> None:
+        """A copy of run ``run`` whose first ``reached`` tokens were judged and ``kept`` of them kept
+        (``kept == reached``: all matched, nothing known past them; else the last one missed)."""
+        if reached <= 0:
+            return
+        self.reached = [x * COPY_DECAY for x in self.reached]
+        self.kept = [x * COPY_DECAY for x in self.kept]
+        for i in range(reached):
+            b = run_bin(run + i)
+            self.reached[b] += 1.0
+            self.kept[b] += float(i < kept)

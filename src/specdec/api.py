@@ -17,7 +17,7 @@ from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
 from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request, resolve_device, stderr_log
 from .sources import AUTO as _AUTO, resolve_draft
-from .request import DecodeConfig, check_tree_fits, default_drafter, make_config, overlay
+from .request import DEFAULTS, DecodeConfig, check_tree_fits, make_config, overlay
 from .stats import Stats
 from .text import StopStrings, TextStream, encode_prompt, eos_ids
 
@@ -81,8 +81,9 @@ class Pair:
         #: which backend runs the models, and why (``backend="auto"``)
         self.backend = target.backend
         self.backend_why = backend_why
-        #: the drafter a request gets when it names none: the draft model, or prompt lookup without one
-        self.default_drafter = default_drafter(draft is not None)
+        #: the drafter a request gets when it names none: the portfolio, whose sources include the
+        #: draft model when one is loaded (:mod:`specdec.drafters.auto`)
+        self.default_drafter = DEFAULTS["drafter"]
         #: the model's sampling settings a request that names none gets (:mod:`specdec.genconfig`;
         #: :func:`load` fills them, ``generation_config="auto"``), and where they came from
         self.sampling_defaults: dict = {}

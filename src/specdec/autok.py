@@ -43,8 +43,10 @@ drafts its whole tree or takes a plain step (:class:`specdec.drafters.lookahead.
 
 from __future__ import annotations
 
-from .acceptance import AcceptanceEstimate, AcceptancePrior, Bins
-from .costmodel import TIE_TOLERANCE, WIDTHS, CostTable, best_k, tokens_per_second
+from typing import Sequence
+
+from .acceptance import AcceptanceEstimate, AcceptancePrior, Bins, RunRates
+from .costmodel import FALLBACK_K, TIE_TOLERANCE, WIDTHS, CostTable, best_k, expected_tokens, tokens_per_second
 from .rounds import RoundRecord
 
 #: the longest block k=auto plans: the cost tables measure verify passes up to WIDTHS[-1] tokens (K drafts + 1)
@@ -72,11 +74,15 @@ class KPolicy:
     declined = 0
     #: the cost tables and prior it was made for (the engine makes a new one when they change)
     tables: tuple = ()
+    #: a portfolio's source this round (:class:`PortfolioK`); None otherwise
+    source: str | None = None
 
     def begin(self, max_new_tokens: int) -> None:
         self.declined = 0
 
-    def budget(self, t: int, room: int, backlog: int) -> int:
+    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
+        """``offers``: a portfolio's free drafts this round (:class:`~specdec.drafters.base.Offer`);
+        only :class:`PortfolioK` reads them."""
         raise NotImplementedError
 
     def more(self, i: int, p: float) -> bool:
@@ -95,7 +101,7 @@ class Fixed(KPolicy):
     def __init__(self, k: int):
         self.k = max(0, int(k))
 
-    def budget(self, t: int, room: int, backlog: int) -> int:
+    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
         return max(0, min(self.k, room))
 
 
@@ -174,7 +180,7 @@ class AutoK(KPolicy):
         self.max_new = max_new_tokens
         self.planned_backlog = -1
 
-    def budget(self, t: int, room: int, backlog: int) -> int:
+    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
         self.probs, self.kept_p, self.limit = [], 1.0, 0
         if room <= 0:
             return 0
@@ -239,12 +245,112 @@ class AutoK(KPolicy):
             self.lengths = (self.lengths + [(int(tokens), bool(cut))])[-LENGTHS:]
 
 
+class PortfolioK(KPolicy):
+    """The K policy of the portfolio drafter (``drafter="auto"``,
+    :mod:`specdec.drafters.auto`): each round, the source and K with the most expected tokens per
+    second at the target's measured pass costs, or a plain step.
+
+    - A copy source's offer (prompt lookup, suffix: free to ask and to propose) is priced by its
+      run (:class:`~specdec.acceptance.RunRates`, one per source, learned from every offer scored
+      against what each round committed, drafted or not): its K is the prefix with the most
+      expected tokens per second, ``E(K) / pass(K + 1)``.
+    - The draft model is the :class:`AutoK` it would have alone (when reading its backlog pays, the
+      block at the pooled acceptance, after each draft whether to go on); its rate is its plan's.
+    - A plain step yields one token per one-token pass. Ties go to the free sources, then to plain.
+
+    ``k=N`` (``fixed``), or no cost table: every round drafts N from the source with the most
+    expected kept tokens (the model at its prior's mean acceptance), a plain step when none offers."""
+
+    def __init__(self, target: CostTable | None, draft: CostTable | None = None, *, has_model: bool,
+                 prior: AcceptancePrior | None = None, window: int = 0, fixed: int | None = None):
+        self.target, self.fixed = target, None if fixed is None else max(0, int(fixed))
+        self.model = AutoK(target, draft, True, window, prior) if has_model and target is not None and fixed is None \
+            else None
+        self.model_rate = (prior or AcceptancePrior.assumed()).mean if has_model else 0.0  # k=N: the model's
+        self.allowed = frozenset(w - 1 for w in target.widths if w >= 2) if target is not None else frozenset()
+        self.window = max(0, int(window))  # a policy's lookahead: a copy drafts more than it, or nothing
+        self.rates: dict[str, RunRates] = {}
+        self.limit = 0
+
+    def begin(self, max_new_tokens: int) -> None:
+        self.declined = 0
+        if self.model is not None:
+            self.model.begin(max_new_tokens)
+
+    def _copy(self, offer, room: int) -> tuple[int, float]:
+        """``(K, expected tokens per second)`` of the offer's best prefix (``(0, 0)``: none)."""
+        n = min(len(offer.tokens), room, K_MAX)
+        if n <= self.window:
+            return 0, 0.0
+        chances = self.rates.setdefault(offer.source, RunRates()).kept_chances(offer.run, n)
+        if self.fixed is not None or self.target is None:
+            k = min(n, self.fixed or n)
+            return k, expected_tokens(chances, k)
+        k = best_k(self.target.forward, 0.0, chances, n, k_min=self.window + 1, allow_zero=False, allowed=self.allowed)
+        if not 0 < k <= n:
+            return 0, 0.0
+        return k, tokens_per_second(self.target.forward, 0.0, chances, k)
+
+    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
+        self.source, self.limit = None, 0
+        if room <= 0:
+            return 0
+        if self.fixed is not None or self.target is None:
+            return self._fixed(room, offers)
+        best, choice = 1.0 / self.target.forward(1), (None, 0)
+        for offer in offers:
+            k, rate = self._copy(offer, room)
+            if k and rate > best * (1 + TIE_TOLERANCE):
+                best, choice = rate, (offer.source, k)
+        if self.model is not None:
+            declined = self.model.declined
+            k = self.model.budget(t, room, backlog)
+            if k and 1.0 / self.model.plan()[1] > best * (1 + TIE_TOLERANCE):
+                choice = ("model", k)
+            elif choice[0] is None and self.model.declined > declined:
+                self.declined += 1  # plain only because reading the backlog would not pay
+        self.source, self.limit = choice
+        return self.limit
+
+    def _fixed(self, room: int, offers: Sequence) -> int:
+        k = min(room, self.fixed if self.fixed is not None else FALLBACK_K)
+        best, choice = 0.0, (None, 0)
+        if self.model_rate > 0:
+            best, choice = expected_tokens([self.model_rate] * k, k), ("model", k)
+        for offer in offers:
+            kk, kept = self._copy(offer, k)
+            if kk and kept > best * (1 + TIE_TOLERANCE):
+                best, choice = kept, (offer.source, kk)
+        self.source, self.limit = choice
+        return self.limit
+
+    def more(self, i: int, p: float) -> bool:
+        if self.source == "model" and self.model is not None:
+            return self.model.more(i, p)
+        return i < self.limit
+
+    def observe(self, r: RoundRecord) -> None:
+        if r.source == "model" and self.model is not None:
+            self.model.observe(r)
+        for source, run, reached, kept in r.offers:
+            self.rates.setdefault(source, RunRates()).update(run, reached, kept)
+
+    def end(self, tokens: int, cut: bool = False) -> None:
+        if self.model is not None:
+            self.model.end(tokens, cut)
+
+
 def k_policy(k: int | str, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,
-             depth_limit: int, window: int, fallback_k: int, prior: AcceptancePrior | None = None) -> KPolicy:
-    """A new K policy (for :class:`WarmStates` to keep across requests): ``k=N`` is :class:`Fixed`;
-    ``k="auto"`` without a cost table drafts ``fallback_k`` (a tree: its depth limit); with one, a
-    chain gets :class:`AutoK`, a tree with a draft model its depth limit, one without a
-    :class:`PassGate`."""
+             depth_limit: int, window: int, fallback_k: int, prior: AcceptancePrior | None = None,
+             portfolio: bool = False, has_model: bool = False) -> KPolicy:
+    """A new K policy (for :class:`WarmStates` to keep across requests): a portfolio drafter gets
+    :class:`PortfolioK` (``has_model``: a draft model is among its sources); otherwise ``k=N`` is
+    :class:`Fixed`; ``k="auto"`` without a cost table drafts ``fallback_k`` (a tree: its depth
+    limit); with one, a chain gets :class:`AutoK`, a tree with a draft model its depth limit, one
+    without a :class:`PassGate`."""
+    if portfolio:
+        return PortfolioK(target, draft, has_model=has_model, prior=prior, window=window,
+                          fixed=None if k == "auto" else int(k))
     if k != "auto":
         return Fixed(int(k))
     if trees:

@@ -101,7 +101,8 @@ def decoding_notes(s, pair) -> list[str]:
         if s.backlog_declined and s.backlog_declined >= zero / 2:
             why = why_backlog(s, pair.costs.draft)
         elif table is not None:
-            why = why_plain_steps(table, pair.costs.draft, drafter_class(s.drafter).needs_model, s.drafted, s.accepted,
+            why = why_plain_steps(table, pair.costs.draft, drafter_class(s.drafter).uses_model and pair.draft is not None,
+                                  s.drafted, s.accepted,
                                   getattr(pair.costs, "prior", None))
         lines.append(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds, "
                      f"so no draft was rejected there: {why} ('specdec calibrate' measures the costs again, e.g. if "

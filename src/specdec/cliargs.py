@@ -11,7 +11,7 @@ from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
 from .checks import options_of
 from .drafters import ALL_DRAFTER_OPTIONS, DRAFTERS
 from . import genconfig
-from .request import DEFAULTS, NO_DRAFT_MODEL_DRAFTER, DecodeConfig, default_drafter, overlay
+from .request import DEFAULTS, DecodeConfig, overlay
 from .verify import POLICIES, RULES
 from .verify.schedule import Schedule
 
@@ -90,8 +90,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help=f"verification policy: {', '.join(POLICIES)}, or loose rules joined with '+' "
                         f"(default: {d['policy']}); 'ar' is plain decoding, 'lossless' and 'block' are exact")
     g.add_argument("--drafter", default=None,
-                   help=f"{' | '.join(DRAFTERS)} (default: {d['drafter']}, or {NO_DRAFT_MODEL_DRAFTER} when no draft "
-                        "model is loaded); model+pld is the draft model sped up by prompt lookup, with the same tokens")
+                   help=f"{' | '.join(DRAFTERS)} (default: {d['drafter']}: per round the draft model, prompt lookup or "
+                        "suffix, whichever pays most, or a plain step; model+pld: the draft model sped up by pld)")
     g.add_argument("-k", "--k", default=None, metavar="K",
                    help="draft tokens per round, or 'auto': each round picks the K (0 = a plain decoding step) "
                         "with the most expected tokens per second from the measured cost model and the "
@@ -185,10 +185,8 @@ def draft_of(a: argparse.Namespace) -> str | None:
 
 def decode_config(a: argparse.Namespace, kwargs: dict | None = None) -> DecodeConfig:
     """The request the flags describe (``kwargs``: :func:`decode_kwargs`' result, when the caller
-    has it), validated once, before any model loads; a request that names no drafter gets the one
-    the loaded pair will default to (the draft model, or prompt lookup without one)."""
+    has it), validated once, before any model loads."""
     kw = dict(decode_kwargs(a) if kwargs is None else kwargs)
-    kw.setdefault("drafter", default_drafter(draft_of(a) is not None))
     return DecodeConfig.from_options(**kw)
 
 

@@ -103,6 +103,7 @@ class _Run:
     t_start: float
     guide: Guide | None = None  # structured output: the grammar's state after the committed text
     tree_size: int = 0  # a tree drafter's most nodes in one tree (0: chains): a round that drafts needs that room
+    offers: list = field(default_factory=list)  # this round's free drafts (a portfolio's copy sources)
 
 
 class _Clock:
@@ -158,9 +159,10 @@ class Engine:
 
     @staticmethod
     def _kind(cfg: DecodeConfig) -> tuple:
-        """What k=auto keeps apart: policy, drafter, their parameters, sampling mode, and whether a
-        grammar constrains the text (it changes what drafts survive)."""
-        return (cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
+        """What k=auto keeps apart: the caller (what one caller's requests taught it never steers
+        another's: its K per round would tell what others sent), policy, drafter, their parameters,
+        sampling mode, and whether a grammar constrains the text (it changes what drafts survive)."""
+        return (cfg.caller, cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
                 tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy, cfg.constraint is not None)
 
     def k_policy(self, cfg: DecodeConfig) -> KPolicy:
@@ -173,9 +175,10 @@ class Engine:
             return k_policy(cfg.k, self.target_costs, self.draft_costs, needs_model=cls.needs_model, trees=trees,
                             depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
                             window=lookahead_of(cfg.parsed),
-                            fallback_k=max(FALLBACK_K, lookahead_of(cfg.parsed) + 1), prior=self.prior)
+                            fallback_k=max(FALLBACK_K, lookahead_of(cfg.parsed) + 1), prior=self.prior,
+                            portfolio=cls.portfolio, has_model=self.draft is not None)
 
-        if cfg.k != AUTO_K:
+        if cfg.k != AUTO_K or cfg.caller is None:  # a caller of its own: nothing learned is kept for others
             return make()
         tables = (self.target_costs, self.draft_costs, self.prior)
 
@@ -278,7 +281,7 @@ class Engine:
                 verdict = self._verify(run, draft, scores, clock)  # 3.
             new = self._commit(run, draft, verdict, stop_check, scores.logits, clock)  # 4.
             self._roll_back(run, k, draft, verdict, scores)  # 5.
-            self._learn(run, self._record(run, k, declined, draft, verdict, clock))  # 6.
+            self._learn(run, self._record(run, k, declined, draft, verdict, clock, new))  # 6.
             if new:
                 yield run.out
             if run.out.finish_reason is not None:
@@ -352,9 +355,11 @@ class Engine:
         room = min(run.cfg.max_new_tokens - len(run.out.token_ids), run.limit - len(run.context))
         backlog = run.drafter.backlog(run.context)
         declined = run.kpolicy.declined
-        k = max(0, min(run.kpolicy.budget(len(run.out.token_ids), room - 1, backlog), room - 1))
+        run.offers = run.drafter.offers(run.context, room - 1)  # a portfolio's free drafts, priced by the policy
+        k = max(0, min(run.kpolicy.budget(len(run.out.token_ids), room - 1, backlog, run.offers), room - 1))
         if k and len(run.context) + run.tree_size > run.limit:
-            return 0, None  # no room left in the context for a whole tree: a plain step
+            k, declined = 0, run.kpolicy.declined  # no room left in the context for a whole tree: a plain step
+        run.drafter.source = run.kpolicy.source if k else None
         return k, backlog if run.kpolicy.declined > declined else None
 
     def _verify(self, run: "_Run", draft: Draft, scores: Scores, clock: _Clock) -> Verdict:
@@ -431,15 +436,18 @@ class Engine:
             run.drafter.commit(run.context, len(draft), verdict.accepted)
 
     def _record(self, run: "_Run", k: int, declined: int | None, draft: Draft, verdict: Verdict,
-                clock: _Clock) -> RoundRecord:
+                clock: _Clock, new: list[int]) -> RoundRecord:
         """The round's one record: what it drafted and kept, its seconds by part (and what the target's
-        cost table predicted for its pass), the answer's length and the time at its end."""
+        cost table predicted for its pass), the answer's length and the time at its end; a portfolio's
+        source and its copy offers scored against the ``new`` tokens the round committed."""
         seconds = dict(clock.seconds)
         if self.target_costs is not None:  # for the stats' drift
             seconds["predicted_verify_seconds"] = self.target_costs.forward(len(draft) + 1)
+        offers = tuple((o.source, o.run, *o.outcome(new)) for o in run.offers)
         return RoundRecord(budget=k, drafted=len(draft), accepted=verdict.accepted, depth=draft.depth,
                            relaxed=dict(verdict.relaxed), declined_backlog=declined, tokens=len(run.out.token_ids),
-                           end=time.perf_counter() - run.t_start, **seconds)
+                           end=time.perf_counter() - run.t_start, source=run.drafter.source if run.drafter is not None and len(draft) else None,
+                           offers=offers, **seconds)
 
     def _learn(self, run: "_Run", record: RoundRecord) -> None:
         """The round's record, to the one observer: the stats add it up, the K policy learns from it."""

@@ -27,6 +27,7 @@ first rejection).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -93,6 +94,7 @@ class Replayed:
     tokens: int = 0
     k_chosen: list[int] = field(default_factory=list)  # drafts proposed per round (0: a plain step)
     accepted_per_round: list[int] = field(default_factory=list)
+    sources: list[str | None] = field(default_factory=list)  # a portfolio: the source that drafted each round
 
     @property
     def tau(self) -> float:
@@ -175,6 +177,10 @@ class LookupSource:
     def backlog(self, t: int) -> int:
         return 0
 
+    def offer(self, t: int, room: int):
+        """A copy source's :class:`~specdec.drafters.base.Offer` at answer position ``t`` (None: none)."""
+        return self.drafter.offer(self.context, room) if room > 0 else None
+
     def propose(self, t: int, k: int, policy, clock: Clock) -> tuple[int, int, float]:
         answer = self.trace.answer
         tokens = self.drafter.propose(self.context, k, self.params, None).tokens[:k]
@@ -188,46 +194,81 @@ class LookupSource:
         self.drafter.commit(self.context, drafted, accepted)
 
 
-def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None) -> Replayed:
+def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, copies: Sequence = ()) -> Replayed:
     """The seconds of ``trace``'s generation under ``policy`` (None: plain decoding) with the draft
     ``draft`` (a name in ``trace.drafts``), or with ``drafter`` (a drafter without a model, e.g.
     :class:`~specdec.drafters.LookupDrafter`, run on the trace's prompt and answer); the policy is
     asked exactly as the engine asks it, and learns from each round's
-    :class:`~specdec.rounds.RoundRecord`."""
+    :class:`~specdec.rounds.RoundRecord`. A portfolio (:class:`~specdec.autok.PortfolioK`): its copy
+    sources as ``copies`` (drafters with ``offer``, fresh for this request), asked for their offers
+    each round as the engine asks them, beside the draft ``draft`` (None: no model among them)."""
     n, prompt = len(trace.answer), trace.prompt_tokens
     out = Replayed()
     out.prefill = clock.prefill(prompt - 1)
-    source = None
+    model = lookup = None
+    sources: list[LookupSource] = []
     if policy is not None:
-        source = LookupSource(drafter, trace) if drafter is not None else ModelSource(trace.drafts[draft], trace)
+        model = ModelSource(trace.drafts[draft], trace) if draft is not None else None
+        lookup = LookupSource(drafter, trace) if drafter is not None else None
+        sources = [LookupSource(d, trace) for d in copies]
         policy.begin(trace.max_new_tokens)
     t = 0
     while t < n:
         room = trace.max_new_tokens - t
-        k = 0 if policy is None else max(0, min(policy.budget(t, room - 1, source.backlog(t)), room - 1))
+        offers = [o for o in (c.offer(t, room - 1) for c in sources) if o is not None] if room > 1 else []
+        k = 0 if policy is None else max(0, min(policy.budget(t, room - 1, model.backlog(t) if model else 0, offers),
+                                                room - 1))
+        chosen = policy.source if k and sources else None
         drafted = accepted = 0
         seconds = 0.0
-        if k:
-            drafted, accepted, seconds = source.propose(t, k, policy, clock)
+        if k and chosen is not None and chosen != "model":
+            offer = next(o for o in offers if o.source == chosen)
+            drafted = min(k, len(offer.tokens))
+            accepted = offer.outcome(trace.answer[t:t + drafted])[1]
+        elif k:
+            drafted, accepted, seconds = (model or lookup).propose(t, k, policy, clock)
             out.draft += seconds
         sec = clock.verify(drafted + 1, prompt + t)
         out.verify += sec
         out.overhead += clock.round_overhead + drafted * clock.token_overhead if drafted else clock.step_overhead
         if policy is not None:  # the round's record, as the engine leaves it
+            committed = trace.answer[t:t + accepted + 1]
             policy.observe(RoundRecord(budget=k, drafted=drafted, accepted=accepted, draft_seconds=seconds,
-                                       verify_seconds=sec))
+                                       verify_seconds=sec, source=chosen if drafted else None,
+                                       offers=tuple((o.source, o.run, *o.outcome(committed)) for o in offers)))
         out.rounds += 1
         out.drafted += drafted
         out.accepted += accepted
         out.tokens += min(accepted + 1, n - t)
         out.k_chosen.append(drafted)
         out.accepted_per_round.append(accepted)
-        if source is not None:
-            source.commit(t, drafted, accepted)
+        out.sources.append(chosen if drafted else None)
+        if model is not None:
+            model.commit(t, drafted if chosen in (None, "model") else 0, accepted)
+        for c in ([lookup] if lookup is not None else []) + sources:
+            c.commit(t, drafted, accepted)
         t += accepted + 1
     if policy is not None:
         policy.end(n, cut=trace.finish_reason == "length")
     out.seconds = out.prefill + out.draft + out.verify + out.overhead
+    return out
+
+
+def copy_offers(trace: Trace, copies: Sequence, k_max: int = K_MAX) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each copy source's offer at every answer position ``t`` (its drafter run on the prompt and
+    ``answer[:t]``, as a portfolio asks it): per source, ``(length[t], kept[t])``, the offer's
+    length (0: none) and how many of its tokens the answer goes on with."""
+    n = len(trace.answer)
+    out = {}
+    for drafter in copies:
+        source = LookupSource(drafter, trace)
+        length, kept = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        for t in range(n):
+            offer = source.offer(t, k_max)
+            if offer is not None:
+                length[t], kept[t] = len(offer.tokens), offer.outcome(trace.answer[t:t + len(offer.tokens)])[1]
+            source.commit(t, 0, 0)
+        out[drafter.name] = (length, kept)
     return out
 
 
@@ -239,33 +280,46 @@ def runs(dt: DraftTrace, n: int) -> np.ndarray:
     return out
 
 
-def oracle(trace: Trace, draft: str, clock: Clock, k_max: int = K_MAX) -> float:
+def oracle(trace: Trace, draft: str | None, clock: Clock, k_max: int = K_MAX,
+           copies: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> float:
     """The least end-to-end seconds of ``trace``'s generation over every K schedule (module
     docstring): ``V[t, b]``, the seconds to finish from answer position ``t`` with a draft backlog
     of ``b`` tokens, is the cheaper of a plain step (to ``t + 1``, backlog ``b + 1``) and a round
     that reads the backlog and drafts the best ``K`` (to ``t + a + 1``, backlog 1, or 2 when all
-    ``K`` were kept)."""
+    ``K`` were kept). The portfolio's oracle: also each copy source's offer at ``t`` (``copies``,
+    :func:`copy_offers`), cut to the best ``K`` (to ``t + a + 1``, the draft's backlog ``b + a + 1``);
+    ``draft=None``: no model among the sources."""
     n, prompt = len(trace.answer), trace.prompt_tokens
-    dt = trace.drafts[draft]
-    view = dt.view
-    run = runs(dt, n)
-    size = view + n + 2
+    dt = trace.drafts[draft] if draft is not None else None
+    view = dt.view if dt is not None else 0
+    run = runs(dt, n) if dt is not None else None
+    size = view + n + 2 if dt is not None else 1
     values = np.zeros((n + 2, size))  # rows past the answer's end cost nothing more
     reads = clock.draft_reads(size)
+
+    def later(row: np.ndarray, fed: int) -> np.ndarray:
+        """``row`` seen from a backlog ``fed`` tokens shorter (the model read none of them)."""
+        return row if size == 1 else np.append(row[fed:], np.full(fed, row[-1]))
+
     for t in range(n - 1, -1, -1):
         room = trace.max_new_tokens - t
-        plain = clock.verify(1, prompt + t) + clock.step_overhead + np.append(values[t + 1, 1:], values[t + 1, -1])
-        best = np.inf
-        step = clock.draft_step(view + t)
-        for k in range(1, min(k_max, room - 1, int(run[t]) + 1) + 1):
-            a = min(k, int(run[t]))
-            nxt = min(t + a + 1, n)
-            cost = ((k - 1) * step + clock.verify(k + 1, prompt + t) + clock.round_overhead + k * clock.token_overhead
-                    + values[nxt, 2 if a == k else 1])
-            best = min(best, cost)
-        if np.isfinite(best):
-            values[t] = np.minimum(plain, reads * clock.draft_scale(view + t) + best)
-        else:
-            values[t] = plain
+        best_row = clock.verify(1, prompt + t) + clock.step_overhead + later(values[t + 1], 1)
+        for length, kept in (copies or {}).values():
+            for k in range(1, min(k_max, room - 1, int(length[t])) + 1):
+                a = min(k, int(kept[t]))
+                cost = (clock.verify(k + 1, prompt + t) + clock.round_overhead + k * clock.token_overhead
+                        + later(values[min(t + a + 1, n)], a + 1))
+                best_row = np.minimum(best_row, cost)
+        if dt is not None:
+            best = np.inf
+            step = clock.draft_step(view + t)
+            for k in range(1, min(k_max, room - 1, int(run[t]) + 1) + 1):
+                a = min(k, int(run[t]))
+                nxt = min(t + a + 1, n)
+                cost = ((k - 1) * step + clock.verify(k + 1, prompt + t) + clock.round_overhead
+                        + k * clock.token_overhead + values[nxt, 2 if a == k else 1])
+                best = min(best, cost)
+            if np.isfinite(best):
+                best_row = np.minimum(best_row, reads * clock.draft_scale(view + t) + best)
+        values[t] = best_row
     return clock.prefill(prompt - 1) + float(values[0, view])
-

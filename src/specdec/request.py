@@ -43,11 +43,11 @@ _SAMPLING_DEFAULTS = {f.name: f.default for f in fields(SamplingParams)}
 
 #: Every request field's default, declared here once; :class:`DecodeConfig`, :func:`make_config`,
 #: ``Pair.generate``, the CLI's help and flags, the server's defaults and ``specdec bench``/``tune``
-#: read them from here. ``drafter`` is the default with a draft model loaded; without one a request
-#: that names no drafter gets prompt lookup (:func:`default_drafter`).
+#: read them from here. ``drafter``: the portfolio (:mod:`specdec.drafters.auto`), whose sources are
+#: the draft model when one is loaded and the copy sources (prompt lookup, suffix) always.
 DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "policy": "lossless",
-    "drafter": "model",
+    "drafter": "auto",
     "k": AUTO_K,  # draft tokens per round, or "auto": chosen each round from the cost model
     "max_new_tokens": 128,
     **_SAMPLING_DEFAULTS,
@@ -61,16 +61,6 @@ BENCH_SEED = 0
 #: request fields that shape the output's length and sampling, not speculation: a bench run sets
 #: them once for every configuration, a server request at its top level
 GENERATION_FIELDS = ("max_new_tokens", *_SAMPLING_DEFAULTS)
-
-#: the drafter a request that names none gets when no draft model is loaded
-NO_DRAFT_MODEL_DRAFTER = "pld"
-
-
-def default_drafter(has_draft_model: bool) -> str:
-    """The drafter a request that names none gets: the draft model (``DEFAULTS["drafter"]``) when
-    one is loaded, prompt lookup without one."""
-    return DEFAULTS["drafter"] if has_draft_model else NO_DRAFT_MODEL_DRAFTER
-
 
 def check_k(k) -> int | str:
     """``"auto"`` or an integer in [1, :data:`MAX_K`] (an integer given as text is accepted, e.g. from a flag)."""
@@ -301,6 +291,6 @@ class DecodeConfig:
 #: top_k=..., seed=..., **policy_and_drafter_options)``: :meth:`DecodeConfig.from_options`
 make_config = DecodeConfig.from_options
 
-__all__ = ["AUTO_K", "BENCH_SEED", "MAX_K", "DEFAULTS", "DecodeConfig", "GENERATION_FIELDS", "NO_DRAFT_MODEL_DRAFTER",
-           "check_drafter_fits_policy", "check_k", "default_drafter", "lookahead_of", "make_config", "overlay",
+__all__ = ["AUTO_K", "BENCH_SEED", "MAX_K", "DEFAULTS", "DecodeConfig", "GENERATION_FIELDS",
+           "check_drafter_fits_policy", "check_k", "lookahead_of", "make_config", "overlay",
            "split_options"]

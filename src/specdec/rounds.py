@@ -36,6 +36,11 @@ class RoundRecord:
     predicted_verify_seconds: float = 0.0  # the target's cost table's seconds for this pass (0: no table)
     tokens: int = 0  # the answer's length after the round
     end: float = 0.0  # seconds from the generation's start to the round's end
+    #: a portfolio (drafter ``auto``): the source that drafted (None: a plain step, or one source)
+    source: str | None = None
+    #: a portfolio's copy offers this round, each scored against what the round committed:
+    #: ``(source, run, reached, kept)`` (:meth:`specdec.drafters.base.Offer.outcome`)
+    offers: tuple[tuple[str, int, int, int], ...] = ()
 
     @property
     def k_chosen(self) -> int:

@@ -54,6 +54,8 @@ class Stats:
     backlog_declined: int = 0
     declined_backlog: int = 0
     accepted_per_round: list[int] = field(default_factory=list)  # drafts kept in each round
+    #: a portfolio (drafter ``auto``): per source that drafted, [rounds, drafts, drafts kept]
+    sources: dict[str, list[int]] = field(default_factory=dict)
     round_ends: list[float] = field(default_factory=list)  # seconds from the start to each round's commit
     #: the target's verify passes took this many times the seconds its cost table predicts, when that
     #: is far from 1 over a long generation (the table may be stale: 'specdec calibrate'), else None
@@ -102,6 +104,9 @@ class Stats:
             self.relaxed[name] = self.relaxed.get(name, 0) + n
         if self.k == "auto":
             self.k_chosen.append(r.k_chosen)
+        if r.source is not None:
+            counts = self.sources.setdefault(r.source, [0, 0, 0])
+            counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + r.drafted, counts[2] + r.accepted
         if r.declined_backlog is not None:
             self.backlog_declined += 1
             self.declined_backlog = r.declined_backlog
@@ -195,6 +200,9 @@ class Stats:
                 f"{self.zero_accept_share:.0%} rounds kept none, "
                 f"draft {self.draft_seconds:.2f}s / verify {self.verify_seconds:.2f}s"
             )
+            if self.sources:
+                line += ", drafted by " + ", ".join(f"{name} in {n} rounds (tau {tau_of(kept, n):.2f})"
+                                                    for name, (n, _, kept) in sorted(self.sources.items()))
             if self.tree_depths:
                 line += f", trees of {self.mean_tree_nodes:.1f} nodes, depth {self.mean_tree_depth:.1f}"
             if self.lossy:

@@ -241,6 +241,13 @@ def cmd_replay(a: argparse.Namespace) -> int:
         prior = (head.get("priors") or {}).get(source)
         results[name] = replay_all(traces, name, tables[target], tables[source], ks, prior)
     lines = report(results, a.by_category)
+    if lookups:
+        model = next((n for n in names if n not in LOOKUP_DRAFTERS), None)
+        source = model.rsplit("|w", 1)[0] if model else None
+        prior = (head.get("priors") or {}).get(source) if source else None
+        results["auto"] = replay_portfolio(traces, model, tables[target], tables[source] if source else None, prior,
+                                           stop_ids=head.get("stop_ids") or ())
+        lines += [""] + portfolio_report(results, model, a.by_category)
     if a.compare:
         lines += compare(Path(a.compare), traces, results)
     print("\n".join(lines))
@@ -272,6 +279,28 @@ def report(results: dict, by_category: bool) -> list[str]:
                 best_k = min(c["fixed"], key=lambda k: c["fixed"][k])
                 lines.append(f"| {cat} | {c['plain']:.1f} | {_x(c['plain'], c['auto'])} | {_x(c['plain'], c['oracle'])} | "
                              f"K={best_k} {_x(c['plain'], c['fixed'][best_k])} |")
+    return lines
+
+
+def portfolio_report(results: dict, model: str | None, by_category: bool) -> list[str]:
+    """The portfolio (``drafter="auto"``, the default) beside each of its sources alone at k=auto
+    and its oracle: in total and, ``by_category``, per category."""
+    cols = [n for n in (model, *LOOKUP_DRAFTERS) if n is not None and n in results]
+    head = (f"portfolio (default, drafter auto: {' + '.join(cols)}) against each source alone at k=auto; time vs plain:",
+            "| prompts | plain s | " + " | ".join(f"{c} alone" for c in cols)
+            + " | default (auto) | portfolio oracle | default / oracle |",
+            "|---|---:|" + "---:|" * (len(cols) + 3))
+
+    def row(label: str, get) -> str:
+        auto = get("auto")
+        return (f"| {label} | {auto['plain']:.1f} | " + " | ".join(_x(auto["plain"], get(c)["auto"]) for c in cols)
+                + f" | {_x(auto['plain'], auto['auto'])} (tau {auto['auto_tau']:.2f}) | {_x(auto['plain'], auto['oracle'])}"
+                + f" | {auto['oracle'] / auto['auto']:.2f} |")
+
+    lines = list(head) + [row(f"all {results['auto']['total']['prompts']}", lambda n: results[n]["total"])]
+    if by_category:
+        for cat in sorted(results["auto"]["categories"]):
+            lines.append(row(cat, lambda n, cat=cat: results[n]["categories"][cat]))
     return lines
 
 
@@ -329,7 +358,7 @@ class StopBelow(KPolicy):
     def __init__(self, threshold: float, k_max: int = K_MAX):
         self.threshold, self.k_max = float(threshold), int(k_max)
 
-    def budget(self, t: int, room: int, backlog: int) -> int:
+    def budget(self, t: int, room: int, backlog: int, offers=()) -> int:
         return max(0, min(self.k_max, room))
 
     def more(self, i: int, p: float) -> bool:
@@ -380,6 +409,45 @@ def replay_all(traces: list, draft: str, target, draft_table,
                      "oracle": None if lookup else oracle(tr, draft, clock),
                      "threshold": {} if lookup else {str(th): replay(tr, draft, StopBelow(th), clock).seconds
                                                      for th in THRESHOLDS}})
+    cats: dict[str, list[dict]] = {}
+    for r in rows:
+        cats.setdefault(r["category"] or "all", []).append(r)
+    return {"total": _sum(rows), "categories": {c: _sum(rs) for c, rs in cats.items()}, "prompts": rows}
+
+
+def replay_portfolio(traces: list, draft: str | None, target, draft_table, prior: dict | None = None, window: int = 0,
+                     stop_ids=frozenset(), clock: "Clock | None" = None) -> dict:
+    """Every trace in order under the portfolio (``drafter="auto"``: one :class:`PortfolioK` across
+    the traces, warm from one to the next, and one suffix cache, as in one process) with the draft
+    ``draft`` among its sources (None: the copy sources only), against plain decoding and the
+    portfolio's oracle (the source and K of every round chosen with hindsight): per prompt, per
+    category and in total (seconds)."""
+    from ..acceptance import AcceptancePrior
+    from ..autok import PortfolioK
+    from ..drafters import AutoDrafter, SuffixCache
+    from ..replay import Clock, copy_offers, oracle, replay
+
+    clock = clock or Clock(target, draft_table)
+    auto = PortfolioK(target, draft_table, has_model=draft is not None, window=window,
+                      prior=AcceptancePrior.from_dict(prior) if prior else None)
+    cache, oracle_cache = SuffixCache(), SuffixCache()
+
+    def copies(of: SuffixCache) -> list:  # a fresh request's copy sources, as the engine's portfolio makes them
+        return list(AutoDrafter(None, frozenset(stop_ids), of.scope("")).copies.values())
+
+    rows = []
+    for tr in traces:
+        a = replay(tr, draft, auto, clock, copies=copies(cache))
+        offers = copy_offers(tr, copies(oracle_cache))
+        sources: dict[str, int] = {}
+        for s in a.sources:
+            if s is not None:
+                sources[s] = sources.get(s, 0) + 1
+        rows.append({"sample_id": tr.sample_id, "category": tr.category, "tokens": len(tr.answer),
+                     "prompt_tokens": tr.prompt_tokens, "plain": replay(tr, None, None, clock).seconds,
+                     "auto": a.seconds, "auto_rounds": a.rounds, "auto_drafted": a.drafted, "auto_accepted": a.accepted,
+                     "auto_k_chosen": a.k_chosen, "auto_sources": sources,
+                     "oracle": oracle(tr, draft, clock, copies=offers), "fixed": {}, "threshold": {}})
     cats: dict[str, list[dict]] = {}
     for r in rows:
         cats.setdefault(r["category"] or "all", []).append(r)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ..checks import check_options, options_of
 from ..errors import SpecdecError
-from .base import Draft, Drafter, TreeDraft
+from .auto import AutoDrafter
+from .base import Draft, Drafter, Offer, TreeDraft
 from .lookahead import LookaheadDrafter
 from .lookup import LookupDrafter, lookup
 from .mla import LookupModelDrafter
@@ -22,8 +23,10 @@ from .tree import TreeDrafter
 #: prompt lookup (FLy's multi-level acceleration; same tokens as ``model``, cheaper when text repeats);
 #: ``tree``: a token tree from the draft model (EAGLE-2 style), verified in one target pass;
 #: ``suffix``/``suffix-tree``: suffix decoding's chain/tree from a suffix trie over this and earlier requests' text;
-#: ``lookahead``: lookahead decoding (a Jacobi window and an n-gram pool, no draft model), one tree pass.
-DRAFTERS: dict[str, type[Drafter]] = {"model": ModelDrafter, "pld": LookupDrafter, "model+pld": LookupModelDrafter,
+#: ``lookahead``: lookahead decoding (a Jacobi window and an n-gram pool, no draft model), one tree pass;
+#: ``auto``: the portfolio: each round the draft model, prompt lookup or suffix decoding, or a plain step,
+#: whichever the cost tables price fastest (the default).
+DRAFTERS: dict[str, type[Drafter]] = {"auto": AutoDrafter, "model": ModelDrafter, "pld": LookupDrafter, "model+pld": LookupModelDrafter,
                              "tree": TreeDrafter, "suffix": SuffixDrafter, "suffix-tree": SuffixTreeDrafter,
                              "lookahead": LookaheadDrafter}
 
@@ -64,5 +67,5 @@ def make_drafter(drafter: str | type[Drafter], draft_lm, stop_ids: frozenset[int
 
 
 __all__ = ["ALL_DRAFTER_OPTIONS", "DRAFTERS", "DRAFTER_OPTIONS", "check_drafter_options", "drafter_class", "make_drafter",
-           "Draft", "Drafter", "TreeDraft", "LookaheadDrafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "SuffixCache",
+           "AutoDrafter", "Draft", "Drafter", "Offer", "TreeDraft", "LookaheadDrafter", "LookupDrafter", "LookupModelDrafter", "ModelDrafter", "SuffixCache",
            "SuffixDrafter", "SuffixTreeDrafter", "TreeDrafter", "lookup"]

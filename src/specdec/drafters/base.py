@@ -132,6 +132,39 @@ class TreeDraft(Draft):
         return [0] + [p + 1 for p in verdict.path or ()]
 
 
+#: how many tokens of a copy's match that lie in the prompt count towards its run: a match that runs
+#: back through the prompt shows that the prompt repeats itself (a chat template's pre-filled answer
+#: repeats the question's code right up to where the question's copy ends), not that the answer copies
+PROMPT_CREDIT = 4
+
+
+def answer_run(run: int, context: int, prompt: int) -> int:
+    """A copy's run as its offer states it: the matched tokens the answer wrote (the context's last
+    ``context - prompt``), and at most :data:`PROMPT_CREDIT` of the prompt's."""
+    return min(int(run), max(0, context - prompt) + PROMPT_CREDIT)
+
+
+@dataclass(frozen=True)
+class Offer:
+    """A draft a copy source (prompt lookup, suffix) would propose this round, known before the
+    round's choice at no cost: its ``tokens`` and its ``run``, how many tokens of the context the
+    copy matched before them (:class:`specdec.acceptance.RunRates` prices a copy by it)."""
+
+    source: str
+    tokens: tuple[int, ...]
+    run: int
+
+    def outcome(self, committed: Sequence[int]) -> tuple[int, int]:
+        """``(reached, kept)``: how many of its tokens the round's ``committed`` tokens judged (up to
+        and including the first that differs) and how many of those matched."""
+        kept = 0
+        for mine, theirs in zip(self.tokens, committed):
+            if mine != theirs:
+                return kept + 1, kept
+            kept += 1
+        return kept, kept
+
+
 def tree_draft(tokens: list[int], parents: list[int], **fields) -> Draft:
     """A tree drafter's proposal: a :class:`TreeDraft`, or without a node an empty chain (a plain
     step: no tree is scored)."""
@@ -155,6 +188,10 @@ class Drafter(ABC):
     - ``reads_history``: it also drafts from earlier requests' text: :meth:`build` gets
       ``history``, the request's view of the engine's cross-request cache, scoped to its caller
       (:class:`specdec.drafters.suffix.CacheScope`);
+    - ``uses_model``: it proposes from the draft model when one is loaded (``needs_model`` drafters
+      and the portfolio, ``auto``): bench and the server load one for it;
+    - ``portfolio``: it drafts from several sources, one per round, which its K policy
+      (:class:`specdec.autok.PortfolioK`) chooses from :meth:`offers` and the draft model's plan;
     - ``observes_target``: after every round it drafted, the engine hands :meth:`observe` the
       target's argmax after every row of the verify pass (lookahead's Jacobi window learns from
       it); off by default;
@@ -179,6 +216,8 @@ class Drafter(ABC):
     needs_model: ClassVar[bool]
     grows_trees: ClassVar[bool] = False
     reads_history: ClassVar[bool] = False
+    uses_model: ClassVar[bool] = False
+    portfolio: ClassVar[bool] = False
     observes_target: ClassVar[bool] = False
     Options: ClassVar[type]
     #: structured output: the grammar's state, set by the engine before :meth:`start` (None: none)
@@ -191,6 +230,9 @@ class Drafter(ABC):
     #: drafter that runs a model asks :meth:`stopping` between its passes and ends its proposal
     #: there, so that a round's drafting is cut short; None: never
     should_stop: "Callable[[], bool] | None" = None
+    #: a portfolio (``auto``): the source the K policy chose for this round (set by the engine after
+    #: :meth:`offers`; None: a plain step, or a drafter of one source)
+    source: str | None = None
 
     def stopping(self) -> bool:
         """Whether the generation is being stopped (:attr:`should_stop`)."""
@@ -242,6 +284,11 @@ class Drafter(ABC):
         or a catch-up after rounds that did not draft): what k=auto weighs against drafting. 0 for
         drafters without a model."""
         return 0
+
+    def offers(self, context: Sequence[int], room: int) -> list[Offer]:
+        """A portfolio's free drafts for this round (up to ``room`` tokens each), asked before the K
+        policy chooses: the copy sources' :class:`Offer`. ``[]`` for a drafter of one source."""
+        return []
 
     def observe(self, draft: Draft, argmax: Sequence[int]) -> None:
         """Drafters with ``observes_target``: after the verify pass over ``draft`` (proposed this

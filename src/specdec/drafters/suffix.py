@@ -56,7 +56,7 @@ import torch
 
 from ..checks import option
 from ..sampling import SamplingParams
-from .base import Draft, Drafter, tree_draft
+from .base import Draft, Drafter, Offer, answer_run, tree_draft
 
 #: the suffix tries' depth: a matched suffix plus its draft fit in this many tokens (vLLM's default)
 DEPTH = 24
@@ -185,6 +185,7 @@ class Plan:
     tokens: list[int] = field(default_factory=list)
     parents: list[int] = field(default_factory=list)
     score: float = 0.0
+    match: int = 0  # the length of the context's suffix it continues
 
 
 def expand(node: _Node | None, depth: int, nodes: int, min_prob: float, tree: bool,
@@ -353,7 +354,7 @@ class SuffixDrafter(Drafter):
 
     def __init__(self, stop_ids: frozenset[int] = frozenset(), suffix_match: int = 12, suffix_factor: float = 1.0,
                  suffix_min_prob: float = 0.1, suffix_cache: bool = True, tree_nodes: int = 8,
-                 history: CacheScope | None = None):
+                 history: CacheScope | None = None, prompts: bool = True):
         self.stop_ids = frozenset(stop_ids)
         self.longest, self.factor, self.min_prob = int(suffix_match), float(suffix_factor), float(suffix_min_prob)
         self.nodes = int(tree_nodes)
@@ -361,6 +362,11 @@ class SuffixDrafter(Drafter):
         self.trie = SuffixTrie()
         self._frontier: list = []
         self._indexed = 0  # context tokens in the trie (and the cache)
+        self.prompt_len = 0
+        #: index the prompt too (False: only what is generated, this request's and, through the cache,
+        #: earlier ones'; the portfolio's suffix source, beside prompt lookup over the prompt, skips
+        #: indexing each prompt: ~24 trie nodes a token, a fraction of a second for a long prompt)
+        self.prompts = prompts
         #: proposals drawn from the cache rather than the request's own text
         self.from_cache = 0
 
@@ -369,7 +375,8 @@ class SuffixDrafter(Drafter):
         return cls(stop_ids, history=history, **options)
 
     def start(self, prompt: Sequence[int]) -> None:
-        self.trie, self._frontier, self._indexed = SuffixTrie(), [], 0
+        self.trie, self._frontier, self._indexed = SuffixTrie(), [], 0 if self.prompts else len(prompt)
+        self.prompt_len = len(prompt)
         self._learn(prompt)
 
     def _learn(self, context: Sequence[int]) -> None:
@@ -390,13 +397,27 @@ class SuffixDrafter(Drafter):
         if node is None:
             return Plan()
         depth = min(k, math.ceil(self.factor * m), trie.depth - m)
-        return expand(node, depth, self.nodes if self.tree else depth, self.min_prob, self.tree, self.stop_ids,
+        plan = expand(node, depth, self.nodes if self.tree else depth, self.min_prob, self.tree, self.stop_ids,
                       allowed)
+        plan.match = m
+        return plan
 
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
                 ) -> Draft:
         """The better of the two plans (the request's own text first among equals). With a grammar
         (``guide``), a node it refuses is never drafted, nor anything under it."""
+        plan = self._guided_best(context, k)
+        return tree_draft(plan.tokens, plan.parents) if self.tree else Draft(plan.tokens)
+
+    def offer(self, context: Sequence[int], k: int) -> Offer | None:
+        """The chain :meth:`propose` would draft (up to ``k``), its run the matched suffix's length
+        (as :func:`~specdec.drafters.base.answer_run` counts it); None when nothing continues the text."""
+        plan = self._guided_best(context, k)
+        if not plan.tokens:
+            return None
+        return Offer(self.name, tuple(plan.tokens), answer_run(plan.match, len(context), self.prompt_len))
+
+    def _guided_best(self, context: Sequence[int], k: int) -> Plan:
         if self.guide is None:
             return self._best(context, k, None)
         with self.guide.walk() as walk:
@@ -406,14 +427,14 @@ class SuffixDrafter(Drafter):
 
             return self._best(context, k, allowed)
 
-    def _best(self, context: Sequence[int], k: int, allowed) -> Draft:
+    def _best(self, context: Sequence[int], k: int, allowed) -> Plan:
         plan = self._plan(self.trie, context, k, allowed)
         if self.history is not None:
             other = self.history.read(lambda trie: self._plan(trie, context, k, allowed))
             if other.score > plan.score:
                 plan = other
                 self.from_cache += 1
-        return tree_draft(plan.tokens, plan.parents) if self.tree else Draft(plan.tokens)
+        return plan
 
 
 class SuffixTreeDrafter(SuffixDrafter):

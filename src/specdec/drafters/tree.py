@@ -63,6 +63,7 @@ class TreeDrafter(Windowed, Drafter):
 
     name = "tree"
     needs_model = True
+    uses_model = True
     grows_trees = True  # the engine verifies its drafts as a tree, and k is the depth limit
     Options = TreeOptions
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import PydanticCustomError
 
 from .. import genconfig
-from ..request import DEFAULTS, NO_DRAFT_MODEL_DRAFTER
+from ..request import DEFAULTS
 from ..text import surrogate_at
 
 
@@ -131,7 +131,7 @@ class _Common(_Body):
     user: str | None = None
     speculative: dict[str, Any] | None = Field(
         None, description=f"absent: the server's defaults (built in: policy {DEFAULTS['policy']}, drafter "
-                          f"{DEFAULTS['drafter']} or {NO_DRAFT_MODEL_DRAFTER} without a draft model, k "
+                          f"{DEFAULTS['drafter']}, k "
                           f"{DEFAULTS['k']}); null: plain decoding; an object: {{policy, drafter, k, <rule or "
                           "drafter parameters>} over the defaults")
     # vLLM's extra sampling fields: each changes the output, so a non-default value is refused

@@ -1,0 +1,222 @@
+"""The portfolio drafter (``drafter="auto"``, the default): greedy output is plain decoding's for
+every mix of sources, sampled output keeps the target's distribution, the chooser prices copies by
+their run at the measured pass costs (a copy where a wide pass is cheap, a plain step where it is
+not), the replay redoes the engine's rounds and sources, and the portfolio's oracle bounds them."""
+
+from __future__ import annotations
+
+import pytest
+
+from specdec.acceptance import RunRates
+from specdec.autok import PortfolioK
+from specdec.backends.transformers.model import HFModel as CausalLM
+from specdec.costmodel import CostTable
+from specdec.drafters import AutoDrafter, Offer, SuffixCache
+from specdec.engine import DecodeConfig, Engine
+from specdec.errors import SpecdecError
+from specdec.replay import Clock, copy_offers, oracle, replay
+from specdec.rounds import RoundRecord
+from specdec.trace import trace_answer
+from tinymodels import perturbed_copy, tiny_model
+
+WIDTHS = list(range(1, 18)) + [24, 32]
+
+
+def cheap_wide(step=0.100, per_token=0.004) -> CostTable:
+    """A target whose wide passes cost little more than one token (16-bit weights, native bf16)."""
+    return CostTable("t", "bf16", WIDTHS, [step + per_token * (w - 1) for w in WIDTHS], context=32,
+                     prefill_seconds=0.3)
+
+
+def dear_wide(step=0.040) -> CostTable:
+    """A target whose every extra token costs most of a step (4-bit weights on a small CPU)."""
+    return CostTable("t", "q4", WIDTHS, [step * (1 + 0.9 * (w - 1)) for w in WIDTHS], context=32,
+                     prefill_seconds=0.45)
+
+
+def draft_table(step=0.015) -> CostTable:
+    return CostTable("d", "q4", [1, 2, 4, 8, 16, 32], [step, 1.6 * step, 2.5 * step, 4 * step, 6 * step, 11 * step],
+                     context=32, prefill_seconds=0.12)
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_model(7)
+    return CausalLM(target), CausalLM(perturbed_copy(target, 0.05, 17))
+
+
+REPEATS = [3 + i % 9 for i in range(60)]  # text that repeats: the copy sources hit
+NOVEL = [3 + (i * 37) % 90 for i in range(40)]
+
+
+@pytest.mark.parametrize("with_model", [True, False])
+@pytest.mark.parametrize("table", ["cheap", "dear", None])
+@pytest.mark.parametrize("k", ["auto", 3])
+def test_greedy_output_is_plain_decoding_s_for_every_mix_of_sources(models, with_model, table, k):
+    target, draft = models
+    costs = {"cheap": cheap_wide(), "dear": dear_wide(), None: None}[table]
+    engine = Engine(target, draft if with_model else None, eos_ids=[], target_costs=costs,
+                    draft_costs=draft_table() if with_model and costs is not None else None)
+    for prompt in (REPEATS, NOVEL):
+        plain = engine.generate(prompt, DecodeConfig(policy="ar", max_new_tokens=40)).token_ids
+        out = engine.generate(prompt, DecodeConfig(drafter="auto", k=k, max_new_tokens=40))
+        assert out.token_ids == plain
+        assert set(out.stats.sources) <= {"model", "pld", "suffix"}
+        assert sum(n for n, _, _ in out.stats.sources.values()) == sum(1 for d in out.stats.k_chosen if d) \
+            if k == "auto" else True
+
+
+def test_the_default_drafter_is_the_portfolio():
+    assert DecodeConfig().drafter == "auto"
+    assert DecodeConfig().drafter_type is AutoDrafter
+
+
+def test_a_bad_drafter_is_a_one_line_error():
+    with pytest.raises(SpecdecError, match="unknown drafter 'autoo'"):
+        DecodeConfig(drafter="autoo")
+
+
+def test_copies_are_drafted_where_a_wide_pass_is_cheap_and_not_where_it_is_dear(models):
+    target, _ = models
+    prompt = REPEATS
+    cheap = Engine(target, None, eos_ids=[], target_costs=cheap_wide()).generate(
+        prompt, DecodeConfig(max_new_tokens=40))
+    assert cheap.stats.sources.get("pld", [0])[0] + cheap.stats.sources.get("suffix", [0])[0] > 0
+    dear = Engine(target, None, eos_ids=[], target_costs=dear_wide(), ).generate(
+        NOVEL, DecodeConfig(max_new_tokens=40))
+    assert dear.stats.drafted == 0  # nothing to copy, and drafting does not pay: plain steps
+
+
+# ------------------------------------------------------------------------ the chooser, on tables
+def offer(run: int, n: int = 16, source: str = "pld") -> Offer:
+    return Offer(source, tuple(range(100, 100 + n)), run)
+
+
+def test_a_long_copy_is_proposed_where_a_wide_pass_is_cheap():
+    policy = PortfolioK(cheap_wide(), has_model=False)
+    policy.begin(256)
+    k = policy.budget(0, 200, 0, [offer(run=40)])
+    assert policy.source == "pld" and k >= 8
+
+
+def test_where_a_wide_pass_is_dear_only_a_long_run_is_drafted():
+    policy = PortfolioK(dear_wide(), has_model=False)
+    policy.begin(256)
+    assert policy.budget(0, 200, 0, [offer(run=1)]) == 0 and policy.source is None
+    assert policy.budget(0, 200, 0, []) == 0  # nothing offered: a plain step
+    rates = policy.rates["pld"]
+    for _ in range(60):  # a copy that keeps going: its long-run bins learn it
+        rates.update(40, 16, 16)
+    assert policy.budget(0, 200, 0, [offer(run=40)]) > 0 and policy.source == "pld"
+
+
+def test_the_draft_model_is_chosen_when_it_beats_the_copies():
+    policy = PortfolioK(cheap_wide(), draft_table(), has_model=True)
+    policy.begin(256)
+    assert policy.budget(0, 200, 1, [offer(run=1)]) > 0 and policy.source == "model"
+    assert policy.more(1, 0.99)  # the model's own stop rule decides how long it drafts
+
+
+def test_run_rates_count_a_copy_kept_in_full_as_censored_not_missed():
+    rates = RunRates()
+    before = rates.rate(40)
+    rates.update(30, 16, 16)  # all judged tokens kept: nothing known past them
+    assert rates.rate(40) > before and rates.kept == rates.reached
+    rates.update(1, 3, 2)  # the third missed
+    assert rates.reached[1] > rates.kept[1] or rates.reached[2] > rates.kept[2]
+
+
+def test_an_offer_is_scored_against_what_the_round_committed():
+    o = Offer("pld", (5, 6, 7, 8), 3)
+    assert o.outcome([5, 6, 9]) == (3, 2)
+    assert o.outcome([5, 6]) == (2, 2)  # censored: the round committed only two tokens
+    assert o.outcome([5, 6, 7, 8, 9]) == (4, 4)
+
+
+def test_every_offer_teaches_its_source_even_when_another_drafted():
+    policy = PortfolioK(cheap_wide(), has_model=False)
+    before = policy.rates.setdefault("suffix", RunRates()).rate(5)
+    policy.observe(RoundRecord(drafted=0, offers=(("suffix", 5, 1, 1),)))
+    assert policy.rates["suffix"].rate(5) > before
+
+
+# ------------------------------------------------------------------------ replay and oracle
+@pytest.mark.parametrize("with_model", [True, False])
+def test_replay_redoes_the_portfolio_s_rounds_and_sources(models, with_model):
+    from specdec.bench.replaycli import replay_portfolio
+
+    target, draft = models
+    tt, dt = cheap_wide(step=0.05, per_token=0.004), draft_table()
+    engine = Engine(target, draft if with_model else None, eos_ids=[], target_costs=tt,
+                    draft_costs=dt if with_model else None)
+    prompts = [REPEATS, NOVEL, [5 + i % 7 for i in range(40)]]
+    traces, outs = [], []
+    for prompt, new in zip(prompts, (40, 30, 35)):  # in a row: k=auto's state and the suffix cache carry over
+        out = engine.generate(prompt, DecodeConfig(drafter="auto", max_new_tokens=new))
+        outs.append(out)
+        drafts = {"d": (draft, "auto", 64)} if with_model else {}
+        traces.append(trace_answer(target, drafts, prompt, out.token_ids, out.finish_reason, new, frozenset()))
+    rows = replay_portfolio(traces, "d" if with_model else None, tt, dt if with_model else None)["prompts"]
+    for row, out in zip(rows, outs):
+        assert row["auto_k_chosen"] == out.stats.k_chosen
+        assert row["auto_sources"] == {s: n for s, (n, _, _) in out.stats.sources.items()}
+        assert row["auto_accepted"] == out.stats.accepted
+        assert row["oracle"] <= row["auto"] + 1e-9 and row["oracle"] <= row["plain"] + 1e-9
+    assert any(out.stats.sources for out in outs)
+
+
+def test_the_portfolio_oracle_is_at_most_each_source_alone(models):
+    target, draft = models
+    tt, dt = cheap_wide(step=0.05), draft_table()
+    out = Engine(target, None, eos_ids=[]).generate(REPEATS, DecodeConfig(policy="ar", max_new_tokens=40))
+    trace = trace_answer(target, {"d": (draft, "auto", 64)}, REPEATS, out.token_ids, out.finish_reason, 40,
+                         frozenset())
+    clock = Clock(tt, dt)
+    copies = copy_offers(trace, list(AutoDrafter(None, frozenset(), SuffixCache().scope("")).copies.values()))
+    both = oracle(trace, "d", clock, copies=copies)
+    assert both <= oracle(trace, "d", clock) + 1e-12
+    assert both <= oracle(trace, None, clock, copies={"pld": copies["pld"]}) + 1e-12
+    assert both <= replay(trace, None, None, clock).seconds
+    assert oracle(trace, None, clock, copies={}) == pytest.approx(replay(trace, None, None, clock).seconds)
+
+
+# ------------------------------------------------------------------------ k=auto per caller
+def test_what_one_caller_taught_k_auto_never_steers_another(models):
+    target, draft = models
+    engine = Engine(target, draft, eos_ids=[], target_costs=cheap_wide(), draft_costs=draft_table())
+    cfg = DecodeConfig(max_new_tokens=20)
+    engine.generate(REPEATS, cfg.with_settings(caller="a"))
+    assert engine.k_policy(cfg.with_settings(caller="a")) is engine.k_policy(cfg.with_settings(caller="a"))
+    assert engine.k_policy(cfg.with_settings(caller="b")) is not engine.k_policy(cfg.with_settings(caller="a"))
+    assert engine.k_policy(cfg.with_settings(caller=None)) is not engine.k_policy(cfg.with_settings(caller=None))
+
+
+@pytest.mark.slow
+def test_sampled_output_keeps_the_target_s_distribution():
+    """As for every drafter (tests/test_distribution.py): the joint of the first three tokens at T > 0,
+    with a prompt whose text repeats, so that copy rounds and model rounds both happen."""
+    from scipy.stats import chisquare  # noqa: F401 (the harness needs scipy)
+
+    from specdec.sampling import SamplingParams
+    from tinymodels import chisquare_joint, engine_sample, tiny_engine
+
+    engine = tiny_engine()
+    prompt = (1, 3, 0, 2, 1, 3, 0, 2, 1, 3, 0)
+    counts, expected, accept_rate, _ = engine_sample(engine, 3000, SamplingParams(temperature=0.9), prompt=prompt,
+                                                     drafter="auto")
+    assert accept_rate > 0.05
+    pvalue, outside = chisquare_joint(counts, expected)
+    assert pvalue > 1e-3 and outside == 0
+
+
+def test_both_sources_draft_in_the_sampled_test():
+    from specdec.sampling import SamplingParams
+    from tinymodels import tiny_engine
+
+    engine = tiny_engine()
+    seen = set()
+    for seed in range(200):
+        out = engine.generate([1, 3, 0, 2, 1, 3, 0, 2, 1, 3, 0],
+                              DecodeConfig(k=2, max_new_tokens=3, sampling=SamplingParams(temperature=0.9, seed=seed)))
+        seen |= set(out.stats.sources)
+    assert {"model", "pld"} <= seen or {"model", "suffix"} <= seen
