@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """An agent-like workload through ``specdec serve``'s app: a tool-calling loop of 20 chat requests,
 run in order, whose answers repeat one JSON structure and the calls before them; plain decoding
-against drafters that need no draft model (prompt lookup, suffix decoding), in one process.
+against the default (the portfolio, drafter auto: the draft model, prompt lookup and suffix decoding
+chosen per round) and drafters that need no draft model (prompt lookup, suffix decoding), in one process.
 
     python scripts/bench_agent_loop.py --target qwen2.5-coder-1.5b@bf16 --out benchmarks/agent-loop-bf16-avx2
 
@@ -96,6 +97,8 @@ def requests() -> list[list[dict]]:
 
 CONFIGS = {
     "ar": None,
+    "auto": {"policy": "lossless", "drafter": "auto"},  # the default: the portfolio (the draft model among its sources)
+    "model": {"policy": "lossless", "drafter": "model"},
     "pld": {"policy": "lossless", "drafter": "pld"},
     "suffix": {"policy": "lossless", "drafter": "suffix"},
     "suffix-tree": {"policy": "lossless", "drafter": "suffix-tree"},
@@ -107,7 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None, help="target model (default: the bundled target)")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--configs", default="ar,pld,suffix", help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default="ar,auto,pld,suffix", help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    p.add_argument("--draft", default="auto", help="draft model for the configurations that use one (auto, model): "
+                                                   "auto (the bundled draft, its format chosen by measurement) or none")
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--limit", type=int, default=len(TASKS), help="requests (default: all 20)")
     p.add_argument("--out", required=True, help="output folder")
@@ -132,9 +137,12 @@ def main(argv=None) -> int:
     reqs = requests()[: a.limit]
     (out / "requests.jsonl").write_text("".join(json.dumps(m) + "\n" for m in reqs))
     target = a.target or DEFAULT_TARGET
-    pair = specdec.load(target, draft=None, backend=a.backend, generation_config="specdec", progress=False)
+    uses_model = any(CONFIGS[n] and CONFIGS[n]["drafter"] in ("auto", "model") for n in names)
+    draft = None if a.draft == "none" or not uses_model else a.draft
+    pair = specdec.load(target, draft=draft, backend=a.backend, generation_config="specdec", progress=False)
+    # one user's loop: every request shares the suffix cache and k=auto's state (no API key: opted in)
     app = create_app(pair, {"max_new_tokens": a.max_tokens, "temperature": 0.0}, limits=Limits(max_tokens=4096),
-                     model_name="agent")
+                     model_name="agent", shared_caches=True)
     records = []
     with serve_in_thread(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)

@@ -62,7 +62,8 @@ def register(sub) -> None:
                    help="run every K in A..B (inclusive), A..B..STEP or a list 2,4,8 instead of --k")
     g.add_argument("--peers", default=None, metavar="LIST",
                    help="peers: hf-assisted (transformers, same draft model), hf-pld (prompt_lookup_num_tokens=10), "
-                        "llama-cpp (llama-cpp-python on the target's GGUF, plain decoding), llama-cpp-spec "
+                        "llama-cpp (llama-cpp-python on the target's GGUF, plain decoding), llama-cpp-pld "
+                        "(llama-cpp-python's own prompt lookup, num_pred_tokens=10), llama-cpp-spec "
                         "(llama.cpp's own draft-model speculation: llama-speculative-simple, built by "
                         "scripts/build_llama_tools.sh; draft_max=3 as llama.cpp's default); parameters as items, "
                         "e.g. hf-assisted:num_assistant_tokens=5 or llama-cpp-spec:draft_max=8. Policies take "

@@ -46,6 +46,10 @@ PEERS = {
     # llama.cpp (llama-cpp-python) plain decoding on the target's GGUF file: what a CPU user would
     # run instead; needs `pip install llama-cpp-python` and a bundled or .gguf target
     "llama-cpp": {"keys": ("n_threads", "n_batch"), "defaults": {}},
+    # llama-cpp-python's own prompt lookup (LlamaPromptLookupDecoding, its draft_model) on the same
+    # file, at its defaults but for the draft length (its README's example: 10)
+    "llama-cpp-pld": {"keys": ("num_pred_tokens", "max_ngram_size", "n_threads", "n_batch"),
+                      "defaults": {"num_pred_tokens": 10, "max_ngram_size": 2}},
     # llama.cpp's own draft-model speculation (llama-speculative-simple, built by
     # scripts/build_llama_tools.sh from the same llama.cpp source) on the pair's GGUF files; draft_max
     # etc. at llama.cpp's own defaults (common.h: n_max 3, n_min 0, p_min 0)
@@ -321,11 +325,11 @@ def check_constrained(configs: list[Config], constraint: Constraint) -> None:
 
 def check_peer_available(c: Config) -> None:
     """Fail before any model loads when a peer's library is missing."""
-    if c.kind == "peer" and c.policy == "llama-cpp":
+    if c.kind == "peer" and c.policy in ("llama-cpp", "llama-cpp-pld"):
         import importlib.util
 
         if importlib.util.find_spec("llama_cpp") is None:
-            raise SpecdecError("peer llama-cpp needs llama-cpp-python: pip install llama-cpp-python "
+            raise SpecdecError(f"peer {c.policy} needs llama-cpp-python: pip install llama-cpp-python "
                                "(it compiles llama.cpp; a few minutes)")
 
 

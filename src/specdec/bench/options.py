@@ -98,7 +98,7 @@ def sandbox_setting(dataset, unsafe: bool) -> str | None:
     ``unsafe`` (--unsafe-exec) was not given."""
     from .sandbox import label
 
-    return label(unsafe) if any(s.kind == "code" for s in dataset.samples) else None
+    return label(unsafe) if any(s.kind in ("code", "edit") for s in dataset.samples) else None
 
 
 def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:

@@ -61,8 +61,15 @@ def llama_model(pair, params: dict, models: BenchModels):
         from llama_cpp import Llama
 
         threads = int(params.get("n_threads") or _threads())
+        draft = None
+        if "num_pred_tokens" in params:  # llama-cpp-pld: its own prompt lookup as the draft model
+            from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+            draft = LlamaPromptLookupDecoding(max_ngram_size=int(params["max_ngram_size"]),
+                                              num_pred_tokens=int(params["num_pred_tokens"]))
         cache[key] = Llama(model_path=gguf_of(pair.target_name), n_ctx=4096, n_threads=threads,
-                           n_threads_batch=threads, n_batch=int(params.get("n_batch") or 512), verbose=False)
+                           n_threads_batch=threads, n_batch=int(params.get("n_batch") or 512), verbose=False,
+                           draft_model=draft)
     return cache[key]
 
 
@@ -168,7 +175,7 @@ def run_peer(
     if peer.policy == "llama-cpp-spec":
         return run_llama_spec(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed)
-    if peer.policy == "llama-cpp":
+    if peer.policy in ("llama-cpp", "llama-cpp-pld"):
         return run_llama(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_p=top_p, top_k=top_k, seed=seed, models=models)
     # imported here first, as before: without transformers, this is where it fails

@@ -4,7 +4,9 @@ Code (HumanEval format), for instruct models: the chat template renders the user
 'Complete the following Python function:' + newline + a python code fence around the problem
 prompt; the assistant's reply is pre-filled with the opening fence and the problem prompt.
 Generation stops at a newline followed by a closing fence, and the generated text is the
-completion (the function body). Chat (Spec-Bench): the first user turn through the
+completion (the function body). Edits: the instruction and the code as the user message, the reply
+pre-filled with the opening fence, stopped at the closing one (the generated text is the edited
+code). Chat (Spec-Bench): the first user turn through the
 chat template. Without a chat template (base models) the raw problem / question is the prompt.
 The rendered text is passed to ``Pair.generate`` with ``chat=False``.
 """
@@ -42,6 +44,9 @@ def build_prompt(tokenizer, sample: Sample) -> Prompt:
             return Prompt(code, (CODE_STOP,))
         user = f"Complete the following Python function:\n```python\n{code}```"
         return Prompt(render_chat(tokenizer, user) + "```python\n" + code, (CODE_STOP,))
+    if sample.kind == "edit":  # the answer is the edited code: pre-filled fence, stops at the closing one
+        head = render_chat(tokenizer, sample.question) if has_chat_template(tokenizer) else sample.question + "\n"
+        return Prompt(head + "```python\n", (CODE_STOP,))
     if not has_chat_template(tokenizer):
         return Prompt(sample.question, ())
     return Prompt(render_chat(tokenizer, sample.question), ())

@@ -130,6 +130,14 @@ class Scorer:
             from .jsontask import json_verdict
 
             return json_verdict(sample.schema, text, finish_reason)
+        if sample.kind == "edit":
+            from .edits import edit_verdict
+
+            key = hashlib.sha256(f"{sample.id}\0{text}".encode()).hexdigest()
+            if key not in self._cache:
+                self._cache[key] = edit_verdict(sample, text, lambda problem, code: run_check(
+                    problem, code, timeout=self.timeout, memory_mb=self.memory_mb, unsafe=self.unsafe))
+            return dict(self._cache[key])
         if sample.kind == "code":
             key = hashlib.sha256(f"{sample.id}\0{text}".encode()).hexdigest()
             if key not in self._cache:

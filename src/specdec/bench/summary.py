@@ -142,6 +142,9 @@ def _quality(recs: list[dict]) -> dict[str, Any]:
         out["math_accuracy"] = _mean(correct)
         if not passed:
             out.update(quality=_mean(correct), quality_metric="math_accuracy", quality_n=len(correct))
+    kept = [bool(r["quality"]["kept_all"]) for r in recs if "kept_all" in (r.get("quality") or {})]
+    if kept:  # edits: the share of answers that kept every line meant to stay
+        out["kept_all"] = _mean(kept)
     valid = [bool(r["quality"]["json_valid"]) for r in recs if "json_valid" in (r.get("quality") or {})]
     if valid and not passed and not correct:
         out.update(quality=_mean(valid), quality_metric="json_validity", quality_n=len(valid))
