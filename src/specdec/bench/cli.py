@@ -309,7 +309,9 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
         print(f"specdec: reporting results made on another machine ({made.get('cpu')}, flags "
               f"{','.join(made.get('cpu_flags') or [])}); speeds are that machine's", file=sys.stderr)
     last = invocations[-1] if invocations else {}
+    made_by = recorded_command(out)
     env = {**env, "git": last.get("git") or {"commit": None, "dirty": None},
+           "argv": made_by or env["argv"], "reported_by": env["argv"] if made_by else None,
            "versions": {**env["versions"], "python": None, "torch": made.get("torch"),
                         "transformers": made.get("transformers")},
            "hardware": {"cpu": made.get("cpu"), "cpu_flags": made.get("cpu_flags") or [], "cpu_cores": None,

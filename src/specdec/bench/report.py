@@ -68,7 +68,8 @@ def _header(summary: dict) -> list[str]:
     models = run["models"]
     lines = [f"# specdec bench: {run['dataset']}", ""]
     lines += [
-        f"- **Command**: `specdec {' '.join(env.get('argv') or [])}`",
+        f"- **Command**: `specdec {' '.join(env.get('argv') or [])}`"
+        + (f" (re-reported: `specdec {' '.join(env['reported_by'])}`)" if env.get("reported_by") else ""),
         f"- **Models**: target `{models['target']}`, draft `{models['draft']}` (quantization: {models['draft_quant']}), "
         f"dtype {models['dtype']}" + (f", draft dtype {models['draft_dtype']}" if models.get("draft_dtype") else "")
         + f", device {models['device']}",
