@@ -130,7 +130,7 @@ READERS = {"bench": _bench, "plain": _plain, "replay": _replay, "agent": _agent,
 def _round(x):
     if x is None:
         return None
-    return [round(float(v), 4) for v in x] if isinstance(x, (list, tuple)) else round(float(x), 4)
+    return [round(float(v), 6) for v in x] if isinstance(x, (list, tuple)) else round(float(x), 6)
 
 
 def cell_folders(cell: dict) -> list[str]:
