@@ -4,8 +4,8 @@
     python scripts/benchmarks_index.py --check   # exit 1 when the committed index is not what this writes
 
 For each folder: what it measured (dataset, prompts, new tokens, temperature, configurations, backend
-and target), the machine kind (the CPU flags its run.json or summary recorded; the folder's name
-where they were not recorded), the date (its first invocation; else the first date its README
+and target), the machine kind (:func:`recorded_kind`: the CPU flags and GPU its JSON files recorded;
+where they recorded none, what its README names, else the folder's name), the date (its first invocation; else the first date its README
 names) and the command that re-reports it (a ``specdec bench`` folder: ``specdec bench
 --report-only --out FOLDER``, which takes every setting from the folder's run.json), re-reports a
 tune (``specdec tune ... --status``) or regenerates it (a summary-only folder: its recorded command
@@ -31,12 +31,15 @@ HEAD = """\
 Every folder under `benchmarks/`, one row each, written by `python scripts/benchmarks_index.py`
 from what each folder records (a test checks that the index lists every folder and is what the
 script writes). All were measured on the bundled pair (Qwen2.5-Coder-1.5B-Instruct target,
-Qwen2.5-Coder-0.5B-Instruct draft) on 2-core AMD EPYC machines of two kinds:
+Qwen2.5-Coder-0.5B-Instruct draft), or its shapes, on four machine kinds, each folder's kind read
+from the CPU flags (and GPU) it recorded:
 
-- **AVX2-only**: `lscpu` flags `avx2 fma f16c`, no `avx512*` (no native bf16);
-- **AVX-512 BF16**: flags `avx2 fma f16c avx512f avx512bw avx512_vnni avx512_bf16` (native bf16).
-
-One folder (`first-run-*`) comes from a third machine, a 2-core Intel Xeon with AVX-512 BF16 and AMX.
+- **AVX2-only**: 2-core AMD EPYC, `lscpu` flags `avx2 fma f16c`, no `avx512*` (no native bf16);
+- **AVX-512 BF16**: 2-core AMD EPYC, flags `avx2 fma f16c avx512f avx512bw avx512_vnni avx512_bf16`
+  (native bf16);
+- **Intel Xeon, AVX-512 BF16 and AMX**: 2-core Intel Xeon (Sapphire Rapids), the flags above and
+  `avx512_fp16 avx_vnni amx_tile amx_bf16 amx_int8` (folders named `*-xeon-amx`);
+- **GPU**: one NVIDIA H100 80GB (folders named `*-h100`; its host's CPU flags are not the kind).
 
 Kinds of folder, and the command in the last column:
 
@@ -57,6 +60,10 @@ re-reported elsewhere keeps them. Figures from these folders, with their tables:
 
 AVX512 = "AVX-512 BF16"
 AVX2 = "AVX2-only"
+XEON_AMX = "Intel Xeon, AVX-512 BF16 and AMX"
+H100 = "GPU: NVIDIA H100 80GB"
+#: a folder name's last part -> the kind its records must show (tests/test_figures.py checks it)
+NAME_KINDS = {"-avx2": AVX2, "-avx512bf16": AVX512, "-xeon-amx": XEON_AMX, "-h100": H100}
 
 
 def _read(path: Path) -> dict:
@@ -66,14 +73,51 @@ def _read(path: Path) -> dict:
         return {}
 
 
+def kind_of(flags, gpu=None) -> str | None:
+    """The machine kind of recorded CPU ``flags`` and ``gpu`` (None when neither is recorded)."""
+    if gpu:
+        return H100 if "H100" in str(gpu) else f"GPU: {gpu}"
+    if not flags:
+        return None
+    if "amx_bf16" in flags:
+        return XEON_AMX
+    return AVX512 if "avx512_bf16" in flags else AVX2
+
+
+def recorded_machines(folder: Path) -> set[tuple[tuple[str, ...], str | None]]:
+    """Every (CPU flags, GPU) that the JSON files of ``folder`` and of its subfolders record: a
+    bench folder's run.json settings and summary, a cost table's machine, a script's summary."""
+    found: set[tuple[tuple[str, ...], str | None]] = set()
+
+    def walk(x, depth: int = 0) -> None:
+        if isinstance(x, dict) and depth < 4:
+            if x.get("cpu_flags") or x.get("gpu"):
+                found.add((tuple(x.get("cpu_flags") or ()), x.get("gpu")))
+            for key, value in x.items():
+                if key not in ("configs", "tables", "prompts", "results"):
+                    walk(value, depth + 1)
+
+    for path in sorted([*folder.glob("*.json"), *folder.glob("*/*.json")]):
+        walk(_read(path))
+    return found
+
+
+def recorded_kind(folder: Path) -> str | None:
+    """The kind the folder's records show (a GPU over its host's CPU); None where they show none.
+    Records that show two kinds give both, joined by " and "."""
+    kinds = {kind_of(flags, gpu) for flags, gpu in recorded_machines(folder)} - {None}
+    if any(k.startswith("GPU") for k in kinds):
+        kinds = {k for k in kinds if k.startswith("GPU")}
+    return " and ".join(sorted(kinds)) or None
+
+
 def _kind_of_flags(flags, name: str) -> str:
     if flags:
-        return AVX512 if "avx512_bf16" in flags else AVX2
-    if "-avx512bf16" in name:
-        return AVX512
-    if "-avx2" in name:
-        return AVX2
-    return "2-core AMD EPYC, flags not recorded"
+        return kind_of(flags)
+    for suffix, kind in NAME_KINDS.items():
+        if name.endswith(suffix) or f"{suffix}-" in name:
+            return kind
+    return "not recorded"
 
 
 def _recorded_command(run: dict) -> list[str]:
@@ -143,8 +187,10 @@ def _readme_kind(folder: Path) -> str:
     for name in ("README.md", "NOTE.md"):
         if (folder / name).is_file():
             text += (folder / name).read_text(encoding="utf-8")
+    if "H100" in text:
+        return H100
     if "amx_bf16" in text:
-        return "Intel Xeon, AVX-512 BF16 and AMX"
+        return XEON_AMX
     if "avx512_bf16" in text and "no `avx512" not in text:
         return AVX512
     if "AVX2" in text or "avx2 fma f16c" in text:
@@ -226,6 +272,11 @@ def row(folder: Path) -> tuple[str, str, str, str, str, str]:
     return name, "other", title, kind, _readme_date(folder), _script_of(folder)
 
 
+def machine(folder: Path, shown: str) -> str:
+    """The kind the folder's records show, else ``shown`` (what its README or name says)."""
+    return recorded_kind(folder) or shown
+
+
 def folders() -> list[Path]:
     return sorted(p for p in BENCH.iterdir() if p.is_dir())
 
@@ -233,9 +284,9 @@ def folders() -> list[Path]:
 def render() -> str:
     lines = [HEAD, "| folder | kind | what it measured | machine | date | command |", "|---|---|---|---|---|---|"]
     for f in folders():
-        name, kind, what, machine, date, command = row(f)
+        name, kind, what, shown, date, command = row(f)
         what = what.replace("|", "\\|")
-        lines.append(f"| [`{name}`]({name}/) | {kind} | {what} | {machine} | {date} | `{command}` |")
+        lines.append(f"| [`{name}`]({name}/) | {kind} | {what} | {machine(f, shown)} | {date} | `{command}` |")
     logs = sorted(p.name for p in BENCH.glob("*.log"))
     if logs:
         lines += ["", "Log files beside the folders (the progress a tune printed, kept with its folder): "

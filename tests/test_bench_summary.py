@@ -167,8 +167,9 @@ def test_time_speedup_counts_longer_answers_as_slower():
     assert m["time_speedup_min"] == pytest.approx(3 / 4) and m["time_speedup_max"] == pytest.approx(1.0)
     assert m["speedup_min"] == pytest.approx(1.5) and m["speedup_max"] == pytest.approx(2.0)
     report = render_report(minimal_summary({"configs": rows, "pareto_front": pareto_front(rows)}))
-    assert "| time vs ar (length vs ar) |" in report
-    assert f"| {m['time_speedup_vs_ar']:.2f}x (2.00x) |" in report
+    assert "| time vs ar [95% CI] (length vs ar) |" in report
+    lo, hi = m["time_speedup_ci"]
+    assert f"| {m['time_speedup_vs_ar']:.2f}x [{lo:.2f}, {hi:.2f}] (2.00x) |" in report
 
 
 def test_pareto_front_ranks_speed_by_time_when_rows_have_it():
@@ -395,6 +396,53 @@ def test_speed_pairs_only_samples_timed_at_one_machine_speed():
     # the tune's steady-state speed pairs the same way
     from specdec.bench.certify import decode_speedup
     assert decode_speedup(records, MARS["id"]) == pytest.approx(2.0)
+
+
+def test_time_ratio_carries_a_seeded_bootstrap_interval_over_samples():
+    # ar takes 2 s a sample; the rule 1 s on A..E and 2 s on F..J: 20/15 = 1.33x, not 2x on every sample
+    samples = "ABCDEFGHIJ"
+    records = [rec(s, "ar", 0, 10, 2.0) for s in samples]
+    records += [rec(s, LL["id"], 0, 10, 1.0 if s in "ABCDE" else 2.0) for s in samples]
+    rows = summarize(records, [AR, LL])["configs"]
+    row = rows[LL["id"]]
+    assert row["time_speedup_vs_ar"] == pytest.approx(20 / 15)
+    lo, hi = row["time_speedup_ci"]
+    assert 1.0 <= lo < 20 / 15 < hi <= 2.0  # the ratio of sums of resamples lies between the extremes
+    assert summarize(records, [AR, LL])["configs"][LL["id"]]["time_speedup_ci"] == [lo, hi]  # seeded
+    assert rows["ar"]["time_speedup_ci"] is None
+    # equal ratios on every sample: the interval is the point; one sample: no interval
+    assert summary_module.ratio_of_sums_ci([2.0, 4.0, 6.0], [1.0, 2.0, 3.0]) == pytest.approx([2.0, 2.0])
+    assert summary_module.ratio_of_sums_ci([2.0], [1.0]) is None
+    report = render_report(minimal_summary({"configs": rows, "pareto_front": pareto_front(rows)}))
+    assert f"| 1.33x [{lo:.2f}, {hi:.2f}] (1.00x) |" in report and "time vs ar [95% CI]" in report
+    assert "percentile bootstrap over the samples (2000 resamples, seed 0)" in report
+
+
+def test_a_rule_timed_only_at_another_machine_speed_shows_no_speed_figure():
+    def at(r, step):
+        return {**r, "step_ms": step}
+
+    records = [at(rec(s, "ar", 0, 10, 2.0, passed=True), 212.0) for s in "AB"]
+    records += [at(rec(s, LL["id"], 0, 10, 1.0, passed=True), 168.0) for s in "AB"]  # re-run later, 1.26x faster
+    rows = summarize(records, [AR, LL])["configs"]
+    row = rows[LL["id"]]
+    assert row["speed_withheld"] and row["speed_samples"] == 0 and row["paired"]["n"] == 2
+    assert row["time_speedup_vs_ar"] is None and row["time_speedup_ci"] is None
+    assert not rows["ar"]["speed_withheld"]
+    report = render_report(minimal_summary({"configs": rows, "pareto_front": pareto_front(rows)}))
+    line = next(x for x in report.splitlines() if x.startswith(f"| {LL['id']} |"))
+    assert "| withheld | withheld (–) |" in line and "2.00x" not in report
+    assert f"Withheld: {LL['id']}: no sample was timed at the machine speed" in report
+    assert LL["id"] not in pareto_front(rows)
+
+
+def test_agreement_with_ar_is_filled_in_for_a_rule_that_ran_before_ar():
+    records = [{**rec("A", LL["id"], 0, 3, 1.0), "token_ids": [1, 2, 3]},
+               {**rec("A", "ar", 0, 3, 1.0), "token_ids": [1, 2, 4]}]
+    rows = summarize(records, [AR, LL])["configs"]
+    assert rows[LL["id"]]["agreement"]["exact_match"] == 0.0
+    assert rows[LL["id"]]["agreement"]["token_agreement"] == pytest.approx(2 / 3)
+    assert "agreement" not in records[0]  # the records themselves are left as they are
 
 
 def test_the_stats_line_names_what_a_lossy_rule_relaxed_or_none():

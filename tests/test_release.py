@@ -110,8 +110,11 @@ def test_no_install_hint_names_the_other_project():
 
 
 def test_the_changelog_opens_with_this_version():
+    """Its first section is this version's, or an "Unreleased" one (changes since) right before it."""
     import specdec
 
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    first = re.search(r"^## (\S+)", text, flags=re.M)
-    assert first and first.group(1) == specdec.__version__
+    sections = re.findall(r"^## (\S+)", text, flags=re.M)
+    released = sections[1:] if sections[:1] == ["Unreleased"] else sections
+    assert released and released[0] == specdec.__version__, sections[:2]
+    assert "Unreleased" not in released

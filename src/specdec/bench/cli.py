@@ -310,7 +310,9 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
         print(f"specdec: reporting results made on another machine ({made.get('cpu')}, flags "
               f"{','.join(made.get('cpu_flags') or [])}); speeds are that machine's", file=sys.stderr)
     last = invocations[-1] if invocations else {}
+    made_by = recorded_command(out)
     env = {**env, "git": last.get("git") or {"commit": None, "dirty": None},
+           "argv": made_by or env["argv"], "reported_by": env["argv"] if made_by else None,
            "versions": {**env["versions"], "python": None, "torch": made.get("torch"),
                         "transformers": made.get("transformers")},
            "hardware": {"cpu": made.get("cpu"), "cpu_flags": made.get("cpu_flags") or [], "cpu_cores": None,
@@ -351,8 +353,10 @@ def _print_table(summary: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from .report import WITHHELD, time_vs_ar
+
     t = Table(title="specdec bench", title_justify="left")
-    for col in ("configuration", "tau", "tok/s", "speedup", "time", "quality", "recovery", "agreement"):
+    for col in ("configuration", "tau", "tok/s", "speedup", "time [95% CI]", "quality", "recovery", "agreement"):
         t.add_column(col, justify="left" if col == "configuration" else "right")
 
     def f(x, spec=".2f"):
@@ -360,6 +364,7 @@ def _print_table(summary: dict) -> None:
 
     for cid, r in summary["configs"].items():
         ag = (r.get("agreement") or {}).get("token_agreement")
-        t.add_row(escape(cid), f(r.get("tau")), f(r.get("tokens_per_second"), ".1f"), f(r.get("speedup_vs_ar")) + "x",
-                  f(r.get("time_speedup_vs_ar")) + "x", f(r.get("quality"), ".3f"), f(r.get("recovery"), ".3f"), f(ag, ".3f"))
+        speedup = WITHHELD if r.get("speed_withheld") else f(r.get("speedup_vs_ar")) + "x"
+        t.add_row(escape(cid), f(r.get("tau")), f(r.get("tokens_per_second"), ".1f"), speedup,
+                  time_vs_ar(r), f(r.get("quality"), ".3f"), f(r.get("recovery"), ".3f"), f(ag, ".3f"))
     Console(stderr=True).print(t)

@@ -373,6 +373,18 @@ THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 LOOKUP_DRAFTERS = ("pld", "suffix")
 
 
+def auto_k(target, draft_table, draft: str, window: int = 0, prior: dict | None = None):
+    """The engine's k=auto controller (:class:`~specdec.autok.AutoK`) as a replay runs it for
+    ``draft`` (a draft of the traces, or a drafter of :data:`LOOKUP_DRAFTERS`): one across the
+    traces, warm from one to the next as in one process."""
+    from ..acceptance import AcceptancePrior
+    from ..autok import AutoK
+
+    lookup = draft in LOOKUP_DRAFTERS
+    return AutoK(target, None if lookup else draft_table, needs_model=not lookup, window=window,
+                 prior=AcceptancePrior.from_dict(prior) if prior and not lookup else None)
+
+
 def replay_all(traces: list, draft: str, target, draft_table,
                ks: list[int], prior: dict | None = None, window: int = 0, stop_ids=frozenset(),
                clock: "Clock | None" = None) -> dict:
@@ -381,15 +393,13 @@ def replay_all(traces: list, draft: str, target, draft_table,
     per category and in total (seconds; ``fixed`` by K as a string). ``draft``: a draft of the
     traces, or a drafter without a model (:data:`LOOKUP_DRAFTERS`: run on the prompts, with one
     suffix cache across the traces as one engine keeps; no oracle, which plans over a model's trace)."""
-    from ..acceptance import AcceptancePrior
-    from ..autok import AutoK, Fixed
+    from ..autok import Fixed
     from ..drafters import SuffixCache, make_drafter
     from ..replay import Clock, oracle, replay
 
     clock = clock or Clock(target, draft_table)
     lookup = draft in LOOKUP_DRAFTERS
-    auto = AutoK(target, None if lookup else draft_table, needs_model=not lookup, window=window,
-                 prior=AcceptancePrior.from_dict(prior) if prior and not lookup else None)
+    auto = auto_k(target, draft_table, draft, window, prior)
     caches = {}
 
     def drafter(run: str):  # a fresh drafter per request; each run (fixed K, k=auto) its own engine's cache

@@ -68,7 +68,8 @@ def _header(summary: dict) -> list[str]:
     models = run["models"]
     lines = [f"# specdec bench: {run['dataset']}", ""]
     lines += [
-        f"- **Command**: `specdec {' '.join(env.get('argv') or [])}`",
+        f"- **Command**: `specdec {' '.join(env.get('argv') or [])}`"
+        + (f" (re-reported: `specdec {' '.join(env['reported_by'])}`)" if env.get("reported_by") else ""),
         f"- **Models**: target `{models['target']}`, draft `{models['draft']}` (quantization: {models['draft_quant']}), "
         f"dtype {models['dtype']}" + (f", draft dtype {models['draft_dtype']}" if models.get("draft_dtype") else "")
         + f", device {models['device']}",
@@ -98,13 +99,27 @@ def speed_basis(row: dict) -> str:
     return f" on {n}/{total}" if n is not None and total and n < total else ""
 
 
+#: the cell of a speed figure the bench withholds (no sample timed at one machine speed with ar's)
+WITHHELD = "withheld"
+
+
+def time_vs_ar(row: dict) -> str:
+    """A row's time against ``ar`` with its bootstrap interval: ``1.23x [1.10, 1.38]``; ``withheld``
+    where no sample of it was timed at ``ar``'s machine speed; ``–`` without one."""
+    if row.get("speed_withheld"):
+        return WITHHELD
+    ratio, ci = row.get("time_speedup_vs_ar"), row.get("time_speedup_ci")
+    cell = _f(ratio, ".2f", "x")
+    return cell if not ci or ratio is None else f"{cell} [{ci[0]:.2f}, {ci[1]:.2f}]"
+
+
 def _results(summary: dict) -> list[str]:
     """The main table: one row per configuration (bold: on the speed-quality Pareto front)."""
     rows = summary["configs"]
     lines = ["", "## Results", ""]
     metric = next((r.get("quality_metric") for r in rows.values() if r.get("quality_metric")), None)
     qname = metric or "quality"
-    lines.append(f"| configuration | tau | tokens/s (min–max) | speedup vs ar (min–max) | time vs ar (length vs ar) | {qname} | "
+    lines.append(f"| configuration | tau | tokens/s (min–max) | speedup vs ar (min–max) | time vs ar [95% CI] (length vs ar) | {qname} | "
                  "recovery [95% CI] | exact match vs ar | token agreement | zero-accept rounds | draft / verify time | lossy |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
     front = set(summary.get("pareto_front") or [])
@@ -112,8 +127,9 @@ def _results(summary: dict) -> list[str]:
         ag = r.get("agreement") or {}
         rec = _ci(r.get("recovery"), (r.get("paired") or {}).get("recovery_ci"))
         tps = f"{_f(r.get('tokens_per_second'), '.1f')} ({_f(r.get('tokens_per_second_min'), '.1f')}–{_f(r.get('tokens_per_second_max'), '.1f')})"
-        sp = f"{_f(r.get('speedup_vs_ar'), '.2f', 'x')} ({_f(r.get('speedup_min'), '.2f')}–{_f(r.get('speedup_max'), '.2f')})"
-        tv = f"{_f(r.get('time_speedup_vs_ar'), '.2f', 'x')} ({_f(r.get('length_vs_ar'), '.2f', 'x')})"
+        sp = WITHHELD if r.get("speed_withheld") else \
+            f"{_f(r.get('speedup_vs_ar'), '.2f', 'x')} ({_f(r.get('speedup_min'), '.2f')}–{_f(r.get('speedup_max'), '.2f')})"
+        tv = f"{time_vs_ar(r)} ({_f(r.get('length_vs_ar'), '.2f', 'x')})"
         dv = (f"{_pct(r.get('draft_share'))} / {_pct(r.get('verify_share'))}"
               if r.get("draft_share") is not None else "–")
         name = f"**{cid}**" if cid in front else cid
@@ -126,13 +142,20 @@ def _results(summary: dict) -> list[str]:
         )
     lines += ["", "Time vs ar: plain decoding's seconds over this configuration's on the same samples (how much "
               "sooner the same work finishes); it differs from the tokens/s speedup when a rule writes more or "
-              "less (length vs ar: its tokens over plain decoding's).",
+              "less (length vs ar: its tokens over plain decoding's). Its 95% interval: a percentile bootstrap "
+              "over the samples (2000 resamples, seed 0), each resample's ratio of summed seconds; it shows "
+              "the samples' spread, not the machine's drift between runs.",
               "", f"Bold: on the speed–quality Pareto front ({', '.join(summary.get('pareto_front') or []) or 'none'})."]
     partly = [f"{cid} on {r['speed_samples']} of {r['samples']}" for cid, r in rows.items()
               if r.get("speed_samples") is not None and r.get("samples") and r["speed_samples"] < r["samples"]]
     if partly:
         lines += ["", "Speed figures on fewer samples than quality (the rest were timed on a machine of another "
                   f"speed than plain decoding's, e.g. a run resumed elsewhere): {'; '.join(partly)}."]
+    withheld = [cid for cid, r in rows.items() if r.get("speed_withheld")]
+    if withheld:
+        lines += ["", f"Withheld: {', '.join(withheld)}: no sample was timed at the machine speed plain decoding "
+                  "was (the probe's one-token step differed by more than the tolerance), so no speed figure is "
+                  "given; its quality figures stand."]
     return lines
 
 
@@ -240,7 +263,8 @@ def _definitions(summary: dict) -> list[str]:
             "the difference is unlikely to be chance); difference: pass rate minus ar's in percentage points, 95% "
             "interval by Newcombe's paired square-and-add method; the recovery interval is Bonett-Price's for a "
             "ratio of paired proportions. On few samples the intervals are wide: they are what the run can tell.",
-            "- The loop runs samples outer and configurations inner (interleaved), so machine drift hits all alike."]
+            "- The loop runs samples outer and configurations inner (interleaved), their order turned by one "
+            "from each sample to the next (plain decoding is not always first), so machine drift hits all alike."]
     if any(r.get("structured") for r in rows.values()):
         lines.append(STRUCTURED_DEFINITION)
     ars = [cid for cid, r in rows.items() if r.get("kind") == "specdec" and r.get("policy") == "ar"]

@@ -1,7 +1,9 @@
 """The benchmark loop: every configuration on the same prompts, interleaved.
 
-Order: samples outer, repeats, configurations inner (``ar`` first), so drift of the machine
-(thermal, other load) hits every configuration alike. Our configurations run through
+Order: samples outer, repeats, configurations inner, so drift of the machine (thermal, other
+load) hits every configuration alike; the configurations' order turns by one from each (sample,
+repeat) to the next (:func:`turn`), so none always runs first (on a cold cache) or last. A
+configuration run before ``ar`` on a sample gets its agreement with ``ar`` in the summary. Our configurations run through
 ``Pair.generate`` (the one engine, never a loop of our own); peers through transformers'
 ``generate``. Each configuration is warmed up once on a short generation (not recorded) before
 anything is timed. Every finished (sample, configuration, repeat) is scored and appended to
@@ -132,8 +134,8 @@ def run(
     for rec in existing.values():
         running.add(rec)
 
-    todo = [(s, rep, c) for s in dataset.samples for rep in range(settings.repeats) for c in everything
-            if record_key(s.id, c.id, rep) not in existing]
+    todo = [(s, rep, c) for i, s in enumerate(dataset.samples) for rep in range(settings.repeats)
+            for c in turn(everything, i * settings.repeats + rep) if record_key(s.id, c.id, rep) not in existing]
     total = len(dataset.samples) * settings.repeats * len(everything)
     step_ms = _get_ready(pair, todo, prompts, everything, settings, models, constraints, existing.values())
 
@@ -165,6 +167,12 @@ def run(
         results.close()
     wanted = {s.id for s in dataset.samples}
     return [r for r in existing.values() if r["sample_id"] in wanted]
+
+
+def turn(configs: list[Config], n: int) -> list[Config]:
+    """``configs`` turned by ``n`` places: the order of the ``n``-th (sample, repeat) of a run."""
+    n %= max(1, len(configs))
+    return [*configs[n:], *configs[:n]]
 
 
 def _get_ready(pair, todo: list, prompts: dict[str, Prompt], everything: list[Config], settings: Settings,

@@ -9,12 +9,18 @@
   how much is written (a lossy rule's answers may be longer or shorter than plain decoding's):
   ``length_vs_ar`` = the configuration's tokens / ``ar``'s on those samples (1 for a lossless rule).
   Spread: ``time_speedup_min``/``max`` per repeat index, as for ``speedup_vs_ar``.
+  ``time_speedup_ci``: its interval, a seeded percentile bootstrap over samples (``TIME_CI_LEVEL``,
+  ``BOOTSTRAP_RESAMPLES`` resamples of the samples with replacement, ``BOOTSTRAP_SEED``: the same
+  records give the same interval), each resample's ratio of sums; None on fewer than 2 samples.
+  It is what the samples' spread says, not run-to-run drift of the machine.
 - Machine speed: a folder resumed on another machine holds generations timed at two speeds. Each
   record carries ``step_ms``, the target's one-token pass timed when its run started (the runner's
   probe); speed ratios (the three above, ``speedup_vs_best_ar``, ``decode_speedup_vs_ar``) pair a
   sample's records only when every ``step_ms`` among them is within ``SPEED_TOLERANCE`` (or
   ``SPEED_NOISE_MS``) of the others; records without one, made before the probe, pair only with
-  each other. ``speed_samples`` counts the samples behind them. Quality uses every sample.
+  each other. ``speed_samples`` counts the samples behind them; ``speed_withheld`` is True where
+  the two share samples but none timed at one speed (no speed figure is given). Quality uses every
+  sample.
 - ``tau`` = 1 + accepted / verify passes over all its generations (``ar`` = 1; peers: generated
   tokens / target forward passes). Per-position acceptance and the zero-accept share pool counts.
 - ``quality``: HumanEval pass@1 (mean of passed), else Spec-Bench math_reasoning accuracy;
@@ -36,7 +42,8 @@
   or where the dataset has no quality measure; ``recovery`` and its interval are None when ``ar``
   solved none of the ``n``.
 - ``agreement``: exact-match rate of token ids with ``ar`` (same sample and repeat) and mean
-  token-level agreement (matching positions / longer length).
+  token-level agreement (matching positions / longer length); from the record's own, else (a
+  configuration that ran before ``ar`` on that sample) from ``ar``'s record's token ids.
 - ``structured`` (only for configurations whose records decoded under a constraint, e.g.
   ``json-extraction``): over all their generations, ``n``, ``valid`` and ``validity`` (output parses
   and validates against the sample's schema; the ``quality`` then is ``json_validity``),
@@ -57,6 +64,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
+import numpy as np
+
 from ..stats import tau_of
 
 AR_ID = "ar"
@@ -70,6 +79,10 @@ SPEED_TOLERANCE = 1.25
 SPEED_NOISE_MS = 5.0
 #: two-sided 95%: the normal quantile at 0.975
 Z95 = statistics.NormalDist().inv_cdf(0.975)
+#: the time ratios' bootstrap interval (module docstring): level, resamples and seed
+TIME_CI_LEVEL = 0.95
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 0
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -125,6 +138,26 @@ def _totals_by_repeat(by_sample: dict[str, dict[int, dict]], samples: list[str])
             if sec > 0:
                 out[rep] = (tok, sec)
     return out
+
+
+def ratio_of_sums_ci(num: Sequence[float], den: Sequence[float], level: float = TIME_CI_LEVEL,
+                     resamples: int = BOOTSTRAP_RESAMPLES, seed: int = BOOTSTRAP_SEED) -> list[float] | None:
+    """Percentile bootstrap interval of ``sum(num) / sum(den)``, resampling the pairs
+    ``(num[i], den[i])`` with replacement (seeded); None on fewer than 2 pairs."""
+    a, b = np.asarray(num, dtype=float), np.asarray(den, dtype=float)
+    if len(a) < 2:
+        return None
+    idx = np.random.default_rng(seed).integers(0, len(a), size=(resamples, len(a)))
+    tops, bottoms = a[idx].sum(axis=1), b[idx].sum(axis=1)
+    ratios = tops[bottoms > 0] / bottoms[bottoms > 0]
+    if not len(ratios):
+        return None
+    tail = 100 * (1 - level) / 2
+    return [float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))]
+
+
+def _median_seconds(by_sample: dict[str, dict[int, dict]], samples: list[str]) -> list[float]:
+    return [statistics.median(r["seconds"] for r in by_sample[s].values()) for s in samples]
 
 
 def _tps_by_repeat(by_sample: dict[str, dict[int, dict]], samples: list[str]) -> dict[int, float]:
@@ -240,6 +273,7 @@ def aggregate(recs: list[dict], ar_recs: list[dict], is_ar: bool) -> dict[str, A
                            "seconds": seconds, "tokens_per_second": tps}
     timed = timed_common(by_sample, ar_by_sample)
     out["speed_samples"] = len(timed)
+    out["speed_withheld"] = bool(common) and not timed
     out.update(_speedup_figures(by_sample, ar_by_sample, samples, timed, tps, is_ar))
     stats = [r.get("stats") or {} for r in recs]
     out.update(_acceptance_figures(recs, stats, is_ar))
@@ -327,6 +361,8 @@ def _speedup_figures(by_sample: dict, ar_by_sample: dict, samples: list[str], co
     out["time_speedup_vs_ar"] = 1.0 if is_ar and common else time_speedup
     out["time_speedup_min"], out["time_speedup_max"] = (time_spread if time_spread and not is_ar
                                                         else (out["time_speedup_vs_ar"],) * 2)
+    out["time_speedup_ci"] = (None if is_ar or not common else
+                              ratio_of_sums_ci(_median_seconds(ar_by_sample, common), _median_seconds(by_sample, common)))
     out["length_vs_ar"] = 1.0 if is_ar and common else length
     reps = _tps_by_repeat(by_sample, samples)
     out["tokens_per_second_min"] = min(reps.values()) if reps else tps
@@ -411,7 +447,7 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
     more than one category is present; best K per rule/drafter; the speed-quality Pareto front."""
     wanted = set(samples) if samples is not None else None
     recs_by_cfg: dict[str, list[dict]] = defaultdict(list)
-    for r in records:
+    for r in with_agreement(records):
         if wanted is not None and r["sample_id"] not in wanted:
             continue
         if repeats is not None and int(r["repeat"]) >= repeats:
@@ -437,6 +473,23 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
     same_backend_speedups(out, recs_by_cfg)
     return {"configs": out, "best_k": best_k_per_policy(out), "pareto_front": pareto_front(out),
             "vs_lossless": vs_lossless(out), "best_ar": best_ar}
+
+
+def with_agreement(records: Iterable[dict]) -> list[dict]:
+    """``records``, each that lacks an ``agreement`` (it ran before ``ar`` on its sample) given one
+    from ``ar``'s record of the same sample and repeat, where there is one (a copy; others as they are)."""
+    from .quality import agreement
+
+    records = list(records)
+    ar = {(r["sample_id"], int(r["repeat"])): r for r in records if r["config"] == AR_ID}
+    out = []
+    for r in records:
+        ref = ar.get((r["sample_id"], int(r["repeat"])))
+        if r.get("agreement") is None and ref is not None and "token_ids" in r and "token_ids" in ref:
+            exact, token = agreement(r["token_ids"], ref["token_ids"])
+            r = {**r, "agreement": {"exact": exact, "token": token}}
+        out.append(r)
+    return out
 
 
 def vs_best_ar(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> str | None:

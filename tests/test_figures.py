@@ -1,0 +1,158 @@
+"""Every figure the README shows comes from a folder, and every folder's machine label is what it recorded.
+
+- the "will it help me" table in README.md and the figures docs/will-it-help.png draws (embedded
+  in it as JSON) are what scripts/will_it_help.py computes from the folders today: a changed
+  record, summary or replay fails here until the script is run again;
+- every paragraph, list item or table row of README.md that holds a figure (a decimal number, a
+  ratio, "N of M", minutes) names a folder under benchmarks/ (``benchmarks/NAME`` or a backticked
+  name or pattern of one), or says it is "not from a folder";
+- a folder's machine label (the kind its name ends in, its row in benchmarks/README.md, the README
+  table row it feeds) is the kind its recorded CPU flags (or GPU) give.
+
+No model is loaded; the folders are read, never written.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import benchmarks_index as index  # noqa: E402
+import will_it_help  # noqa: E402
+
+#: a figure in prose: a decimal number or ratio (not a version, a name like Qwen2.5 or an approximate
+#: ~1.5 GB), "19 of 20", or minutes
+FIGURE = re.compile(r"(?<![\w.~@/-])\d+\.\d+x?(?![\w.])|\b\d+ min\b|\b\d+ of \d+\b")
+
+
+def folder_names() -> list[str]:
+    return [p.relative_to(BENCH).as_posix() for p in [*BENCH.iterdir(), *BENCH.glob("*/*")] if p.is_dir()]
+
+
+def blocks(markdown: str) -> list[str]:
+    """Paragraphs, list items and table rows, without code blocks and HTML comments."""
+    text = re.sub(r"<!--.*?-->", "", markdown, flags=re.S)
+    text = re.sub(r"^(```|~~~).*?^\1", "", text, flags=re.S | re.M)
+    out, current = [], []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith(("- ", "|", "#")):
+            if current:
+                out.append("\n".join(current))
+            current = [line] if line.strip() else []
+        else:
+            current.append(line)
+    return out + (["\n".join(current)] if current else [])
+
+
+def unsourced_figures(markdown: str, names: list[str]) -> list[str]:
+    """The blocks of ``markdown`` that hold a figure and name no folder of ``names``."""
+    bad = []
+    for block in blocks(markdown):
+        prose = re.sub(r"\]\([^)]*\)", "]", re.sub(r"`[^`]*`", "", block))
+        if not FIGURE.search(prose) or "not from a folder" in block:
+            continue
+        spans = [s.removeprefix("benchmarks/").rstrip("/") for s in re.findall(r"`([^`]+)`", block)]
+        paths = [p.removeprefix("benchmarks/").rstrip("/") for p in re.findall(r"benchmarks/[\w.*/-]+", block)]
+        if not any(fnmatch.filter(names, s) for s in [*spans, *paths]):
+            bad.append(" ".join(block.split())[:160])
+    return bad
+
+
+def label_problems(folder: Path) -> list[str]:
+    """Where ``folder``'s name or index row says another machine kind than its records."""
+    recorded = index.recorded_kind(folder)
+    if recorded is None:
+        return []
+    problems = [f"{folder.name}: named {suffix}, recorded {recorded}" for suffix, kind in index.NAME_KINDS.items()
+                if (folder.name.endswith(suffix) or f"{suffix}-" in folder.name) and kind != recorded]
+    row = next((line for line in (BENCH / "README.md").read_text(encoding="utf-8").splitlines()
+                if line.startswith(f"| [`{folder.name}`]")), None)
+    if folder.parent == BENCH and row is not None and row.split(" | ")[3] != recorded:
+        problems.append(f"{folder.name}: the index says {row.split(' | ')[3]!r}, recorded {recorded}")
+    return problems
+
+
+def test_the_readme_table_and_picture_are_what_the_folders_give():
+    spec = will_it_help.load_spec()
+    figs = will_it_help.figures(spec)
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert will_it_help.readme_table(readme) == will_it_help.table(spec, figs), \
+        "README.md's table is stale: run PYTHONPATH=src python scripts/will_it_help.py"
+    assert will_it_help.picture_figures() == json.loads(json.dumps(figs, sort_keys=True)), \
+        "docs/will-it-help.png is stale: run PYTHONPATH=src python scripts/will_it_help.py"
+    assert f"![" in readme and "(docs/will-it-help.png)" in readme
+
+
+def test_the_table_shows_a_withheld_figure_as_withheld():
+    figs = will_it_help.figures(will_it_help.load_spec())
+    xeon = next(f for f in figs if f["kind"] == index.XEON_AMX)
+    assert xeon["cells"]["code"]["how"] == "withheld" and "ratio" not in xeon["cells"]["code"]
+    assert will_it_help.cell_text(xeon["cells"]["code"]).startswith("withheld")
+    assert "1.28x" not in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_check_fails_on_a_stale_table(tmp_path, monkeypatch, capsys):
+    readme = tmp_path / "README.md"
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    cell = will_it_help.readme_table(text)
+    readme.write_text(text.replace(cell, cell.replace("| 1.11x [", "| 1.12x [", 1)), encoding="utf-8")
+    monkeypatch.setattr(will_it_help, "README", readme)
+    assert will_it_help.main(["--check"]) == 1
+    assert "README.md's table is not what the folders give" in capsys.readouterr().err
+    monkeypatch.setattr(will_it_help, "PICTURE", tmp_path / "none.png")
+    readme.write_text(text, encoding="utf-8")
+    assert will_it_help.main(["--check"]) == 1
+    assert "does not draw what the folders give" in capsys.readouterr().err
+
+
+def test_every_readme_figure_names_its_folder():
+    assert unsourced_figures((ROOT / "README.md").read_text(encoding="utf-8"), folder_names()) == []
+
+
+def test_a_figure_without_a_folder_is_caught():
+    names = folder_names()
+    assert unsourced_figures("It ran 1.28x sooner on a Xeon.\n", names)
+    assert unsourced_figures("- lossless matched plain on 19 of 20 answers\n", names)
+    assert not unsourced_figures("It ran 1.28x sooner (`replay-xeon-amx`).\n", names)
+    assert not unsourced_figures("It took 9 min, timed by hand (not from a folder).\n", names)
+    assert not unsourced_figures("Qwen2.5-Coder 1.5B, `torch==2.13.0`, ~1.5 GB, Apache-2.0.\n", names)
+    assert unsourced_figures("It ran 1.28x sooner (`no-such-folder`).\n", names)
+
+
+def test_every_folder_label_is_what_its_flags_record():
+    folders = [p for p in [*BENCH.iterdir(), *BENCH.glob("*/*")] if p.is_dir() and p.name != "exports"]
+    recorded = {f.name: index.recorded_kind(f) for f in folders}
+    assert sum(k is not None for k in recorded.values()) >= 60
+    assert recorded["replay-xeon-amx"] == index.XEON_AMX and recorded["gpu-projection-h100"] == index.H100
+    assert [p for f in folders for p in label_problems(f)] == []
+
+
+def test_every_readme_table_row_is_of_the_kind_its_folders_record():
+    spec = will_it_help.load_spec()
+    for row in spec["rows"]:
+        for cell in row["cells"].values():
+            for name in will_it_help.cell_folders(cell):
+                kind = index.recorded_kind(BENCH / name)
+                assert kind in (None, row["kind"]), (row["machine"], row["weights"], name, kind)
+    kinds = {row["kind"] for row in spec["rows"]}
+    assert kinds == {index.AVX2, index.AVX512, index.XEON_AMX, index.H100}
+
+
+def test_a_mislabelled_folder_is_caught(tmp_path, monkeypatch):
+    folder = tmp_path / "runs-avx512bf16"
+    folder.mkdir()
+    (folder / "run.json").write_text(json.dumps({"settings": {"cpu_flags": ["avx2", "avx512_bf16", "amx_bf16"]}}))
+    assert label_problems(folder) == [f"runs-avx512bf16: named -avx512bf16, recorded {index.XEON_AMX}"]
+    gpu = tmp_path / "costs-h100"
+    shutil.copytree(BENCH / "gpu-projection-h100", gpu)
+    assert label_problems(gpu) == []
