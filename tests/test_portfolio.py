@@ -220,3 +220,13 @@ def test_both_sources_draft_in_the_sampled_test():
                               DecodeConfig(k=2, max_new_tokens=3, sampling=SamplingParams(temperature=0.9, seed=seed)))
         seen |= set(out.stats.sources)
     assert {"model", "pld"} <= seen or {"model", "suffix"} <= seen
+
+
+def test_bench_configurations_are_callers_of_their_own():
+    """A suffix cache shared by a bench run's configurations would let one draft from another's
+    answer to the same prompt; each configuration is a caller of its own."""
+    from specdec.bench import configs as cfgs
+
+    built = cfgs.build_configs("ar,lossless", "suffix,auto", "auto")
+    callers = [c.request_for(16).caller for c in built]
+    assert callers == [c.id for c in built] and len(set(callers)) == len(built)

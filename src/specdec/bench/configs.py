@@ -103,9 +103,12 @@ class Config:
         """This configuration's request for one generation: the one :func:`validate` built, with
         this generation's budget and sampling settings (e.g. a repeat's seed), not validated again
         (built here when the configuration was not validated); with ``constraint`` (a sample's
-        structured-output constraint, :mod:`.jsontask`) the request decodes under it."""
+        structured-output constraint, :mod:`.jsontask`) the request decodes under it. Each
+        configuration is a caller of its own (its id): what one learns across requests (the suffix
+        cache, k=auto's state) never drafts for another, which would copy its answer to the same prompt."""
         request = self.request if self.request is not None else DecodeConfig.from_options(**self.generate_kwargs())
-        request = request.with_settings(max_new_tokens=max_new_tokens, sampling=SamplingParams(**sampling))
+        request = request.with_settings(max_new_tokens=max_new_tokens, sampling=SamplingParams(**sampling),
+                                        caller=self.id)
         return request if constraint is None else replace(request, constraint=constraint)
 
     def to_dict(self) -> dict:
