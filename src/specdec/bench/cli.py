@@ -143,8 +143,9 @@ def recorded_command(out: Path) -> list[str] | None:
     path = Path(out) / "run.json"
     if not os.path.lexists(path):
         return None
+    raw = read_regular(path, RUN_LIMIT, "run.json")  # a FIFO or a link to /dev/zero is refused, not read
     try:
-        run = json.loads(read_regular(path, RUN_LIMIT, "run.json").decode("utf-8"))
+        run = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise SpecdecError(f"{path} is unreadable: {str(exc)[:200]}") from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from ..autok import K_MAX, KPolicy
 from ..errors import SpecdecError
 
 DEFAULT_KS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15)
+#: the most bytes one cost table file may have
+COSTS_LIMIT = 16 << 20
 
 
 def register(sub) -> None:
@@ -171,6 +174,7 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
 def read_tables(paths: list[str]) -> dict[str, object]:
     """Cost tables by model name (before any ``|``), from export files, table files or folders."""
     from ..costmodel import CostTable
+    from ..files import read_regular
 
     tables: dict[str, object] = {}
     files: list[Path] = []
@@ -182,11 +186,14 @@ def read_tables(paths: list[str]) -> dict[str, object]:
         else:
             raise SpecdecError(f"--costs {p}: no such file or folder")
     for f in files:
+        raw = read_regular(f, COSTS_LIMIT, "cost table file")  # a FIFO or a link to /dev/zero is refused, not read
         try:
-            data = json.loads(f.read_text())
-        except (OSError, ValueError) as exc:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
             raise SpecdecError(f"{f}: not a JSON cost table ({exc.__class__.__name__})") from None
         items = data.get("tables", []) if isinstance(data, dict) and data.get("kind") == "specdec-costs" else [data]
+        if not isinstance(items, list):
+            raise SpecdecError(f"{f}: its 'tables' is not a list of cost tables")
         for d in items:
             if not isinstance(d, dict) or "widths" not in d:
                 continue
@@ -250,7 +257,9 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 
 def _x(plain: float, s: float | None) -> str:
-    return f"{plain / s:.2f}x" if s else "-"
+    """A speedup, or "-" where either time is not a finite positive number (never a nonsense figure)."""
+    ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (plain, s))
+    return f"{plain / s:.2f}x" if ok else "-"
 
 
 def report(results: dict, by_category: bool) -> list[str]:
@@ -306,7 +315,7 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
             rep = r["fixed"].get(str(k))
             if rep is None:
                 continue
-        lines.append(f"| {cfg} | {sec:.1f} | {rep:.1f} | {rep / sec:.3f} |")
+        lines.append(f"| {cfg} | {sec:.1f} | {rep:.1f} | {rep / sec:.3f} |" if sec > 0 else f"| {cfg} | {sec:.1f} | {rep:.1f} | - |")
     return lines
 
 
