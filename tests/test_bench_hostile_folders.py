@@ -86,7 +86,7 @@ def test_results_jsonl_as_a_link_to_another_file_is_read_but_nothing_is_written_
     assert real.read_bytes() == before
 
 
-def _with_deadline(fn, seconds: float = 20.0):
+def with_deadline(fn, seconds: float = 20.0):
     """``fn()``'s result, or a failure when it has not returned within ``seconds`` (a hang)."""
     box: dict = {}
     thread = threading.Thread(target=lambda: box.setdefault("rc", fn()), daemon=True)
@@ -105,7 +105,7 @@ def test_a_fifo_or_a_device_is_refused_not_read(sent, capsys, special, name):
         os.mkfifo(copy / name)
     else:
         (copy / name).symlink_to("/dev/zero")
-    assert _with_deadline(lambda: report(copy, "--no-plots")) == 2
+    assert with_deadline(lambda: report(copy, "--no-plots")) == 2
     err = error_line(capsys.readouterr().err)
     assert "not a regular file" in err and name in err, err
 

@@ -7,25 +7,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import threading
 from pathlib import Path
 
 import pytest
 
 from specdec.cli import main
 from specdec.trace import header, write_traces
-from test_replay import bf16_like, draft_table, hand_trace
 from specdec.trace_checks import MAX_TOKENS
-
-
-def _with_deadline(fn, seconds: float = 30.0):
-    """``fn()``'s result, or a failure when it has not returned within ``seconds`` (a hang)."""
-    box: dict = {}
-    thread = threading.Thread(target=lambda: box.setdefault("rc", fn()), daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"still running after {seconds} s"
-    return box["rc"]
+from test_bench_hostile_folders import with_deadline
+from test_replay import bf16_like, draft_table, hand_trace
 
 
 @pytest.fixture
@@ -39,7 +29,7 @@ def files(tmp_path):
 
 
 def replay(traces: Path, costs: Path, capsys) -> tuple[int, str, str]:
-    rc = _with_deadline(lambda: main(["replay", str(traces), "--costs", str(costs), "-k", "1,2,3"]))
+    rc = with_deadline(lambda: main(["replay", str(traces), "--costs", str(costs), "-k", "1,2,3"]))
     out, err = capsys.readouterr()
     return rc, out, err
 
