@@ -205,3 +205,9 @@ def test_a_special_trace_file_is_refused_not_read(files, tmp_path, capsys, speci
         path.symlink_to("/dev/zero")
     rc, _, err = replay(path, costs, capsys)
     refused(rc, err, "special.jsonl", "not a regular file")
+
+
+def test_trace_of_a_folder_whose_run_json_is_a_fifo_is_one_line(tmp_path, capsys):
+    os.mkfifo(tmp_path / "run.json")
+    rc = with_deadline(lambda: main(["trace", str(tmp_path)]))
+    refused(rc, capsys.readouterr().err, "not a 'specdec bench' folder")

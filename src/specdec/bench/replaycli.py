@@ -65,12 +65,14 @@ def register(sub) -> None:
 # ----------------------------------------------------------------------------------- trace
 def bench_args(folder: Path) -> tuple[argparse.Namespace, dict]:
     """The ``specdec bench`` flags a folder was made with (its run.json's last invocation)."""
+    from ..files import read_regular
     from .cli import register as register_bench
+    from .results import RUN_LIMIT
 
-    try:
-        run = json.loads((folder / "run.json").read_text())
-        argv = list(run["invocations"][-1]["argv"])
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+    try:  # a regular file only (a FIFO would hang the read)
+        run = json.loads(read_regular(folder / "run.json", RUN_LIMIT, "run.json"))
+        argv = [str(a) for a in run["invocations"][-1]["argv"]]
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
         raise SpecdecError(f"{folder}: not a 'specdec bench' folder (no readable run.json)") from None
     p = argparse.ArgumentParser()
     register_bench(p.add_subparsers(dest="command"))
