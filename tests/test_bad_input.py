@@ -34,6 +34,50 @@ def test_bad_request_parameters(tiny_pair, kwargs, message):
         tiny_pair.generate("hello", **kwargs)
 
 
+def _number_options() -> list[tuple[dict, str]]:
+    """Every rule and drafter option that takes a number, with the policy or drafter naming it."""
+    from specdec.checks import options_of
+    from specdec.drafters import DRAFTERS
+    from specdec.verify.policy import RULES
+
+    out = [({"policy": name}, opt) for name, rule in RULES.items()
+           for opt, (spec, _) in options_of(rule).items() if spec.kind in (int, float)]
+    out += [({"drafter": name}, opt) for name, cls in DRAFTERS.items()
+            for opt, (spec, _) in options_of(cls.Options).items() if spec.kind in (int, float)]
+    return out
+
+
+NUMBER_OPTIONS = _number_options()
+
+
+@pytest.mark.parametrize("where, option", NUMBER_OPTIONS, ids=[f"{next(iter(w.values()))}-{o}" for w, o in NUMBER_OPTIONS])
+@pytest.mark.parametrize("huge", [10**400, -(10**400), 2**1024, 10**309], ids=["1e400", "-1e400", "2^1024", "1e309"])
+def test_a_huge_integer_parameter_is_a_specdec_error(where, option, huge):
+    """JSON's ``1`` followed by 400 zeros is a Python int no float holds: checked for size before
+    any float arithmetic (it was an OverflowError from math.isfinite)."""
+    with pytest.raises(SpecdecError, match=f"{option} must be") as err:
+        specdec.make_config(**where, **{option: huge})
+    assert "\n" not in str(err.value) and len(str(err.value)) < 200
+
+
+def test_huge_numbers_in_every_checked_place():
+    from specdec.checks import check_int, check_number
+
+    for value in (10**400, 2**1024, -(2**5000)):
+        with pytest.raises(SpecdecError, match="got an integer of about"):
+            check_number("x", value, 0, 1)
+        with pytest.raises(SpecdecError, match="x must be a finite number, got an integer"):
+            check_number("x", value)
+        with pytest.raises(SpecdecError, match="x must be an integer"):
+            check_int("x", value, lo=0)
+    assert check_number("x", 2**1023) == float(2**1023)
+    with pytest.raises(SpecdecError, match="at most 9223372036854775807"):
+        check_int("max_new_tokens", 2**63, lo=1)
+    for name in ("max_new_tokens", "top_k", "seed"):
+        with pytest.raises(SpecdecError, match=name):
+            specdec.make_config(**{name: 10**400})
+
+
 def test_empty_prompt(tiny_pair):
     for prompt in ("", [], None):
         with pytest.raises(SpecdecError, match="empty|non-empty"):

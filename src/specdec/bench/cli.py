@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -137,18 +138,26 @@ OUTPUT_FLAGS = {"out", "report_only", "quiet", "command", "func", "argv_typed"}
 def recorded_command(out: Path) -> list[str] | None:
     """The argv (after ``specdec``) that made the folder ``out``, as its run.json records it: the
     command a migration stored, else the last invocation's. None without a run.json."""
+    from ..files import read_regular
+    from .results import RUN_LIMIT
+
     path = Path(out) / "run.json"
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
+    raw = read_regular(path, RUN_LIMIT, "run.json")  # a FIFO or a link to /dev/zero is refused, not read
     try:
-        run = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise SpecdecError(f"{path} is unreadable: {exc}") from None
-    migrations = run.get("migrations") or []
-    if migrations and migrations[-1].get("command"):
-        return list(migrations[-1]["command"])
-    argv = list((run.get("invocations") or [{}])[-1].get("argv") or [])
-    return argv or None
+        run = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise SpecdecError(f"{path} is unreadable: {str(exc)[:200]}") from None
+
+    def last(name: str) -> dict:
+        items = run.get(name) if isinstance(run, dict) else None
+        return items[-1] if isinstance(items, list) and items and isinstance(items[-1], dict) else {}
+
+    command = last("migrations").get("command") or last("invocations").get("argv") or []
+    if not (isinstance(command, list) and all(isinstance(a, str) for a in command)):
+        raise SpecdecError(f"{path}: the command it records is not a list of words")
+    return list(command) or None
 
 
 def bench_parser() -> argparse.ArgumentParser:
@@ -297,9 +306,12 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
     from .results import ResultsFile, read_run_settings
 
     out = Path(a.out)
-    if not (out / "results.jsonl").is_file():
+    if not os.path.lexists(out / "results.jsonl"):  # one that is there but no plain file is refused when read
         raise SpecdecError(f"--report-only: {a.out} holds no results.jsonl; run the command without it first")
     made, invocations = read_run_settings(out, stored, ignore=MACHINE_KEYS)
+    # what the report prints of the machine that made them: plain values only (the folder may be anyone's)
+    made = {k: v for k, v in made.items() if k not in MACHINE_KEYS or isinstance(v, (str, int, float, type(None)))
+            or (k == "cpu_flags" and isinstance(v, list) and all(isinstance(f, str) for f in v))}
     dataset = finished_only(dataset, out, everything, repeats)
     wanted = {s.id for s in dataset.samples}
     results = ResultsFile(out)
@@ -309,9 +321,9 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
     if any(made.get(k) != stored.get(k) for k in MACHINE_KEYS):
         print(f"specdec: reporting results made on another machine ({made.get('cpu')}, flags "
               f"{','.join(made.get('cpu_flags') or [])}); speeds are that machine's", file=sys.stderr)
-    last = invocations[-1] if invocations else {}
+    last = invocations[-1] if invocations and isinstance(invocations[-1], dict) else {}
     made_by = recorded_command(out)
-    env = {**env, "git": last.get("git") or {"commit": None, "dirty": None},
+    env = {**env, "git": last.get("git") if isinstance(last.get("git"), dict) else {"commit": None, "dirty": None},
            "argv": made_by or env["argv"], "reported_by": env["argv"] if made_by else None,
            "versions": {**env["versions"], "python": None, "torch": made.get("torch"),
                         "transformers": made.get("transformers")},

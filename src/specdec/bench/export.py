@@ -18,6 +18,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
+from ..files import write_inside
+
 
 def safe_name(config_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", config_id).strip("_")
@@ -29,20 +31,16 @@ def export(records: Iterable[dict], out_dir: Path, dataset: str, model_id: str) 
     for r in records:
         if int(r.get("repeat", 0)) == 0:
             by_config[r["config"]].append(r)
-    folder = Path(out_dir) / "exports"
     written = []
     kind = dataset.split(":")[0]
     if kind not in ("humaneval", "spec-bench"):
         return written
-    folder.mkdir(parents=True, exist_ok=True)
     for cid, recs in by_config.items():
         recs = sorted(recs, key=lambda r: r["sample_id"])
-        path = folder / f"{kind}-{safe_name(cid)}.jsonl"
-        with open(path, "w", encoding="utf-8") as f:
-            for r in recs:
-                f.write(json.dumps(humaneval_line(r) if kind == "humaneval" else spec_bench_line(r, model_id, cid),
-                                   ensure_ascii=False) + "\n")
-        written.append(str(path))
+        text = "".join(json.dumps(humaneval_line(r) if kind == "humaneval" else spec_bench_line(r, model_id, cid),
+                                  ensure_ascii=False) + "\n" for r in recs)
+        # inside the folder only: ``exports`` or the file a link elsewhere is refused or replaced, never followed
+        written.append(str(write_inside(out_dir, f"exports/{kind}-{safe_name(cid)}.jsonl", text)))
     return written
 
 

@@ -5,8 +5,11 @@ against K for each rule/drafter)."""
 
 from __future__ import annotations
 
+import io
 from collections import defaultdict
 from pathlib import Path
+
+from ..files import write_inside
 
 
 FILES = ("speedup_vs_quality.png", "tau.png", "acceptance.png", "k_sweep.png")
@@ -28,8 +31,10 @@ def make_plots(summary: dict, out_dir: Path) -> list[str]:
     written = []
     for name, fn in zip(FILES, (_speed_quality, _tau, _acceptance, _k_sweep)):
         fig = fn(plt, rows, summary)
-        fig.savefig(Path(out_dir) / name, dpi=120, bbox_inches="tight")
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=120, bbox_inches="tight")
         plt.close(fig)
+        write_inside(out_dir, name, png.getvalue())  # a link of that name is replaced, never followed
         written.append(name)
     return written
 

@@ -19,7 +19,9 @@ _NUMBER = re.compile(r"-?\$?\s?\d[\d,]*(?:\.\d+)?")
 
 #: bumped when scoring changes, so a run folder never mixes verdicts of two scorers
 #: (1: the raw completion; 2: its solution part; 3: the tests in their own process, see
-#: :mod:`.sandbox`: a candidate's return values reach them as plain data)
+#: :mod:`.sandbox`: a candidate's return values reach them as plain data). Kept at 3 when the helpers
+#: the tests call became the prompt's (run beside the tests, not the program's): that changes the
+#: verdict only of a solution that redefines a name of its prompt, and no record under benchmarks/ does
 SCORER_VERSION = 3
 _DEFINITIONS = ("def ", "async def ", "class ", "import ", "from ", "@")
 
@@ -71,9 +73,10 @@ def check_program(problem: dict, completion: str) -> str:
 def run_check(problem: dict, completion: str, *, timeout: float = DEFAULT_TIMEOUT,
               memory_mb: int = DEFAULT_MEMORY_MB, unsafe: bool = False) -> SandboxResult:
     """``check(entry_point)`` of ``problem["test"]`` against prompt + completion, the tests in a
-    process of their own (the verdict a program cannot forge, see :mod:`.sandbox`)."""
+    process of their own (the verdict a program cannot forge, see :mod:`.sandbox`) beside the
+    prompt's own definitions (the helpers they call, which the program cannot replace)."""
     return run_program(problem["prompt"] + completion, tests=problem["test"], entry_point=problem["entry_point"],
-                       timeout=timeout, memory_mb=memory_mb, unsafe=unsafe)
+                       timeout=timeout, memory_mb=memory_mb, unsafe=unsafe, helpers=problem["prompt"])
 
 
 def normalize_number(text: str) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from ..autok import K_MAX, KPolicy
 from ..errors import SpecdecError
 
 DEFAULT_KS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15)
+#: the most bytes one cost table file may have
+COSTS_LIMIT = 16 << 20
 
 
 def register(sub) -> None:
@@ -62,12 +65,14 @@ def register(sub) -> None:
 # ----------------------------------------------------------------------------------- trace
 def bench_args(folder: Path) -> tuple[argparse.Namespace, dict]:
     """The ``specdec bench`` flags a folder was made with (its run.json's last invocation)."""
+    from ..files import read_regular
     from .cli import register as register_bench
+    from .results import RUN_LIMIT
 
-    try:
-        run = json.loads((folder / "run.json").read_text())
-        argv = list(run["invocations"][-1]["argv"])
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
+    try:  # a regular file only (a FIFO would hang the read)
+        run = json.loads(read_regular(folder / "run.json", RUN_LIMIT, "run.json"))
+        argv = [str(a) for a in run["invocations"][-1]["argv"]]
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
         raise SpecdecError(f"{folder}: not a 'specdec bench' folder (no readable run.json)") from None
     p = argparse.ArgumentParser()
     register_bench(p.add_subparsers(dest="command"))
@@ -171,6 +176,7 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
 def read_tables(paths: list[str]) -> dict[str, object]:
     """Cost tables by model name (before any ``|``), from export files, table files or folders."""
     from ..costmodel import CostTable
+    from ..files import read_regular
 
     tables: dict[str, object] = {}
     files: list[Path] = []
@@ -182,11 +188,14 @@ def read_tables(paths: list[str]) -> dict[str, object]:
         else:
             raise SpecdecError(f"--costs {p}: no such file or folder")
     for f in files:
+        raw = read_regular(f, COSTS_LIMIT, "cost table file")  # a FIFO or a link to /dev/zero is refused, not read
         try:
-            data = json.loads(f.read_text())
-        except (OSError, ValueError) as exc:
+            data = json.loads(raw)
+        except (ValueError, RecursionError) as exc:
             raise SpecdecError(f"{f}: not a JSON cost table ({exc.__class__.__name__})") from None
         items = data.get("tables", []) if isinstance(data, dict) and data.get("kind") == "specdec-costs" else [data]
+        if not isinstance(items, list):
+            raise SpecdecError(f"{f}: its 'tables' is not a list of cost tables")
         for d in items:
             if not isinstance(d, dict) or "widths" not in d:
                 continue
@@ -257,7 +266,9 @@ def cmd_replay(a: argparse.Namespace) -> int:
 
 
 def _x(plain: float, s: float | None) -> str:
-    return f"{plain / s:.2f}x" if s else "-"
+    """A speedup, or "-" where either time is not a finite positive number (never a nonsense figure)."""
+    ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (plain, s))
+    return f"{plain / s:.2f}x" if ok else "-"
 
 
 def report(results: dict, by_category: bool) -> list[str]:
@@ -335,7 +346,7 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
             rep = r["fixed"].get(str(k))
             if rep is None:
                 continue
-        lines.append(f"| {cfg} | {sec:.1f} | {rep:.1f} | {rep / sec:.3f} |")
+        lines.append(f"| {cfg} | {sec:.1f} | {rep:.1f} | {rep / sec:.3f} |" if sec > 0 else f"| {cfg} | {sec:.1f} | {rep:.1f} | - |")
     return lines
 
 

@@ -21,12 +21,14 @@ import json
 import math
 import os
 import socket
+import stat
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import SpecdecError
+from ..files import read_regular
 
 RESULTS = "results.jsonl"
 RUN = "run.json"
@@ -38,6 +40,19 @@ REQUIRED: dict[str, tuple[type, ...]] = {
     "key": (str,), "sample_id": (str,), "config": (str,), "repeat": (int,), "text": (str,),
     "token_ids": (list,), "new_tokens": (int,), "seconds": _NUMBER, "stats": (dict,), "quality": (dict,),
 }
+#: what a record's own figures may be: seconds and counts beyond these are no measurement
+MAX_SECONDS = 1e7
+MAX_COUNT = 10**12
+#: the figures of ``stats`` the summary adds up, by kind (any other field is not read)
+STATS_COUNTS = ("rounds", "accepted", "drafted", "zero_accept_rounds", "target_forwards", "produced_tokens")
+STATS_SECONDS = ("total_seconds", "draft_seconds", "verify_seconds", "prefill_seconds", "mask_seconds",
+                 "draft_mask_seconds")
+STATS_LISTS = ("drafted_at", "accepted_at", "accepted_per_round", "tree_depths")
+#: the verdicts of ``quality`` (true or false where present)
+VERDICTS = ("passed", "correct", "json_valid", "truncated")
+#: the most bytes read from results.jsonl and run.json (a link to /dev/zero or a FIFO is refused)
+RESULTS_LIMIT = 4 << 30
+RUN_LIMIT = 64 << 20
 
 
 def record_key(sample_id: str, config_id: str, repeat: int) -> str:
@@ -101,8 +116,10 @@ def line_problem(rec: Any) -> str | None:
             return f"{name!r} is {type(v).__name__}, not {'/'.join(t.__name__ for t in types)}"
     if rec["repeat"] < 0 or rec["new_tokens"] < 0:
         return "a negative 'repeat' or 'new_tokens'"
-    if not (math.isfinite(rec["seconds"]) and rec["seconds"] >= 0):
-        return f"'seconds' is {rec['seconds']}"
+    if not (_count(rec["repeat"]) and _count(rec["new_tokens"])):
+        return "'repeat' or 'new_tokens' is too large"
+    if not _seconds(rec["seconds"]):
+        return f"'seconds' is {rec['seconds']}, not a number of seconds in [0, {MAX_SECONDS:g}]"
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in rec["token_ids"]):
         return "'token_ids' holds a non-integer"
     if rec["key"] != record_key(rec["sample_id"], rec["config"], rec["repeat"]):
@@ -113,6 +130,49 @@ def line_problem(rec: Any) -> str | None:
         return f"'step_ms' is {step!r}, not a positive number of milliseconds"
     if rec.get("agreement") is not None and not isinstance(rec["agreement"], dict):
         return "'agreement' is not an object"
+    return _fields_problem(rec)
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT
+
+
+def _seconds(v: Any) -> bool:
+    return isinstance(v, _NUMBER) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= MAX_SECONDS
+
+
+def _fields_problem(rec: dict) -> str | None:
+    """Why the optional fields the summary and the exports read are unusable (None when they are)."""
+    for name in ("category", "constraint", "policy", "drafter", "backend", "finish_reason"):
+        if rec.get(name) is not None and not isinstance(rec[name], str):
+            return f"{name!r} is {type(rec[name]).__name__}, not a string"
+    dtypes = rec.get("dtypes")
+    if dtypes is not None and not (isinstance(dtypes, dict) and all(
+            isinstance(dtypes.get(k), (str, type(None))) for k in ("target", "draft"))):
+        return "'dtypes' is not an object naming the target's and the draft's dtypes"
+    stats = rec["stats"]
+    for name in STATS_COUNTS:
+        if name in stats and not _count(stats[name]):
+            return f"'stats.{name}' is {stats[name]!r:.40}, not a count"
+    for name in STATS_SECONDS:
+        if name in stats and not _seconds(stats[name]):
+            return f"'stats.{name}' is {stats[name]!r:.40}, not a number of seconds in [0, {MAX_SECONDS:g}]"
+    for name in STATS_LISTS:
+        v = stats.get(name)
+        if v is not None and not (isinstance(v, list) and all(_count(x) for x in v)):
+            return f"'stats.{name}' is not a list of counts"
+    relaxed = stats.get("relaxed")
+    if relaxed is not None and not (isinstance(relaxed, dict) and all(_count(x) for x in relaxed.values())):
+        return "'stats.relaxed' is not an object of counts"
+    for name in VERDICTS:
+        if name in rec["quality"] and not isinstance(rec["quality"][name], bool):
+            return f"'quality.{name}' is {type(rec['quality'][name]).__name__}, not true or false"
+    agreement = rec.get("agreement")
+    if agreement:
+        token = agreement.get("token")
+        if not isinstance(agreement.get("exact"), bool) or isinstance(token, bool) or \
+                not isinstance(token, _NUMBER) or not 0 <= token <= 1:
+            return "'agreement' needs 'exact' (true or false) and 'token' (a number in [0, 1])"
     return None
 
 
@@ -129,7 +189,7 @@ def lock_out(out_dir: Path, what: str = "specdec bench") -> Iterator[None]:
         yield
         return
     path = Path(out_dir) / LOCK
-    f = open(path, "a+", encoding="utf-8")
+    f = open_append(path, "a+")
     try:
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -164,9 +224,9 @@ class ResultsFile:
         lines (a run about to append, holding the folder's lock); without it nothing is written
         (a report of the folder as it is)."""
         self.discarded, self.problems = 0, []
-        if not self.path.exists():
+        if not os.path.lexists(self.path):
             return []
-        raw = self.path.read_bytes()
+        raw = read_regular(self.path, RESULTS_LIMIT, "results file")
         good: list[bytes] = []
         records: list[dict] = []
         lines = raw.split(b"\n")
@@ -213,7 +273,7 @@ class ResultsFile:
             line = json.dumps(_finite(record), ensure_ascii=False, allow_nan=False, default=str) + "\n"
         if self._f is None:
             new = not self.path.exists()
-            self._f = open(self.path, "a", encoding="utf-8")
+            self._f = open_append(self.path)
             if new:
                 _fsync_dir(self.path.parent)
         self._f.write(line)
@@ -224,6 +284,23 @@ class ResultsFile:
         if self._f is not None:
             self._f.close()
             self._f = None
+
+
+def open_append(path: Path, mode: str = "a"):
+    """``path`` opened to append (``mode`` "a" or "a+"), never through a link nor into a file
+    with another name elsewhere (a hard link): a one-line error instead."""
+    flags = os.O_CREAT | os.O_APPEND | (os.O_RDWR if "+" in mode else os.O_WRONLY) | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o644)
+    except OSError as exc:
+        raise SpecdecError(f"{path}: cannot write it ({exc.strerror or exc}; a link is not followed)") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+        os.close(fd)
+        raise SpecdecError(f"{path} is not a plain file of this folder (a special file or a hard link); "
+                           "refusing to write through it")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, mode, encoding="utf-8")
 
 
 def _finite(x: Any) -> Any:
@@ -237,10 +314,11 @@ def _finite(x: Any) -> Any:
 
 
 def _read_run(path: Path) -> tuple[dict, list]:
+    raw = read_regular(path, RUN_LIMIT, "run.json")
     try:
-        stored = json.loads(path.read_text(encoding="utf-8"))
+        stored = json.loads(raw.decode("utf-8"))
         return dict(stored["settings"]), list(stored.get("invocations", []))
-    except (OSError, ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         raise SpecdecError(f"{path} is unreadable; use a new --out folder") from None
 
 

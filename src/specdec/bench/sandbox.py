@@ -11,8 +11,9 @@ other user (``ISOLATED_USERNS``) but for identity:
   route anywhere, abstract unix sockets cut off). The whole tree is bound read-only, nosuid and
   nodev; ``/tmp`` is a size-limited tmpfs (``TMP_MB``) holding the work folder, the one place it
   can write; ``/var/tmp``, ``/run``, ``/root``, ``/home`` and the like are covered by empty
-  read-only tmpfs (the Python installation bound back where it lies under one of them), so no
-  socket file or scratch file of the host is reachable; ``/dev`` holds only null, zero, full,
+  read-only tmpfs (the interpreter's own folders, :func:`interpreter_folders`, bound back where
+  they lie under one of them; never the caller's ``sys.path`` or ``PYTHONPATH`` folders), so no
+  socket file or scratch file of the host there is reachable; ``/dev`` holds only null, zero, full,
   random and urandom (no terminal, no disk). ``--new-session`` (no terminal to push input into),
   ``--die-with-parent`` (the sandbox dies with its caller), ``no_new_privs``.
 - **an identity of its own** for the program and another for its tester, with no capabilities.
@@ -30,6 +31,13 @@ other user (``ISOLATED_USERNS``) but for identity:
   runs; and a wall-clock timeout after which both bwrap processes are killed; their reapers die
   with them, and with the reaper the kernel kills every process of its pid namespace (``setsid``
   does not help).
+- **what the kernel adds** (:mod:`.sandbox_limits`): a seccomp filter (bwrap's ``--seccomp``)
+  refusing ``memfd_create``, ``shmget``, ``socket(AF_UNIX)`` and ``io_uring_setup``, so memory
+  cannot be held outside the per-process limit and no unix socket in a bound folder can be
+  reached; and, where the machine allows one, a cgroup v2 ``memory.max`` per process that counts
+  all its memory (shared memory and its files included).
+- **output**: the program's stdout and stderr are files of its own, the tester's others, so
+  ``/proc/self/fd/1`` shows the program its own output only.
 - a weaker in-process layer: Python's sockets and the destructive ``os``/``shutil``/
   ``subprocess`` functions are removed in the program process (ctypes gets past it; the layers
   above do not depend on it).
@@ -43,8 +51,7 @@ The one step bwrap cannot take is as root: ``--uid`` needs a user namespace, and
 made by root maps the sandbox to root's own uid, which still owns root's files (``/etc/shadow``
 would be readable); so as root the process takes its fresh uid itself, with the two capabilities
 bwrap leaves it for that (``os.setresuid``: no namespace code is kept). Not used: ``--as-pid-1``
-(bwrap's reaper as pid 1 is what reaps the program's orphans), seccomp filters (bwrap takes a
-compiled filter, and there was none before either).
+(bwrap's reaper as pid 1 is what reaps the program's orphans).
 
 **Verdict.** A program that shares a process with the code deciding "passed" can always forge it
 (any secret in its memory or any pipe it holds can be found with ctypes). So the tests run in the
@@ -55,11 +62,13 @@ as plain data (see :func:`.sandbox_child.encode`; exact types only, so an object
 everything is refused). The program never sees the tests or their expected values (they are never
 in its sandbox), cannot signal, trace or read the tester, and has no handle on the verdict pipe;
 the caller reads the verdict from the tester alone. To pass, a program has to return the right
-values. ``run_program`` without tests (a plain script) can only report "ran to the end" from the
+values, and the helpers of the problem's prompt that the tests call are the prompt's own, run in
+the tester (``helpers``), not the program's, which it may have redefined to suit a wrong answer.
+``run_program`` without tests (a plain script) can only report "ran to the end" from the
 program's own process, which a hostile program can fake: the bench always passes tests.
 
 **Without isolation** (bwrap not installed, unprivileged user namespaces turned off for a non-root
-user, a container that forbids the namespaces) ``run_program`` raises :class:`SandboxUnavailable`,
+user, a container that forbids the namespaces, no libseccomp) ``run_program`` raises :class:`SandboxUnavailable`,
 whose one line says how to get isolation (``apt-get install bubblewrap``, the sysctl to set, or
 root) and names ``--unsafe-exec``; with ``unsafe=True`` (``specdec bench --unsafe-exec``) the same
 two processes run without bwrap or uid change, with the limits and the in-process layer only, and
@@ -68,6 +77,7 @@ a timeout kills their process groups (a ``setsid`` child escapes it), label ``un
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -78,12 +88,14 @@ import signal
 import struct
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import SpecdecError
+from .sandbox_limits import joined, memory_cgroup, seccomp_available, seccomp_file
 
 DEFAULT_TIMEOUT = 10.0
 DEFAULT_MEMORY_MB = 1024
@@ -139,6 +151,9 @@ def probe(mode: str) -> Isolation:
     """Run a small check isolated as ``mode`` (ISOLATED or ISOLATED_USERNS); say why not if it fails."""
     if shutil.which("bwrap") is None:
         return Isolation(False, INSTALL)
+    missing = seccomp_available()
+    if missing:
+        return Isolation(False, missing)
     try:
         res = _run("def f():\n    return 41 + 1\n", "def check(c):\n    assert c() == 42\n", "f",
                    timeout=30, memory_mb=DEFAULT_MEMORY_MB, mode=mode)
@@ -185,18 +200,23 @@ def label(unsafe: bool = False) -> str:
 
 def run_program(
     program: str, *, tests: str | None = None, entry_point: str | None = None, timeout: float = DEFAULT_TIMEOUT,
-    memory_mb: int | None = DEFAULT_MEMORY_MB, unsafe: bool = False,
+    memory_mb: int | None = DEFAULT_MEMORY_MB, unsafe: bool = False, helpers: str | None = None,
 ) -> SandboxResult:
     """Execute ``program`` (Python source) and, with ``tests``, ``check(entry_point)`` against it;
-    see the module docstring. Raises SandboxUnavailable without isolation unless ``unsafe``."""
+    see the module docstring. ``helpers``: trusted source the tests may call (a problem's prompt),
+    run beside the tests, so that the program cannot replace what they call. Raises
+    SandboxUnavailable without isolation unless ``unsafe``."""
     if tests is not None and not entry_point:
         raise ValueError("tests need an entry_point")
-    return _run(program, tests, entry_point, timeout=timeout, memory_mb=memory_mb, mode=label(unsafe))
+    return _run(program, tests, entry_point, timeout=timeout, memory_mb=memory_mb, mode=label(unsafe),
+                helpers=helpers)
 
 
-def bwrap_args(mode: str, cwd: str) -> list[str]:
-    """bwrap's options for one of the two processes (the module docstring's namespaces)."""
+def bwrap_args(mode: str, cwd: str, seccomp_fd: int | None = None) -> list[str]:
+    """bwrap's options for one of the two processes (the module docstring's namespaces), with the
+    seccomp filter read from ``seccomp_fd`` (:mod:`.sandbox_limits`)."""
     args = [shutil.which("bwrap") or "bwrap", *BWRAP_FLAGS, *(USERNS_FLAGS if mode == ISOLATED_USERNS else ROOT_FLAGS),
+            *(("--seccomp", str(seccomp_fd)) if seccomp_fd is not None else ()),
             "--ro-bind", "/", "/", "--proc", "/proc", "--tmpfs", "/dev"]
     for name in DEVICES:
         if os.path.exists(f"/dev/{name}"):
@@ -211,10 +231,21 @@ def bwrap_args(mode: str, cwd: str) -> list[str]:
     return [*args, "--chdir", cwd, "--"]
 
 
+def interpreter_folders() -> set[str]:
+    """The folders of this Python installation the sandbox's ``python -I`` reads: its prefixes and
+    its standard library and site-packages, never the caller's ``sys.path`` (a script's folder,
+    ``PYTHONPATH``), which may hold anything."""
+    paths = sysconfig.get_paths()
+    found = (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable)),
+             *(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths))
+    return {os.path.realpath(p) for p in found if p and os.path.exists(p)}
+
+
 def _python_under(folder: str) -> list[str]:
-    """bwrap's options that bind this Python installation (its prefixes and ``sys.path``) back
-    where it lies under ``folder``, once ``folder`` is covered; the folders on the way readable."""
-    python = {os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, *sys.path) if p and os.path.exists(p)}
+    """bwrap's options that bind this Python installation (:func:`interpreter_folders`) back where
+    it lies under ``folder``, once ``folder`` is covered; the folders on the way readable."""
+    python = interpreter_folders()
     args = []
     for p in sorted(python):  # the outermost only: what lies inside one comes with it
         if p.startswith(folder + "/") and not any(p.startswith(q + "/") for q in python):
@@ -225,14 +256,14 @@ def _python_under(folder: str) -> list[str]:
     return args
 
 
-def _command(mode: str, role: str, cwd: str) -> list[str]:
+def _command(mode: str, role: str, cwd: str, seccomp_fd: int | None = None) -> list[str]:
     """One process's command line: the child under bwrap, unless ``mode`` is UNSAFE."""
     child = [sys.executable, "-I", "-c", _CHILD.read_text(), role]
-    return child if mode == UNSAFE else [*bwrap_args(mode, cwd), *child]
+    return child if mode == UNSAFE else [*bwrap_args(mode, cwd, seccomp_fd), *child]
 
 
 def _run(program: str, tests: str | None, entry_point: str | None, *, timeout: float, memory_mb: int | None,
-         mode: str) -> SandboxResult:
+         mode: str, helpers: str | None = None) -> SandboxResult:
     isolated = mode != UNSAFE
     uid = 1_000_000_000 + 2 * secrets.randbelow(500_000_000) if mode == ISOLATED else None
     limits = {"memory_bytes": int(memory_mb) << 20 if memory_mb else None,
@@ -240,18 +271,22 @@ def _run(program: str, tests: str | None, entry_point: str | None, *, timeout: f
               "nproc": NPROC if isolated else None, "entry_point": entry_point}
     start = time.perf_counter()
     procs: list[subprocess.Popen] = []
-    with tempfile.TemporaryDirectory(prefix="specdec-sandbox-") as tmp:
-        out_path, err_path = os.path.join(tmp, "stdout"), os.path.join(tmp, "stderr")
+    with tempfile.TemporaryDirectory(prefix="specdec-sandbox-") as tmp, contextlib.ExitStack() as stack:
 
-        def spawn(role: str, source: str, own_uid: int | None, fds: dict, cwd: str) -> None:
-            """One process, its stdin a file: ``<8-byte length><JSON header><source>``."""
-            header = json.dumps({**limits, **fds, "uid": own_uid}).encode()
+        def spawn(role: str, source: str, own_uid: int | None, fds: dict, cwd: str, **extra) -> None:
+            """One process, its stdin a file: ``<8-byte length><JSON header><source>``; its output
+            files its own (what one writes, the other cannot read through ``/proc/self/fd``)."""
+            header = json.dumps({**limits, **fds, **extra, "uid": own_uid}).encode()
             Path(tmp, role).write_bytes(struct.pack(">Q", len(header)) + header + source.encode("utf-8", "replace"))
-            with open(Path(tmp, role), "rb") as stdin, open(out_path, "ab") as out, open(err_path, "ab") as err:
+            seccomp = stack.enter_context(seccomp_file()) if isolated else None  # one each: bwrap reads it later
+            cgroup = stack.enter_context(memory_cgroup(memory_mb)) if isolated else None
+            command = joined(cgroup, _command(mode, role, cwd, None if seccomp is None else seccomp.fileno()))
+            with open(Path(tmp, role), "rb") as stdin, open(Path(tmp, f"{role}.out"), "ab") as out, \
+                    open(Path(tmp, f"{role}.err"), "ab") as err:
                 procs.append(subprocess.Popen(
-                    _command(mode, role, cwd), stdin=stdin, stdout=out, stderr=err, cwd=tmp,
+                    command, stdin=stdin, stdout=out, stderr=err, cwd=tmp,
                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, start_new_session=True,
-                    pass_fds=[fd for fd in fds.values() if fd is not None]))
+                    pass_fds=[fd for fd in (*fds.values(), seccomp and seccomp.fileno()) if fd is not None]))
 
         verdict_r, verdict_w = os.pipe()
         pipes = os.pipe() + os.pipe() if tests is not None else (None,) * 4
@@ -263,7 +298,7 @@ def _run(program: str, tests: str | None, entry_point: str | None, *, timeout: f
             else:
                 spawn("program", program, uid, {"verdict": None, "requests": req_r, "replies": rep_w}, cwd)
                 spawn("tester", tests, uid and uid + 1, {"verdict": verdict_w, "requests": req_w, "replies": rep_r},
-                      "/" if isolated else cwd)
+                      "/" if isolated else cwd, helpers=helpers)
             _close(verdict_w, *pipes)  # theirs alone now: a process's end is an end of file to the other
             verdict_w, pipes = None, ()
             timed_out, statuses = _wait(procs, timeout - (time.perf_counter() - start))
@@ -274,7 +309,8 @@ def _run(program: str, tests: str | None, entry_point: str | None, *, timeout: f
             _close(verdict_w, *pipes)
         verdict = _read_verdict(verdict_r)
         seconds = time.perf_counter() - start
-        status = _outcome(timed_out, verdict, statuses, _tail(err_path))
+        errors = "".join(_tail(os.path.join(tmp, f"{role}.err")) for role in ("program", "tester"))
+        status = _outcome(timed_out, verdict, statuses, errors)
     return SandboxResult(status == "passed", status, procs[-1].returncode, seconds, mode)
 
 

@@ -13,9 +13,10 @@
    its own verdict ("ran to the end"), with tests it then answers the tester's calls over two
    pipes, values crossing as plain data (None, bool, int, float, complex, str, bytes, list,
    tuple, dict, set, frozenset; nothing else);
-3. the *tester* (ROLE ``tester``, in a sandbox of its own) runs ``check(candidate)``, where
-   ``candidate`` and any other name the tests do not define are proxies that call into the
-   program process. It alone holds the verdict pipe, and reports pass or why not.
+3. the *tester* (ROLE ``tester``, in a sandbox of its own) runs the problem's prompt (its
+   helpers: what the tests call besides the candidate, the prompt's and never the program's),
+   then ``check(candidate)``, where ``candidate`` and any other name neither defines are proxies
+   that call into the program process. It alone holds the verdict pipe, and reports pass or why not.
 """
 
 from __future__ import annotations
@@ -227,8 +228,11 @@ class ProgramGone(Exception):
     pass
 
 
-def run_tests(tests: bytes, entry_point: str, requests: int, replies: int, verdict: int) -> None:
-    """The tester: ``check(candidate)`` with the program's names as proxies."""
+def run_tests(tests: bytes, entry_point: str, requests: int, replies: int, verdict: int,
+              helpers: str | None = None) -> None:
+    """The tester: ``check(candidate)`` with the program's names as proxies, but for the names
+    ``helpers`` (the problem's prompt) defines, which are the prompt's own: the program cannot
+    replace a helper the tests call (the entry point, a stub in the prompt, stays the program's)."""
 
     def call(name, args, kwargs):
         _send(requests, {"name": name, "args": [encode(a) for a in args],
@@ -269,6 +273,12 @@ def run_tests(tests: bytes, entry_point: str, requests: int, replies: int, verdi
         if "fatal" in first:
             raise ProgramGone(str(first["fatal"]))
         g = Names(__name__="__main__", __builtins__=builtins)
+        if helpers:
+            try:
+                exec(compile(helpers, "<prompt>", "exec"), g)
+            except Exception as e:  # noqa: BLE001 - a dataset's prompt that does not run alone
+                raise ProgramGone(f"the prompt's own code does not run: {_why(e)}") from None
+            g.pop(entry_point, None)
         exec(compile(tests.decode("utf-8", "replace"), "<tests>", "exec"), g)
         g["check"](Remote(entry_point))
         msg = {"passed": True}
@@ -285,7 +295,7 @@ def main(role: str) -> None:
     source = sys.stdin.buffer.read()
     enter(cfg)
     if role == "tester":
-        run_tests(source, cfg["entry_point"], cfg["requests"], cfg["replies"], cfg["verdict"])
+        run_tests(source, cfg["entry_point"], cfg["requests"], cfg["replies"], cfg["verdict"], cfg.get("helpers"))
     _guard()
     if cfg["requests"] is None:
         run_plain(source, cfg["verdict"])

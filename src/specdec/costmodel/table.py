@@ -7,6 +7,8 @@ prefill over any number of tokens. Its dictionary form is what the JSON cache st
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
 
@@ -99,8 +101,11 @@ class CostTable:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "CostTable":
-        if d.get("format") != FORMAT:
+        """A table as stored (the cache, ``specdec calibrate --export``, a file anyone may send):
+        its shape, types and ranges checked (:func:`check_stored`), ValueError naming the field."""
+        if not isinstance(d, Mapping) or d.get("format") != FORMAT:
             raise ValueError("unknown cost table format")
+        check_stored(d)
         return cls(model=str(d["model"]), dtype=str(d["dtype"]), widths=[int(w) for w in d["widths"]],
                    seconds=[float(s) for s in d["seconds"]], context=int(d["context"]),
                    fingerprint=dict(d.get("fingerprint") or {}), measured_at=str(d.get("measured_at", "")),
@@ -118,3 +123,55 @@ def _long_read(value) -> list[float] | None:
     if not (isinstance(value, (list, tuple)) and len(value) == 2 and float(value[0]) > 1 and float(value[1]) > 0):
         raise ValueError(f"long_read must be [tokens > 1, seconds > 0], got {value!r}")
     return [int(value[0]), float(value[1])]
+
+
+#: what a stored table may hold: widths and contexts in tokens, seconds of one pass
+MAX_WIDTH = 1 << 12
+MAX_CONTEXT = 1 << 24
+MAX_PASS_SECONDS = 1e4
+
+
+def _real(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _whole(v) -> bool:
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def _positive(v, hi: float) -> bool:
+    return _real(v) and 0 < v <= hi
+
+
+def check_stored(d: Mapping) -> None:
+    """ValueError naming the first field of a stored table that is not what it must be: strings for
+    ``model``/``dtype``; ``widths`` increasing integers from 1 (at most :data:`MAX_WIDTH`) with one
+    finite positive ``seconds`` each; ``context`` and ``long_read``'s tokens integers from 1;
+    ``prefill_seconds`` finite and positive; ``context_slope`` finite, in [0, 1]."""
+    if not isinstance(d.get("model"), str) or not isinstance(d.get("dtype"), str):
+        raise ValueError("'model' and 'dtype' must be strings")
+    widths, seconds = d.get("widths"), d.get("seconds")
+    if not (isinstance(widths, list) and 1 <= len(widths) <= MAX_WIDTH
+            and all(_whole(w) and 1 <= w <= MAX_WIDTH for w in widths)):
+        raise ValueError(f"'widths' must be a list of integers in [1, {MAX_WIDTH}]")
+    if not (isinstance(seconds, list) and len(seconds) == len(widths)
+            and all(_positive(x, MAX_PASS_SECONDS) for x in seconds)):
+        raise ValueError(f"'seconds' must hold one number in (0, {MAX_PASS_SECONDS:g}] per width")
+    context = d.get("context")
+    if not _whole(context) or not 1 <= context <= MAX_CONTEXT:
+        raise ValueError(f"'context' must be an integer in [1, {MAX_CONTEXT}]")
+    prefill = d.get("prefill_seconds")
+    if prefill is not None and not _positive(prefill, MAX_PASS_SECONDS):
+        raise ValueError(f"'prefill_seconds' must be a number in (0, {MAX_PASS_SECONDS:g}]")
+    slope = d.get("context_slope") or 0.0
+    if not _real(slope) or not 0.0 <= slope <= 1.0:
+        raise ValueError("'context_slope' must be a number in [0, 1]")
+    spread = d.get("spread") or []
+    if not (isinstance(spread, list) and all(_real(x) and x >= 0 for x in spread)):
+        raise ValueError("'spread' must be a list of numbers >= 0")
+    if not isinstance(d.get("fingerprint") or {}, dict) or not isinstance(d.get("kernels") or [], list):
+        raise ValueError("'fingerprint' must be an object and 'kernels' a list")
+    long_read = d.get("long_read")
+    if long_read and not (isinstance(long_read, (list, tuple)) and len(long_read) == 2 and _whole(long_read[0])
+                          and 1 < long_read[0] <= MAX_CONTEXT and _positive(long_read[1], MAX_PASS_SECONDS)):
+        raise ValueError(f"'long_read' must be [tokens in (1, {MAX_CONTEXT}], seconds > 0]")

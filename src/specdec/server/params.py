@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,7 +201,8 @@ def _config_param(message: str) -> str:
                           *((f"{key} ", key) for key in SCHEDULE_PARAMS)):
         if message.startswith(prefix):
             return f"speculative.{param}"
-    return "speculative"
+    option = re.match(r"(?:drafter '[^']*'|[\w+.-]+) (\w+) must be ", message)  # "<rule or drafter> <option> must be"
+    return f"speculative.{option.group(1)}" if option else "speculative"
 
 
 def _max_tokens(req: CompletionRequest | ChatRequest, chat: bool, limits: Limits) -> int | None:
