@@ -255,3 +255,62 @@ def test_a_table_measured_on_the_static_cache_is_kept_apart(tiny_dirs):
     assert pair.costs.target is not None and pair.costs.target.fingerprint["kv_cache"] == "static"
     plain = specdec.load(str(target), draft=None, dtype="float32", device="cpu", progress=False)
     assert "kv_cache" not in plain.costs.target.fingerprint  # measured again, for the dynamic cache
+
+
+def test_the_cuda_capture_warms_up_on_a_side_stream_then_records_into_the_shared_pool(monkeypatch):
+    """:func:`capture_cuda_graph` against a stand-in of ``torch.cuda`` (no GPU here): its warm-up
+    runs, then one recorded run into the pool it was given, and the graph's replay and pool back."""
+    from specdec.backends.transformers import graphs as graphs_module
+
+    events = []
+
+    class Stream:
+        def wait_stream(self, other):
+            events.append("wait")
+
+    class Graph:
+        def replay(self):
+            events.append("replay")
+
+        def pool(self):
+            return "pool-1"
+
+    class Recording:
+        def __init__(self, graph, pool=None):
+            events.append(f"capture into {pool}")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            events.append("captured")
+
+    class OnStream:
+        def __init__(self, stream):
+            pass
+
+        def __enter__(self):
+            events.append("side stream")
+
+        def __exit__(self, *exc):
+            pass
+
+    for name, value in {"Stream": Stream, "CUDAGraph": Graph, "graph": Recording, "stream": OnStream,
+                        "current_stream": lambda: Stream()}.items():
+        monkeypatch.setattr(torch.cuda, name, value, raising=False)
+    replay, outputs, pool = graphs_module.capture_cuda_graph(lambda: (events.append("run") or torch.ones(1),), "pool-0")
+    assert events == ["wait", "side stream", "run", "run", "wait", "capture into pool-0", "run", "captured"]
+    replay()
+    assert events[-1] == "replay" and pool == "pool-1" and outputs[0].tolist() == [1.0]
+
+
+
+def test_the_backend_fingerprint_of_the_defaults_follows_the_device(monkeypatch):
+    """``specdec models`` lists the tables of a model loaded with the defaults: on CUDA, the static cache's."""
+    from specdec import costmodel
+    from specdec.backends import REGISTRY
+
+    backend = REGISTRY.get("transformers")
+    assert "kv_cache" not in backend.fingerprint("cpu")
+    monkeypatch.setattr(costmodel, "fingerprint", lambda device, extra=None: dict(extra or {}, device=str(device)))
+    assert backend.fingerprint("cuda") == {"kv_cache": "static", "graphs": 16, "device": "cuda"}

@@ -110,6 +110,12 @@ class TransformersBackend(Backend):
                 return cached
         return table_for(lm, key, lm.variant, log=log, kernels=choose_kernels(lm.model, lm))
 
+    def fingerprint(self, device: torch.device | str = "cpu") -> dict:
+        """A model loaded with the defaults: on CUDA its tables are the static cache's with graphs."""
+        from ...costmodel import fingerprint
+
+        return fingerprint(device, choose_execution("auto", "auto", device).fingerprint())
+
     def cached_estimate(self, req: Request):
         from .dtypes import cached_choice
 
