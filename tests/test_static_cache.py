@@ -1,7 +1,8 @@
 """The transformers backend's static KV cache and its replayed passes, on a CPU: the model interface's
 contract on them, greedy output identical to plain decoding (chains and trees), caches equal to a
 fresh prefill after every round, rollback as an index move, the graph buffers' protocol (CUDA
-graphs themselves need a GPU: ``replay_eagerly`` stands in for the capture), and the options."""
+graphs themselves need a GPU: ``replay_eagerly`` stands in for the capture), and the options. The
+caches after every round: tests/test_kv_rollback.py and tests/test_tree.py, on both caches."""
 
 from __future__ import annotations
 
@@ -21,16 +22,11 @@ from test_backends import (  # noqa: F401 - the contract's tests, run again here
     test_logits_at_every_position_equal_one_token_passes, test_rollback_equals_a_fresh_prefill,
     test_tree_rows_equal_each_path_alone, test_truncate_drops_an_open_tree,
 )
-from test_kv_rollback import ScriptedDrafter, fresh_cache
+from test_kv_rollback import assert_cache_matches, static_with_graphs
 from tinymodels import perturbed_copy, tiny_config, tiny_model
 
 
-def eager_graphs(max_width: int = 16):
-    """A :class:`WidthGraphs` factory whose "capture" replays the step eagerly (no GPU here)."""
-    return lambda step, device: WidthGraphs(step, device, max_width=max_width, capture=replay_eagerly)
-
-
-KINDS = {"static": lambda m: StaticHFModel(m, "tiny"), "graphs": lambda m: StaticHFModel(m, "tiny", graphs=eager_graphs())}
+KINDS = {"static": lambda m: StaticHFModel(m, "tiny"), "graphs": static_with_graphs}
 
 
 @pytest.fixture(params=list(KINDS))
@@ -38,17 +34,6 @@ def lm(request):
     model = KINDS[request.param](tiny_model(0))
     yield model
     model.close()
-
-
-def assert_static_cache_matches(lm: StaticHFModel):
-    """The first ``len(lm.tokens)`` slots equal a fresh prefill's keys and values (the rest is stale)."""
-    n = len(lm.tokens)
-    if not n:
-        return
-    ref = fresh_cache(lm.model, lm.tokens)
-    for mine, theirs in zip(lm.cache.layers, ref.layers):
-        torch.testing.assert_close(mine.keys[:, :, :n], theirs.keys, rtol=1e-4, atol=1e-5)
-        torch.testing.assert_close(mine.values[:, :, :n], theirs.values, rtol=1e-4, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- the engine on it
@@ -72,41 +57,12 @@ def test_greedy_output_on_the_static_cache_equals_plain_decoding(kind, drafter):
         assert graphs.captures > 0 and graphs.replays > graphs.captures and not graphs.failed
 
 
-@pytest.mark.parametrize("k", [1, 3, 6])
-def test_the_static_cache_equals_a_fresh_prefill_after_any_accept_pattern(k):
-    target = StaticHFModel(tiny_model(5), graphs=eager_graphs())
-    engine = Engine(target)
-    prompt = list(range(40, 52))
-    truth = Engine(HFModel(tiny_model(5))).generate(prompt, DecodeConfig(policy="ar", max_new_tokens=60)).token_ids
-    scripted = ScriptedDrafter(truth, len(prompt), seed=k)
-    engine.make_drafter = lambda cfg: scripted
-    for gen in engine.run(prompt, DecodeConfig(policy="lossless", drafter="pld", k=k, max_new_tokens=60)):
-        committed = prompt + gen.token_ids
-        assert target.tokens == committed[:-1]
-        assert_static_cache_matches(target)
-    assert committed[len(prompt):] == truth
-    assert {a for _, a in scripted.patterns} == set(range(k + 1))
-
-
-def test_both_static_caches_equal_a_fresh_prefill_after_every_tree_round():
-    t = tiny_model(2)
-    engine = Engine(StaticHFModel(t), StaticHFModel(perturbed_copy(t, 0.5, 3)), eos_ids=[258])
-    cfg = DecodeConfig(drafter="tree", drafter_params={"tree_nodes": 6, "tree_width": 3}, k=4, max_new_tokens=30,
-                       sampling=SamplingParams(temperature=1.0, seed=3))
-    rounds = 0
-    for _ in engine.run([9, 8, 7, 6, 5], cfg):
-        rounds += 1
-        assert_static_cache_matches(engine.target)
-        assert_static_cache_matches(engine.draft)
-    assert rounds > 3
-
-
 def test_seeded_sampling_on_the_static_cache_repeats_and_matches_the_dynamic_cache():
     t = tiny_model(3)
     d = perturbed_copy(t, 0.2, 4)
     cfg = DecodeConfig(drafter="model", k=4, max_new_tokens=30, sampling=SamplingParams(temperature=0.8, seed=5))
     dynamic = Engine(HFModel(t), HFModel(d), eos_ids=[258]).generate([1, 2, 3, 4], cfg).token_ids
-    static = Engine(StaticHFModel(t, graphs=eager_graphs()), StaticHFModel(d, graphs=eager_graphs()), eos_ids=[258])
+    static = Engine(static_with_graphs(t), static_with_graphs(d), eos_ids=[258])
     assert static.generate([1, 2, 3, 4], cfg).token_ids == dynamic == static.generate([1, 2, 3, 4], cfg).token_ids
 
 
@@ -123,13 +79,13 @@ def test_truncate_moves_an_index_and_copies_nothing():
     assert lm.cache.layers[0].keys.data_ptr() == where
     fresh = HFModel(tiny_model(0)).forward(list(range(12)) + [7, 8, 9], num_logits=3)
     torch.testing.assert_close(after, fresh, rtol=1e-4, atol=1e-5)
-    assert_static_cache_matches(lm)
+    assert_cache_matches(lm)
 
 
 def test_capacity_grows_in_powers_of_two_and_keeps_what_it_holds():
     assert capacity_for(1, 32768) == 256 and capacity_for(300, 32768) == 512 and capacity_for(300, 400) == 400
     assert capacity_for(500, 400) == 500 and capacity_for(100, None, current=512) == 512
-    lm = StaticHFModel(tiny_model(0), graphs=eager_graphs())
+    lm = static_with_graphs(tiny_model(0))
     lm.forward(list(range(200)))
     assert lm.capacity == 256 and lm.cache_bytes() == 2 * 2 * 2 * 256 * 16 * 4  # layers x k,v x heads x slots x dim
     lm.forward([1])
@@ -137,13 +93,13 @@ def test_capacity_grows_in_powers_of_two_and_keeps_what_it_holds():
     assert lm.graphs.graphs
     lm.forward(list(range(100)))  # past 256: a cache of 512 (the model's limit), the held entries copied over
     assert lm.capacity == 512 and not lm.graphs.graphs
-    assert_static_cache_matches(lm)
+    assert_cache_matches(lm)
     lm.reset()
     assert lm.capacity == 512 and lm.tokens == []  # kept for the next generation
 
 
 def test_a_returned_row_is_a_copy_a_later_pass_cannot_change():
-    lm = StaticHFModel(tiny_model(0), graphs=eager_graphs())
+    lm = static_with_graphs(tiny_model(0))
     lm.forward(list(range(10)))
     rows = [lm.forward([t])[0] for t in (3, 4, 5, 6)]  # width 1: eager, captured, then replayed
     assert lm.graphs.captures == 1 and lm.graphs.replays == 3
