@@ -365,7 +365,7 @@ class Logged:
     def say(self, msg: str) -> None:
         self.line(f"[{time.strftime('%H:%M:%S')}] {msg}")
 
-    def run(self, cmd: list[str], timeout: float, env: dict, sink=None) -> tuple[int | None, float]:
+    def run(self, cmd: list[str], timeout: float, env: dict) -> tuple[int | None, float]:
         """``(exit status, seconds)``; None when it ran out of time (its process group is stopped)."""
         t0 = time.time()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -373,7 +373,7 @@ class Logged:
 
         def pump():
             for text in proc.stdout:
-                (sink.write(text), sink.flush()) if sink is not None else self.line(text)
+                self.line(text)
 
         reader = threading.Thread(target=pump, daemon=True)
         reader.start()
