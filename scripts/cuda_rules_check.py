@@ -1,7 +1,11 @@
 """Every verification rule through the engine on CUDA tensors (the transformers backend), on a
 tiny random pair built from a config: what the CPU test suite cannot reach.
 
-    PYTHONPATH=src:tests python scripts/cuda_rules_check.py [--device cuda] [--out FILE]
+    PYTHONPATH=src:tests python scripts/cuda_rules_check.py [--device cuda] [--cache auto] [--out FILE]
+
+``--cache``: how the transformers backend runs the models: ``auto`` (as ``specdec.load`` would on
+the device: the static KV cache with CUDA graphs on CUDA, the dynamic cache elsewhere),
+``dynamic``, ``static`` (any device) or ``graphs`` (the static cache with CUDA graphs; CUDA only).
 
 For each dtype (float32, bfloat16), drafter (model, tree, pld) and policy (plain decoding, the
 lossless rule, every loose rule, fuzzy with each divergence, FLy composed with fuzzy), greedy and at
@@ -37,15 +41,19 @@ BINS = 10
 PROMPT = "def add(a, b):\n    return a + b\n\ndef add(a, b):"
 
 
-def build_pair(device: str, dtype: torch.dtype):
+#: ``--cache``: the load options ``static_cache`` and ``cuda_graphs`` it stands for
+CACHES = {"auto": ("auto", "auto"), "dynamic": ("off", "off"), "static": ("on", "off"), "graphs": ("on", "on")}
+
+
+def build_pair(device: str, dtype: torch.dtype, run):
+    """The tiny pair on ``device`` in ``dtype``, each model run as ``run`` says (an ``Execution``)."""
     from specdec.api import Pair
-    from specdec.backends.transformers.model import HFModel
     from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
     target = tiny_model(11)
     draft = perturbed_copy(target, 0.2, 12)
-    return Pair(HFModel(target.to(device=device, dtype=dtype)), byte_tokenizer(),
-                HFModel(draft.to(device=device, dtype=dtype)))
+    return Pair(run.wrap(target.to(device=device, dtype=dtype), "target"), byte_tokenizer(),
+                run.wrap(draft.to(device=device, dtype=dtype), "draft"))
 
 
 def second_token_test(pair, device: str, n: int = 600) -> tuple[float, str]:
@@ -85,22 +93,31 @@ def second_token_test(pair, device: str, n: int = 600) -> tuple[float, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--cache", default="auto", choices=list(CACHES),
+                    help="the KV cache: auto (static with CUDA graphs on CUDA, dynamic elsewhere), dynamic, static, "
+                         "graphs (static with CUDA graphs; CUDA only)")
     ap.add_argument("--out", default=None, help="also write the lines as JSON here")
     a = ap.parse_args()
+    from specdec.backends.transformers.execution import choose_execution
+    from specdec.errors import SpecdecError
+
     try:
         cuda = torch.device(a.device).type == "cuda"
+        run = choose_execution(*CACHES[a.cache], a.device)
     except RuntimeError as exc:
         ap.error(f"--device {a.device!r}: {exc}")
+    except SpecdecError as exc:
+        ap.error(f"--cache {a.cache}: {exc}")
     if a.out and not os.path.isdir(os.path.dirname(os.path.abspath(a.out))):
         ap.error(f"--out {a.out!r}: its folder does not exist")
     if cuda and not torch.cuda.is_available():
         print("no CUDA device", file=sys.stderr)
         return 2
-    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(a.device) if cuda else a.device}")
+    print(f"torch {torch.__version__}, device {torch.cuda.get_device_name(a.device) if cuda else a.device}; {run.why}")
     failures, rows = [], []
     for dtype in (torch.float32, torch.bfloat16):
         name = str(dtype).removeprefix("torch.")
-        pair = build_pair(a.device, dtype)
+        pair = build_pair(a.device, dtype, run)
         assert next(pair.target.model.parameters()).device.type == torch.device(a.device).type
         plain = pair.generate(PROMPT, policy="ar", max_new_tokens=32, chat=False).token_ids
         cases = [("-", "ar", {}, {})] + [(d, p, params, {"drafter": d, "k": 4, **params})
@@ -137,6 +154,15 @@ def main() -> int:
         rows.append({"case": f"{dtype} chi-square", "p": pval, "failures": [] if ok else ["chi-square"]})
         if not ok:
             failures.append(f"{dtype} chi-square")
+        for role, lm in (("target", pair.target), ("draft", pair.draft)):
+            graphs = getattr(lm, "graphs", None)  # the static cache's CUDA graphs, when on
+            if graphs is not None:  # every pass it takes captured and replayed, none refused
+                ok = bool(graphs.graphs) and graphs.replays > 0 and not graphs.failed
+                print(f"{name:8} {role} {graphs.describe()}; {graphs.replays} replays {'ok' if ok else 'FAIL'}",
+                      flush=True)
+                rows.append({"case": f"{dtype} {role} graphs", "failures": [] if ok else [graphs.describe()]})
+                if not ok:
+                    failures.append(f"{dtype} {role} graphs")
     if a.out:
         with open(a.out, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)

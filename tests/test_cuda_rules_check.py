@@ -1,5 +1,6 @@
 """scripts/cuda_rules_check.py refuses bad flags in one line before it builds anything (its checks
-themselves need a GPU, and are run on one: benchmarks/cuda-rules-check-h100)."""
+are meant for a GPU, and are run on one: benchmarks/cuda-rules-check-h100; ``--device cpu --cache
+static`` runs them on a CPU with the static KV cache, by hand: they take many minutes there)."""
 
 import os
 import subprocess
@@ -21,6 +22,8 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args, says", [
     (["--device", "gpu0"], "--device 'gpu0'"),
     (["--device", "cpu", "--out", "no/such/folder/checks.json"], "--out 'no/such/folder/checks.json': its folder does not exist"),
+    (["--device", "cpu", "--cache", "graphs"], "--cache graphs: cuda_graphs=on needs a CUDA device, not cpu"),
+    (["--device", "cpu", "--cache", "fast"], "invalid choice: 'fast'"),
 ])
 def test_bad_flags_are_one_line_errors(args, says):
     done = run_script(*args)

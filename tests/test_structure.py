@@ -348,7 +348,8 @@ def test_target_without_a_draft_uses_the_copy_sources_by_default(tiny_dirs):
 #: the only modules that import transformers: its backend, the GGUF->folder conversion, the GGUF
 #: tokenizer loader of the llama.cpp backend, and bench's transformers peers and version record
 TRANSFORMERS_IMPORTERS = {"backends/transformers/model.py", "backends/transformers/load.py", "backends/transformers/weights.py",
-                          "backends/transformers/convert.py", "backends/llamacpp/model.py", "bench/peers.py",
+                          "backends/transformers/convert.py", "backends/transformers/static.py",
+                          "backends/llamacpp/model.py", "bench/peers.py",
                           "bench/environment.py"}
 
 

@@ -14,7 +14,7 @@ from tinymodels import chisquare_joint, engine_sample, per_rule, perturbed_copy,
 from specdec.verify import Round, make_policy
 from specdec.verify.tree import TreeRound, tree_children, tree_depth, walk_tree
 
-from test_kv_rollback import assert_cache_matches
+from test_kv_rollback import CACHES, assert_cache_matches
 
 GREEDY = SamplingParams(temperature=0.0)
 P_MIN = 1e-3  # a correct implementation fails a seeded test with this probability
@@ -163,9 +163,9 @@ def test_a_chain_shaped_tree_is_verified_like_the_chain(seed, policy):
 
 
 # ----------------------------------------------------------------------------- engine
-def tiny_pair(noise=0.3, seed=2):
+def tiny_pair(noise=0.3, seed=2, make=CausalLM):
     target = tiny_model(seed)
-    return Engine(CausalLM(target), CausalLM(perturbed_copy(target, noise, seed + 1)), eos_ids=[258])
+    return Engine(make(target), make(perturbed_copy(target, noise, seed + 1)), eos_ids=[258])
 
 
 @pytest.mark.parametrize("options", [{}, {"tree_nodes": 3, "tree_width": 3}, {"tree_nodes": 12, "tree_width": 4},
@@ -180,8 +180,9 @@ def test_greedy_tree_decoding_is_token_identical_to_plain_decoding(options, k):
         assert out.stats.tree_depths and out.stats.accepted > 0
 
 
-def test_both_caches_equal_a_fresh_prefill_after_every_tree_round():
-    engine = tiny_pair(noise=0.5)
+@pytest.mark.parametrize("cache", list(CACHES))
+def test_both_caches_equal_a_fresh_prefill_after_every_tree_round(cache):
+    engine = tiny_pair(noise=0.5, make=CACHES[cache])
     cfg = DecodeConfig(drafter="tree", drafter_params={"tree_nodes": 6, "tree_width": 3}, k=4, max_new_tokens=30,
                        sampling=SamplingParams(temperature=1.0, seed=3))
     rounds = 0

@@ -13,6 +13,7 @@ from ...checks import option
 from ...errors import SpecdecError
 from ..registry import Backend, Costs, Loaded, Log, Request, check_same_vocabulary
 from .dtypes import DTYPES, resolve_dtype
+from .execution import SWITCHES, choose_execution, describe, switch
 from .quant import QUANT_MODES, resolve_quant
 
 
@@ -27,6 +28,10 @@ def _quant(where: str, value):
     return value
 
 
+def _switch(where: str, value):
+    return switch(where, value)
+
+
 @dataclass(frozen=True)
 class TransformersOptions:
     dtype: str = option("auto", choices=("auto", *DTYPES), check=_dtype,
@@ -38,6 +43,12 @@ class TransformersOptions:
     draft_quant: str = option("auto", choices=QUANT_MODES, check=_quant,
                               help="quantize the draft's weights; the draft only proposes, so lossless output is "
                                    "unchanged (default: auto = int8 for bfloat16 on CPU, none otherwise)")
+    static_cache: str = option("auto", choices=SWITCHES, check=_switch,
+                               help="a KV cache preallocated to the context, rolled back by moving an index "
+                                    "(default: auto = on for CUDA, off elsewhere; on = also on a CPU)")
+    cuda_graphs: str = option("auto", choices=SWITCHES, check=_switch,
+                              help="replay short passes (verify, draft steps) as captured CUDA graphs, on the static "
+                                   "cache (default: auto = on for CUDA; on needs a CUDA device)")
 
 
 class TransformersBackend(Backend):
@@ -61,10 +72,11 @@ class TransformersBackend(Backend):
 
     def load(self, req: Request, why: str) -> Loaded:
         from .dtypes import choose_variants, materialize
-        from .model import HFModel, output_rows
+        from .model import output_rows
 
         target, draft, dev = req.target, req.draft, req.device
-        chosen = choose_variants(req)
+        plan = choose_execution(req.options.get("static_cache", "auto"), req.options.get("cuda_graphs", "auto"), dev)
+        chosen = choose_variants(req, plan)
         t = materialize(target, chosen.target, dev, chosen.measured["target"], progress=req.progress,
                         table=chosen.tables["target"].get(chosen.target))
         d = None
@@ -77,12 +89,13 @@ class TransformersBackend(Backend):
         if min(widths) < vocab:
             raise SpecdecError(f"a model's output layer has {min(widths)} rows, fewer than the tokenizer's {vocab} tokens")
         # Rows past the tokenizer's table (padding) are never real tokens; cut them so both models agree.
-        target_lm = HFModel(t.model, target, vocab_limit=vocab)
-        draft_lm = HFModel(d.model, draft, vocab_limit=vocab) if d is not None else None
+        runs = {"target": plan.for_config(t.model.config), "draft": plan.for_config(d.model.config) if d else None}
+        target_lm = runs["target"].wrap(t.model, target, vocab_limit=vocab)
+        draft_lm = runs["draft"].wrap(d.model, draft, vocab_limit=vocab) if d is not None else None
         costs = Costs(chosen.tables["target"].get(chosen.target),
                       chosen.tables["draft"].get(chosen.draft) if chosen.draft else None, chosen.why,
                       dict(chosen.tables))
-        return Loaded(target_lm, t.tokenizer, draft_lm, (target, draft), costs, why)
+        return Loaded(target_lm, t.tokenizer, draft_lm, (target, draft), costs, f"{why}; {describe(runs)}")
 
     def measure(self, lm, remeasure: bool = False, log: Log | None = None):
         """The cost table of a loaded model in its variant (``specdec.load`` measures candidates
@@ -96,6 +109,12 @@ class TransformersBackend(Backend):
             if cached is not None:
                 return cached
         return table_for(lm, key, lm.variant, log=log, kernels=choose_kernels(lm.model, lm))
+
+    def fingerprint(self, device: torch.device | str = "cpu") -> dict:
+        """A model loaded with the defaults: on CUDA its tables are the static cache's with graphs."""
+        from ...costmodel import fingerprint
+
+        return fingerprint(device, choose_execution("auto", "auto", device).fingerprint())
 
     def cached_estimate(self, req: Request):
         from .dtypes import cached_choice

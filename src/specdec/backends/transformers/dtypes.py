@@ -27,6 +27,7 @@ from ...errors import SpecdecError
 from ..registry import Log
 from .kernels import can_pad_rows, pack_linears, set_row_padding
 from .load import Checkpoint, folder_config, load as load_model, load_config
+from .execution import Execution
 from .model import HFModel, variant_name
 from .quant import quantize_int8, resolve_quant
 
@@ -60,10 +61,11 @@ class Variants:
     why: str | None
 
 
-def choose_variants(req) -> Variants:
+def choose_variants(req, plan: Execution = Execution()) -> Variants:
     """The variant of each model for a load request (:class:`specdec.backends.registry.Request`,
     options ``dtype``, ``draft_dtype``, ``draft_quant``): the cost model's choice among the
-    candidates when calibrating, else the default (bfloat16 for ``auto``)."""
+    candidates when calibrating, else the default (bfloat16 for ``auto``). The tables are measured
+    with the models run as ``plan`` says (:mod:`specdec.backends.transformers.execution`)."""
     from ...costmodel import FALLBACK_K
 
     dtype, draft_dtype, draft_quant = (req.options.get(k, "auto") for k in ("dtype", "draft_dtype", "draft_quant"))
@@ -80,7 +82,7 @@ def choose_variants(req) -> Variants:
         for role, source, cands in (("target", req.target, t_cands), ("draft", draft, d_cands)):
             if source is not None:
                 tables[role], measured[role] = candidate_tables(source, role, cands, dev, remeasure=req.recalibrate,
-                                                                progress=req.progress, log=log)
+                                                                progress=req.progress, log=log, plan=plan)
     choice = pick(tables["target"], tables["draft"] if draft is not None else None) if calibrate else None
     t_variant = choice.target if choice is not None else (t_cands[-1] if dtype == "auto" else t_cands[0])
     d_variant = None
@@ -157,15 +159,18 @@ def choose_kernels(model: torch.nn.Module, lm: HFModel, repeats: int = 5) -> lis
 
 def candidate_tables(source: str, role: str, cands: list[str], device: torch.device, vocab_limit: int | None = None,
                      *, remeasure: bool = False, progress: bool = True, log: Log | None = None,
-                     ) -> tuple[dict[str, CostTable | None], tuple[str, Checkpoint] | None]:
-    """Every candidate's table: cached where it exists, else measured. One candidate to measure
-    loads in its own variant; several load one float32 master, each other variant measured on a
-    cast copy, float32 last on the master itself. Returns the tables and the model measured in
-    place as ``(variant, loaded)`` (so choosing that variant loads nothing again), or None."""
+                     plan: Execution = Execution()) -> tuple[dict[str, CostTable | None], tuple[str, Checkpoint] | None]:
+    """Every candidate's table: cached where it exists, else measured (the model run as ``plan``
+    says for it). One candidate to measure loads in its own variant; several load one float32
+    master, each other variant measured on a cast copy, float32 last on the master itself. Returns
+    the tables and the model measured in place as ``(variant, loaded)`` (so choosing that variant
+    loads nothing again), or None."""
     from ...costmodel import fingerprint, load_cached
 
-    key = model_key(source, load_config(source, progress))
-    fp = fingerprint(device)
+    config = load_config(source, progress)
+    key = model_key(source, config)
+    run = plan.for_config(config)
+    fp = fingerprint(device, run.fingerprint())
     tables: dict[str, CostTable | None] = {c: None if remeasure else load_cached(fp, key, c) for c in cands}
     todo = sorted((c for c in cands if tables[c] is None), key=lambda c: c == "float32")
     if not todo:
@@ -174,22 +179,20 @@ def candidate_tables(source: str, role: str, cands: list[str], device: torch.dev
         only = todo[0]
         loaded = load_model(source, split_variant(only)[0], device, progress=progress)
         loaded.model = build_variant(loaded.model, only)
-        tables[only] = _measure(loaded.model, role, source, key, only, vocab_limit, log)
+        tables[only] = _measure(run.wrap(loaded.model, f"{role} {source}", vocab_limit), key, only, log)
         return tables, (only, loaded)
     master = load_model(source, torch.float32, device, progress=progress)
     for c in todo:
         last = c == "float32"
         model = build_variant(master.model if last else copy.deepcopy(master.model), c)
-        tables[c] = _measure(model, role, source, key, c, vocab_limit, log)
+        tables[c] = _measure(run.wrap(model, f"{role} {source}", vocab_limit), key, c, log)
         del model
     return tables, (("float32", master) if "float32" in todo else None)
 
 
-def _measure(model: torch.nn.Module, role: str, source: str, key: str, variant: str, vocab_limit: int | None,
-             log: Log | None) -> CostTable | None:
-    lm = HFModel(model, f"{role} {source}", vocab_limit=vocab_limit)
+def _measure(lm: HFModel, key: str, variant: str, log: Log | None) -> CostTable | None:
     try:
-        return table_for(lm, key, variant, log=log, kernels=choose_kernels(model, lm))
+        return table_for(lm, key, variant, log=log, kernels=choose_kernels(lm.model, lm))
     finally:
         lm.close()
 

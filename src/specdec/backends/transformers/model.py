@@ -64,6 +64,31 @@ def output_rows(head: torch.nn.Module) -> int:
     return int(rows) if rows is not None else int(head.weight.shape[0])
 
 
+def tree_attention(tree, past: int, n_linear: int, n_new: int, first: int) -> tuple[torch.Tensor, list[int]]:
+    """What a pass over ``n_linear`` tokens continuing the sequence and then the tree's nodes
+    ``first..first + n_new - 1`` may attend to, and their positions: ``allowed`` ``[q, past + q]``
+    (bool: the linear part causal; a node sees the context and itself and its ancestors, at cache
+    index ``tree.base + node``) and each row's position (a node's: ``tree.base - 1 + depth``)."""
+    q = n_linear + n_new
+    allowed = torch.zeros(q, past + q, dtype=torch.bool)
+    for r in range(n_linear):  # the linear part: causal
+        allowed[r, : past + r + 1] = True
+    allowed[n_linear:, : tree.base] = True  # every node sees the whole context
+    for j in range(n_new):
+        node = first + j
+        while node >= 0:  # itself and its ancestors
+            allowed[n_linear + j, tree.base + node] = True
+            node = tree.parents[node]
+    positions = [past + r for r in range(n_linear)] + [tree.base - 1 + tree.depths[first + j] for j in range(n_new)]
+    return allowed, positions
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention pattern as the additive mask attention reads: 0 where allowed, the dtype's
+    lowest value elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
 class HFModel(Model):
     """A transformers causal LM with one ``DynamicCache`` (see :class:`~specdec.backends.base.Model`)."""
 
@@ -125,18 +150,8 @@ class HFModel(Model):
         tree = self.tree
         assert tree is not None
         past = len(self.tokens)
-        q = len(linear) + len(ids)
-        allowed = torch.zeros(q, past + q, dtype=torch.bool)
-        for r in range(len(linear)):  # the linear part: causal
-            allowed[r, : past + r + 1] = True
-        allowed[len(linear):, : tree.base] = True  # every node sees the whole context
-        for j in range(len(ids)):
-            node = first + j
-            while node >= 0:  # itself and its ancestors
-                allowed[len(linear) + j, tree.base + node] = True
-                node = tree.parents[node]
-        positions = [past + r for r in range(len(linear))] + [tree.base - 1 + tree.depths[first + j] for j in range(len(ids))]
-        mask = torch.zeros(allowed.shape, dtype=self.dtype).masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        allowed, positions = tree_attention(tree, past, len(linear), len(ids), first)
+        mask = additive_mask(allowed, self.dtype)
         input_ids = torch.tensor([[*linear, *ids]], dtype=torch.long, device=self.device)
         rows = len(ids) + (1 if linear else 0)
         kwargs = {"logits_to_keep": rows} if self._keeps_logits else {}
