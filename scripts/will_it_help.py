@@ -16,7 +16,8 @@ column is a new key in ``columns`` and in the rows' ``cells``. Kinds of cell:
 - ``{"plain": FOLDER}``: a folder that ran plain decoding only: its tokens/s;
 - ``{"replay": FOLDER/TRACES, "costs": FOLDER, "draft": NAME}``: the traces replayed with today's
   k=auto for draft NAME on the cost tables in ``costs`` (``specdec replay``): plain decoding's
-  replayed seconds over k=auto's, with the same bootstrap interval over the prompts;
+  replayed seconds over k=auto's, with the same bootstrap interval over the prompts; with
+  ``"portfolio": true``, today's default (``drafter="auto"``: NAME, prompt lookup and suffix);
 - ``{"agent": FOLDER, "config": NAME, "label": TEXT}``: an agent-loop folder
   (``scripts/bench_agent_loop.py``): plain decoding's seconds over NAME's, interval over requests;
 - ``{"projection": FOLDER, "traces": FILE, "draft": NAME}``: the k=auto figure of ``projection.md``
@@ -95,7 +96,15 @@ def _replay(cell: dict) -> dict:
     tables = read_tables([str(BENCH / cell["costs"])])
     draft, source = cell["draft"], cell["draft"].rsplit("|w", 1)[0]
     clock = Clock(tables[str(head["target"]).split("|")[0]], tables[source])
-    auto = auto_k(clock.target, clock.draft, draft, prior=(head.get("priors") or {}).get(source))
+    prior = (head.get("priors") or {}).get(source)
+    if cell.get("portfolio"):
+        from specdec.bench.replaycli import replay_portfolio
+
+        rows = replay_portfolio(traces, draft, clock.target, clock.draft, prior, stop_ids=head.get("stop_ids") or (),
+                                clock=clock)["prompts"]
+        plain, spec = [r["plain"] for r in rows], [r["auto"] for r in rows]
+        return {"how": "replayed", "ratio": _round(sum(plain) / sum(spec)), "ci": _round(ratio_of_sums_ci(plain, spec))}
+    auto = auto_k(clock.target, clock.draft, draft, prior=prior)
     plain = [replay(tr, None, None, clock).seconds for tr in traces]
     spec = [replay(tr, draft, auto, clock).seconds for tr in traces]
     return {"how": "replayed", "ratio": _round(sum(plain) / sum(spec)), "ci": _round(ratio_of_sums_ci(plain, spec))}

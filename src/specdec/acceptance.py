@@ -158,6 +158,10 @@ def run_bin(run: int) -> int:
     return bisect.bisect_left(RUN_EDGES, int(run))
 
 
+#: run_bin for every run up to the last edge (longer runs are in the last bin)
+_RUN_BINS = tuple(run_bin(r) for r in range(RUN_EDGES[-1] + 1))
+
+
 @dataclass
 class RunRates:
     """For copy sources (prompt lookup, suffix): the chance a copy's next token is kept given its
@@ -171,21 +175,30 @@ class RunRates:
     prior: tuple[float, ...] = COPY_PRIOR
     reached: list[float] = field(default_factory=lambda: [0.0] * (len(RUN_EDGES) + 1))
     kept: list[float] = field(default_factory=lambda: [0.0] * (len(RUN_EDGES) + 1))
+    _rates: list[float] | None = field(default=None, repr=False, compare=False)  # per bin, made again on update
+
+    def rates(self) -> list[float]:
+        """The chance per run bin."""
+        if self._rates is None:
+            self._rates = [min(MAX_RATE, (k + COPY_PRIOR_WEIGHT * p) / (r + COPY_PRIOR_WEIGHT))
+                           for k, r, p in zip(self.kept, self.reached, self.prior)]
+        return self._rates
 
     def rate(self, run: int) -> float:
-        b = run_bin(run)
-        return min(MAX_RATE, (self.kept[b] + COPY_PRIOR_WEIGHT * self.prior[b]) / (self.reached[b] + COPY_PRIOR_WEIGHT))
+        return self.rates()[_RUN_BINS[run] if run < len(_RUN_BINS) else len(RUN_EDGES)]
 
     def kept_chances(self, run: int, n: int) -> list[float]:
         """For drafts ``1..n`` of a copy with run ``run``: the chance draft ``i`` is kept given
         drafts ``1..i-1`` were (what :func:`specdec.costmodel.expected_tokens` takes)."""
-        return [self.rate(run + i) for i in range(n)]
+        rates, bins, last = self.rates(), _RUN_BINS, len(RUN_EDGES)
+        return [rates[bins[r] if r < len(bins) else last] for r in range(run, run + n)]
 
     def update(self, run: int, reached: int, kept: int) -> None:
         """A copy of run ``run`` whose first ``reached`` tokens were judged and ``kept`` of them kept
         (``kept == reached``: all matched, nothing known past them; else the last one missed)."""
         if reached <= 0:
             return
+        self._rates = None
         self.reached = [x * COPY_DECAY for x in self.reached]
         self.kept = [x * COPY_DECAY for x in self.kept]
         for i in range(reached):

@@ -245,6 +245,15 @@ class AutoK(KPolicy):
             self.lengths = (self.lengths + [(int(tokens), bool(cut))])[-LENGTHS:]
 
 
+#: a copy round's wider pass is priced at this times the extra seconds the table gives it over a
+#: one-token pass: the tables are measured over a 32-token cache, and at the contexts answers run at
+#: (hundreds of tokens) a wide pass's extra cost was 1.26-1.43x the table's (AVX2-only EPYC, 4-bit
+#: target, rounds of the edit workload and Spec-Bench), so a copy that pays only at the table's
+#: price loses at the real one; 1.5 did best of 1.0-1.8 replayed on those traces with passes priced
+#: at 1.35x (docs/free-drafts.md)
+WIDTH_PREMIUM = 1.5
+
+
 class PortfolioK(KPolicy):
     """The K policy of the portfolio drafter (``drafter="auto"``,
     :mod:`specdec.drafters.auto`): each round, the source and K with the most expected tokens per
@@ -253,7 +262,8 @@ class PortfolioK(KPolicy):
     - A copy source's offer (prompt lookup, suffix: free to ask and to propose) is priced by its
       run (:class:`~specdec.acceptance.RunRates`, one per source, learned from every offer scored
       against what each round committed, drafted or not): its K is the prefix with the most
-      expected tokens per second, ``E(K) / pass(K + 1)``.
+      expected tokens per second, ``E(K) / pass(K + 1)``, the pass's extra width priced at
+      :data:`WIDTH_PREMIUM` times the table's.
     - The draft model is the :class:`AutoK` it would have alone (when reading its backlog pays, the
       block at the pooled acceptance, after each draft whether to go on); its rate is its plan's.
     - A plain step yields one token per one-token pass. Ties go to the free sources, then to plain.
@@ -271,6 +281,7 @@ class PortfolioK(KPolicy):
         self.window = max(0, int(window))  # a policy's lookahead: a copy drafts more than it, or nothing
         self.rates: dict[str, RunRates] = {}
         self.limit = 0
+        self._priced: dict[int, float] = {}
 
     def begin(self, max_new_tokens: int) -> None:
         self.declined = 0
@@ -286,10 +297,23 @@ class PortfolioK(KPolicy):
         if self.fixed is not None or self.target is None:
             k = min(n, self.fixed or n)
             return k, expected_tokens(chances, k)
-        k = best_k(self.target.forward, 0.0, chances, n, k_min=self.window + 1, allow_zero=False, allowed=self.allowed)
-        if not 0 < k <= n:
-            return 0, 0.0
-        return k, tokens_per_second(self.target.forward, 0.0, chances, k)
+        best, best_rate, tokens, run = 0, 0.0, 1.0, 1.0  # one pass over the prefixes: E(K) grows term by term
+        for k in range(1, n + 1):
+            run *= chances[k - 1]
+            tokens += run
+            if k > self.window and k in self.allowed:
+                rate = tokens / self.priced(k + 1)
+                if rate > best_rate * (1 + TIE_TOLERANCE):
+                    best, best_rate = k, rate
+        return best, best_rate
+
+    def priced(self, width: int) -> float:
+        """A copy round's pass over ``width`` tokens: the table's one-token pass, and its extra
+        width at :data:`WIDTH_PREMIUM` times the table's price (kept per width)."""
+        if width not in self._priced:
+            one = self.target.forward(1)
+            self._priced[width] = one + WIDTH_PREMIUM * (self.target.forward(width) - one)
+        return self._priced[width]
 
     def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
         self.source, self.limit = None, 0

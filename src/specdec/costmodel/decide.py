@@ -50,12 +50,16 @@ def best_k(verify: Callable[[int], float], draft_step: float, rates: Sequence[fl
     ``expected_tokens(rates, K) / (K * draft_step + verify(K + 1))``. ``verify(w)`` is the target's
     pass over ``w`` tokens; ``K = 0`` is a plain decoding step (``1 / verify(1)``), left out with
     ``allow_zero=False`` (then at least ``k_min``). ``allowed``: the only K > 0 to consider (those
-    whose pass width ``K + 1`` was measured; None: every K). Ties go to the smaller K."""
-    ks = ([0] if allow_zero else []) + [k for k in range(max(1, k_min), max(0, k_max) + 1)
-                                        if allowed is None or k in allowed]
-    best, best_rate = None, -1.0
-    for k in ks:
-        rate = tokens_per_second(verify, draft_step, rates, k)
+    whose pass width ``K + 1`` was measured; None: every K). Ties go to the smaller K. One pass:
+    ``E(K)`` grows term by term (the same sums :func:`expected_tokens` makes)."""
+    best, best_rate = (0, 1.0 / max(verify(1), MIN_ROUND_SECONDS)) if allow_zero else (None, -1.0)
+    total, run = 1.0, 1.0
+    for k in range(1, max(0, k_max) + 1):
+        run *= float(rates[k - 1]) if k - 1 < len(rates) else float(rates[-1]) if len(rates) else 0.0
+        total += run
+        if k < max(1, k_min) or (allowed is not None and k not in allowed):
+            continue
+        rate = total / max(k * draft_step + verify(k + 1), MIN_ROUND_SECONDS)
         if best is None or rate > best_rate * (1 + TIE_TOLERANCE):
             best, best_rate = k, rate
     return best if best is not None else 0
