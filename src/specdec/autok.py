@@ -262,10 +262,11 @@ class PortfolioK(KPolicy):
     - A copy source's offer (prompt lookup, suffix: free to ask and to propose) is priced by its
       run (:class:`~specdec.acceptance.RunRates`, one per source, learned from every offer scored
       against what each round committed, drafted or not): its K is the prefix with the most
-      expected tokens per second, ``E(K) / pass(K + 1)``, the pass's extra width priced at
-      :data:`WIDTH_PREMIUM` times the table's.
+      expected tokens per second, ``E(K) / pass(K + 1)``, the pass's extra width over a
+      one-token pass priced at :data:`WIDTH_PREMIUM` times the table's (:func:`premium`).
     - The draft model is the :class:`AutoK` it would have alone (when reading its backlog pays, the
-      block at the pooled acceptance, after each draft whether to go on); its rate is its plan's.
+      block at the pooled acceptance, after each draft whether to go on), its passes' extra width
+      priced with the same premium; its rate is its plan's.
     - A plain step yields one token per one-token pass. Ties go to the free sources, then to plain.
 
     ``k=N`` (``fixed``), or no cost table: every round drafts N from the source with the most
@@ -274,14 +275,15 @@ class PortfolioK(KPolicy):
     def __init__(self, target: CostTable | None, draft: CostTable | None = None, *, has_model: bool,
                  prior: AcceptancePrior | None = None, window: int = 0, fixed: int | None = None):
         self.target, self.fixed = target, None if fixed is None else max(0, int(fixed))
-        self.model = AutoK(target, draft, True, window, prior) if has_model and target is not None and fixed is None \
-            else None
+        #: the target's passes as this policy prices a round that drafts (:func:`premium`)
+        self.priced = premium(target) if target is not None else None
+        self.model = AutoK(self.priced, draft, True, window, prior) \
+            if has_model and target is not None and fixed is None else None
         self.model_rate = (prior or AcceptancePrior.assumed()).mean if has_model else 0.0  # k=N: the model's
         self.allowed = frozenset(w - 1 for w in target.widths if w >= 2) if target is not None else frozenset()
         self.window = max(0, int(window))  # a policy's lookahead: a copy drafts more than it, or nothing
         self.rates: dict[str, RunRates] = {}
         self.limit = 0
-        self._priced: dict[int, float] = {}
 
     def begin(self, max_new_tokens: int) -> None:
         self.declined = 0
@@ -302,18 +304,11 @@ class PortfolioK(KPolicy):
             run *= chances[k - 1]
             tokens += run
             if k > self.window and k in self.allowed:
-                rate = tokens / self.priced(k + 1)
+                rate = tokens / self.priced.forward(k + 1)
                 if rate > best_rate * (1 + TIE_TOLERANCE):
                     best, best_rate = k, rate
         return best, best_rate
 
-    def priced(self, width: int) -> float:
-        """A copy round's pass over ``width`` tokens: the table's one-token pass, and its extra
-        width at :data:`WIDTH_PREMIUM` times the table's price (kept per width)."""
-        if width not in self._priced:
-            one = self.target.forward(1)
-            self._priced[width] = one + WIDTH_PREMIUM * (self.target.forward(width) - one)
-        return self._priced[width]
 
     def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
         self.source, self.limit = None, 0
@@ -362,6 +357,15 @@ class PortfolioK(KPolicy):
     def end(self, tokens: int, cut: bool = False) -> None:
         if self.model is not None:
             self.model.end(tokens, cut)
+
+
+def premium(table: CostTable) -> CostTable:
+    """``table`` with every pass's extra width over a one-token pass at :data:`WIDTH_PREMIUM` times
+    its price (what :class:`PortfolioK` plans the draft model's rounds with)."""
+    import dataclasses
+
+    one = table.forward(1)
+    return dataclasses.replace(table, seconds=[one + WIDTH_PREMIUM * (s - one) for s in table.seconds])
 
 
 def k_policy(k: int | str, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,

@@ -135,9 +135,12 @@ def cmd_bench(a: argparse.Namespace) -> int:
 OUTPUT_FLAGS = {"out", "report_only", "quiet", "command", "func", "argv_typed"}
 
 
-def recorded_command(out: Path) -> list[str] | None:
-    """The argv (after ``specdec``) that made the folder ``out``, as its run.json records it: the
-    command a migration stored, else the last invocation's. None without a run.json."""
+#: defaults that changed, as (setting, the default before, the time it changed): a command a folder
+#: records from before that time ran under the old default where it did not type the setting
+CHANGED_DEFAULTS = (("drafter", "model", "2026-11-27T10:20:22+0000"),)
+
+
+def _read_run(out: Path) -> dict | None:
     from ..files import read_regular
     from .results import RUN_LIMIT
 
@@ -149,15 +152,40 @@ def recorded_command(out: Path) -> list[str] | None:
         run = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:
         raise SpecdecError(f"{path} is unreadable: {str(exc)[:200]}") from None
+    return run if isinstance(run, dict) else {}
 
-    def last(name: str) -> dict:
-        items = run.get(name) if isinstance(run, dict) else None
-        return items[-1] if isinstance(items, list) and items and isinstance(items[-1], dict) else {}
 
-    command = last("migrations").get("command") or last("invocations").get("argv") or []
+def _last_record(run: dict) -> dict:
+    """The record whose command names the folder's run: the last migration's, else the last invocation."""
+    for name in ("migrations", "invocations"):
+        items = run.get(name)
+        if isinstance(items, list) and items and isinstance(items[-1], dict):
+            if name == "invocations" or items[-1].get("command"):
+                return items[-1]
+    return {}
+
+
+def recorded_command(out: Path) -> list[str] | None:
+    """The argv (after ``specdec``) that made the folder ``out``, as its run.json records it: the
+    command a migration stored, else the last invocation's. None without a run.json."""
+    run = _read_run(out)
+    if run is None:
+        return None
+    record = _last_record(run)
+    command = record.get("command") or record.get("argv") or []
     if not (isinstance(command, list) and all(isinstance(a, str) for a in command)):
-        raise SpecdecError(f"{path}: the command it records is not a list of words")
+        raise SpecdecError(f"{Path(out) / 'run.json'}: the command it records is not a list of words")
     return list(command) or None
+
+
+def recorded_defaults(out: Path) -> dict[str, str]:
+    """The settings whose default changed after the folder's command was recorded (its record's
+    time): the old defaults, which that command ran under where it did not type them."""
+    run = _read_run(out) or {}
+    when = _last_record(run).get("time")
+    if not isinstance(when, str):
+        return {}
+    return {name: old for name, old, changed in CHANGED_DEFAULTS if when < changed}
 
 
 def bench_parser() -> argparse.ArgumentParser:
@@ -202,6 +230,9 @@ def with_folder_command(a: argparse.Namespace) -> argparse.Namespace:
         raise SpecdecError(f"{a.out}/run.json records a command today's specdec does not parse: "
                            f"specdec {shlex.join(command)}") from None
     typed = typed_flags(typed_argv)
+    for name, old in recorded_defaults(Path(a.out)).items():
+        if name not in typed_flags(command):
+            setattr(recorded, name, old)
     filled = argparse.Namespace(**vars(a))
     for key, value in vars(recorded).items():
         if key not in typed and key not in OUTPUT_FLAGS:
