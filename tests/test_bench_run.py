@@ -403,7 +403,7 @@ def test_kill_at_any_moment_then_rerun_completes(tiny_dirs, tmp_path):
 @pytest.mark.parametrize("extra, message", [
     (["--dataset", "mmlu"], "unknown dataset 'mmlu'"),
     (["--dataset", "spec-bench:poetry"], "unknown Spec-Bench category 'poetry'"),
-    (["--policies", "ar,nosuchrule"], "configuration nosuchrule/model/kauto"),
+    (["--policies", "ar,nosuchrule"], "configuration nosuchrule/auto/kauto"),
     (["--limit", "0"], "--limit must be an integer >= 1"),
     (["--limit=-3"], "--limit must be an integer >= 1"),
     (["--limit", "ten"], "--limit must be an integer >= 1, got 'ten'"),

@@ -246,7 +246,7 @@ def test_configurations_that_cannot_decode_under_a_schema_are_refused_before_any
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--dataset", "json-extration"], "choose from: humaneval, spec-bench[:category,...], json-extraction, fixture"),
+    (["--dataset", "json-extration"], "choose from: humaneval, spec-bench[:category,...], json-extraction, edits, fixture"),
     (["--dataset", "json-extraction:qa"], "dataset 'json-extraction' has no categories"),
     (["--dataset", "json-extraction", "--peers", "hf-ar"], "peer hf-ar cannot decode under the dataset's JSON schema"),
 ])

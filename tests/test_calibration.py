@@ -186,7 +186,8 @@ def test_a_table_measured_slow_is_named_in_the_stats_and_the_notes(tiny_dirs, mo
 
 # ----------------------------------------------------------------------------- the notes
 def pair_with(target, draft=None):
-    return types.SimpleNamespace(costs=types.SimpleNamespace(target=target, draft=draft))
+    # a draft model is loaded where it has a table
+    return types.SimpleNamespace(costs=types.SimpleNamespace(target=target, draft=draft), draft=draft)
 
 
 def stats(k, k_chosen, drafted_per_round, accepted_per_round, policy="lossless", drafter="model"):

@@ -112,10 +112,12 @@ def test_stats_are_consistent(pair):
     assert ar.mean_acceptance_length == 1.0 and ar.rounds == 64 and ar.drafted == 0
 
 
-def test_sampling_is_reproducible_with_a_seed(pair):
-    a = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=11, max_new_tokens=30)
-    b = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=11, max_new_tokens=30)
-    c = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=12, max_new_tokens=30)
+@pytest.mark.parametrize("drafter", ["auto", "suffix"])
+def test_sampling_is_reproducible_with_a_seed(pair, drafter):
+    """Whatever ran before: a seeded sample reads no earlier answer (suffix) and no learned K."""
+    a = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=11, max_new_tokens=30, drafter=drafter)
+    b = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=11, max_new_tokens=30, drafter=drafter)
+    c = pair.generate("abc", chat=False, temperature=0.8, top_p=0.9, seed=12, max_new_tokens=30, drafter=drafter)
     assert a.token_ids == b.token_ids != c.token_ids
 
 

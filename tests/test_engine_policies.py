@@ -87,8 +87,8 @@ def test_bad_drafter_options(pair):
 
 def test_min_confidence_shortens_drafts_and_stays_exact(pair):
     ar = pair.generate("abc abc abc", chat=False, policy="ar", max_new_tokens=40)
-    plain = pair.generate("abc abc abc", chat=False, k=12, max_new_tokens=40)
-    unsure = pair.generate("abc abc abc", chat=False, k=12, max_new_tokens=40, min_confidence=0.9)
+    plain = pair.generate("abc abc abc", chat=False, drafter="model", k=12, max_new_tokens=40)
+    unsure = pair.generate("abc abc abc", chat=False, drafter="model", k=12, max_new_tokens=40, min_confidence=0.9)
     assert plain.token_ids == unsure.token_ids == ar.token_ids
     assert unsure.stats.drafted < plain.stats.drafted
     fast = pair.generate("abc abc abc", chat=False, k=12, max_new_tokens=40, min_confidence=0.9, drafter="model+pld")

@@ -28,6 +28,9 @@ class ScriptedDrafter:
     def backlog(self, context):
         return 0
 
+    def offers(self, context, room):  # a drafter of one source offers no free drafts
+        return []
+
     def propose(self, context, k, params, generator):
         pos = len(context) - self.prompt_len
         tokens = list(self.truth[pos : pos + k])

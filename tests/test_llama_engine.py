@@ -92,3 +92,19 @@ def test_prefix_caching_reads_only_the_new_part_of_a_prompt(pair_paths):
     outs = [engine.generate(p, cfg) for p in (PROMPTS[0], PROMPTS[0] + list(b" return"))]
     assert [o.stats.cached_prompt_tokens for o in outs] == [0, len(PROMPTS[0])]
     assert [o.token_ids for o in outs] == fresh
+
+
+def test_a_busy_core_is_said_at_startup(monkeypatch):
+    """Other work on a core llama.cpp's threads run on slows every step many times over: the
+    startup names the busy cores and the free ones to run on; nothing is said when none is busy or
+    llama.cpp runs on fewer threads than the cores."""
+    import os
+
+    from specdec.backends.llamacpp import model
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    note = model.busy_note(2, [0])
+    assert note and "1 of the 2 cores" in note and "taskset -c 1" in note and "\n" not in note
+    assert "free some" in model.busy_note(2, [0, 1])
+    assert model.busy_note(2, []) is None and model.busy_note(1, [0]) is None
+    assert isinstance(model.busy_cores(0.01), list)

@@ -66,10 +66,15 @@ def test_fly_with_k_auto_keeps_a_window_aware_controller(tiny_dirs):
     p.engine.target_costs = CostTable("t|x", "float32", widths, [0.01] * 6, 32)
     p.engine.draft_costs = CostTable("d|x", "float32", widths, [0.001] * 6, 32)
     p.engine.controllers.clear()
-    out = p.generate("abc abc abc", chat=False, policy="fly", max_new_tokens=60)
+    from specdec.engine import DecodeConfig
+
+    ids = p.encode("abc abc abc", chat=False)
+    # a caller's controller is kept across its requests (one without a caller starts fresh)
+    cfg = DecodeConfig(policy="fly", drafter="model", max_new_tokens=60).with_settings(caller="t")
+    out = p.engine.generate(ids, cfg)
     ks = out.stats.k_chosen
     assert len(ks) == out.stats.rounds and any(ks) and max(ks) < 60
-    (control,) = [c for key, c in p.engine.controllers.items() if key[0] == "fly"]
+    (control,) = [c for key, c in p.engine.controllers.items() if key[:2] == ("t", "fly")]
     assert control.window == 6 and sum(control.bins.reached) > 0  # every drafting round taught the acceptance model
     # a drafting round runs past the window (shorter blocks would leave it inert), unless the answer's end is nearer
     assert all(k == 0 or k > 6 for k in ks[:-3])

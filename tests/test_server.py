@@ -158,7 +158,7 @@ def test_sse_wire_format(server):
 def test_usage_carries_stats(server):
     r = server.client.completions.create(model="tiny", prompt="Hello there", max_tokens=24, temperature=0)
     s = spec_usage(r)
-    assert s["policy"] == "lossless" and s["drafter"] == "model" and s["k"] == 4  # the server's defaults
+    assert s["policy"] == "lossless" and s["drafter"] == "auto" and s["k"] == 4  # the server's defaults
     assert s["rounds"] >= 1 and s["drafted"] >= s["accepted"] >= 0
     assert s["tau"] == pytest.approx(1 + s["accepted"] / s["rounds"])
     assert sum(s["accepted_at"]) == s["accepted"] and len(s["per_position_acceptance"]) == len(s["drafted_at"])

@@ -287,7 +287,7 @@ def test_bench_runs_trees_beside_chains_and_reports_them(tiny_dirs, tmp_path, ca
 
     target, draft = tiny_dirs
     out = tmp_path / "run"
-    argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless:k=3,lossless:drafter=tree:tree_nodes=3:k=3",
+    argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless:drafter=model:k=3,lossless:drafter=tree:tree_nodes=3:k=3",
             "--max-new-tokens", "6", "--no-warmup", "--out", str(out), "-q", "--no-plots",
             "--target", str(target), "--draft", str(draft), "--dtype", "float32", "--device", "cpu"]
     assert main(argv) == 0

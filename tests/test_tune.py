@@ -55,7 +55,7 @@ def test_tune_writes_a_config_that_generate_and_bench_reproduce(tiny_dirs, tmp_p
     chosen = cfg["tuned"]["setting"]
     mars = record["policies"]["mars"]
     assert mars["pick"]["setting"] == chosen and record["confirm"][chosen]["qualifies"]
-    assert set(record["proxy"]) == {"ar", "mars[mars_theta=0.5]/model/k3", "mars[mars_theta=0.9]/model/k3"}
+    assert set(record["proxy"]) == {"ar", "mars[mars_theta=0.5]/auto/k3", "mars[mars_theta=0.9]/auto/k3"}
     assert mars["confirmed"][0] == mars["proxy_order"][0]  # fastest proxy first
     assert cfg["tuned"]["recovery"] >= 0.99 and cfg["tuned"]["ar_quality"] > 0 and cfg["tuned"]["samples"] == 3
     assert cfg["tuned"]["recovery_bound"] >= 0.8 and cfg["tuned"]["confidence"] == 0.8
@@ -109,9 +109,9 @@ def test_several_policies_share_one_ar_and_get_a_config_each(tiny_dirs, tmp_path
     record = json.loads((out / "tune.json").read_text())
     assert set(record["policies"]) == {"mars", "typical"}
     # k=auto runs at the fixed --proxy-k in the proxy stage, at auto in the confirm stage
-    assert record["policies"]["mars"]["proxy_of"] == {"mars[mars_theta=0.9]/model/kauto": "mars[mars_theta=0.9]/model/k2"}
-    assert set(record["proxy"]) == {"ar", "mars[mars_theta=0.9]/model/k2",
-                                    "typical[typical_delta=0.5,typical_epsilon=0.1]/model/k2"}
+    assert record["policies"]["mars"]["proxy_of"] == {"mars[mars_theta=0.9]/auto/kauto": "mars[mars_theta=0.9]/auto/k2"}
+    assert set(record["proxy"]) == {"ar", "mars[mars_theta=0.9]/auto/k2",
+                                    "typical[typical_delta=0.5,typical_epsilon=0.1]/auto/k2"}
     assert all(r["divergence"]["n"] == 2 and r["decode_speedup_vs_ar"] > 0
                for cid, r in record["proxy"].items() if cid != "ar")
     for policy in ("mars", "typical"):

@@ -312,6 +312,10 @@ class Engine:
         """The generation's state, and the prefill: every cache holds the prompt but its last
         token, which each round feeds again."""
         policy, cls = cfg.parsed, cfg.drafter_type  # resolved once, where the request was made
+        if cfg.sampling.seed is not None and not cfg.sampling.greedy:
+            # a seeded sample is a caller of its own: no earlier request's text or k=auto state
+            # changes its drafts, so its seed gives the same answer whatever ran before
+            cfg = cfg.with_settings(caller=None)
         out = out if out is not None else Generation(list(prompt_ids))
         drafter = self.make_drafter(cfg) if policy.drafts else None  # plain decoding runs none
         kpolicy = self.k_policy(cfg) if policy.drafts else None

@@ -60,6 +60,7 @@ import torch
 import math
 
 from ..checks import option, options_of
+from ..autok import KPolicy
 from ..costmodel import TIE_TOLERANCE, CostTable
 from ..errors import SpecdecError
 from ..rounds import RoundRecord
@@ -227,7 +228,7 @@ class LookaheadDrafter(Drafter):
         """Nothing to roll back: the window advanced in :meth:`observe`, and no model holds a cache."""
 
 
-class PassGate:
+class PassGate(KPolicy):
     """``k="auto"`` for a tree drafter without a draft model (lookahead): each round either drafts
     its whole tree (``depth``) or takes a plain step, whichever yields more tokens per second by
     the moving averages of a tree round's nodes and tokens (starting optimistic, so the first
@@ -281,7 +282,7 @@ class PassGate:
     def begin(self, max_new_tokens: int) -> None:
         pass
 
-    def budget(self, t: int, room: int, backlog: int) -> int:
+    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
         return max(0, min(self.depth, room)) if self.choose() else 0
 
     def more(self, i: int, p: float) -> bool:

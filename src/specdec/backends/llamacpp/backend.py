@@ -65,7 +65,7 @@ class LlamaCppBackend(Backend):
         from ...bundled import DEFAULT_DRAFT
         from ...costmodel import FALLBACK_K
         from .formats import model_file
-        from .model import LlamaCppModel, gguf_tokenizer
+        from .model import LlamaCppModel, busy_cores, busy_note, gguf_tokenizer
 
         target, draft, log, n_ctx = req.target, req.draft, req.log, req.options.get("context_length")
         t_path = model_file(target, progress=req.progress)
@@ -75,6 +75,9 @@ class LlamaCppBackend(Backend):
         if d_path is not None:
             check_same_vocabulary(tokenizer, gguf_tokenizer(d_path, progress=req.progress), target, draft)
         t = LlamaCppModel(t_path, target, vocab_limit=vocab, n_ctx=n_ctx)
+        note = busy_note(t.threads, busy_cores()) if req.progress else None   # a person is watching
+        if note:
+            log(note)
         calibrate = req.calibrate or req.recalibrate
         draft_auto = req.draft_auto and draft == DEFAULT_DRAFT and calibrate
         d = None

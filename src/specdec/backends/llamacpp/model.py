@@ -101,6 +101,59 @@ def default_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def busy_cores(seconds: float = 0.1) -> list[int]:
+    """The cores this process may run on that other work kept more than half busy over ``seconds``
+    (``/proc/stat``, sampled twice while this process sleeps); [] where it cannot be read. llama.cpp's
+    threads wait for each other at every layer, so one busy core of its threads' slows every step:
+    see :func:`busy_note`."""
+    import time
+
+    def sample() -> dict[int, tuple[int, int]]:
+        out = {}
+        with open("/proc/stat", encoding="ascii") as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith("cpu") and name[3:].isdigit():
+                    ticks = [int(x) for x in fields[:8]]
+                    out[int(name[3:])] = (sum(ticks), ticks[3] + ticks[4])   # total, idle + iowait
+        return out
+
+    try:
+        mine = os.sched_getaffinity(0)
+        before = sample()
+        time.sleep(seconds)
+        after = sample()
+    except (OSError, ValueError, AttributeError):
+        return []
+    busy = []
+    for cpu in sorted(mine & before.keys() & after.keys()):
+        total = after[cpu][0] - before[cpu][0]
+        idle = after[cpu][1] - before[cpu][1]
+        if total > 0 and (total - idle) / total > 0.5:
+            busy.append(cpu)
+    return busy
+
+
+def busy_note(threads: int, busy: list[int]) -> str | None:
+    """What the startup says when other work holds some of the cores llama.cpp's ``threads`` run on."""
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return None
+    if not busy or threads < len(cores):
+        return None
+    free = [c for c in cores if c not in busy]
+    hint = (f"run it on the free ones (taskset -c {','.join(map(str, free))} ...) or free them" if free
+            else "free some of them")
+    return (f"specdec: note: other work keeps {len(busy)} of the {len(cores)} cores busy (cpu {','.join(map(str, busy))}); "
+            f"llama.cpp's {threads} threads wait for each other, so every step slows while it lasts "
+            f"(measured: {BUSY_SLOWDOWN}); {hint}")
+
+
+#: what one busy core of two cost llama.cpp at two threads (docs/backends.md)
+BUSY_SLOWDOWN = "one busy core of 2 made a step of the 4-bit target 16x slower"
+
+
 # ------------------------------------------------------------------------------ sources
 def file_key(path: Path) -> str:
     """A GGUF file's identity for caches: its size and a hash of its first 4 MiB (header, metadata
