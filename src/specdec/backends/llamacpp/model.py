@@ -150,8 +150,9 @@ def busy_note(threads: int, busy: list[int]) -> str | None:
             f"(measured: {BUSY_SLOWDOWN}); {hint}")
 
 
-#: what one busy core of two cost llama.cpp at two threads (docs/backends.md)
-BUSY_SLOWDOWN = "one busy core of 2 made a step of the 4-bit target 16x slower"
+#: what one busy core of two cost llama.cpp at two threads (benchmarks/busy-core-llamacpp-avx2)
+BUSY_SLOWDOWN = ("beside one busy core of 2, steps of the 4-bit target took 2.0-2.4x as long on an AVX2 EPYC "
+                 "and 16x on a Xeon, one thread on the free core 1.6x")
 
 
 # ------------------------------------------------------------------------------ sources
