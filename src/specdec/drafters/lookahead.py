@@ -60,7 +60,6 @@ import torch
 import math
 
 from ..checks import option, options_of
-from ..autok import KPolicy
 from ..costmodel import TIE_TOLERANCE, CostTable
 from ..errors import SpecdecError
 from ..rounds import RoundRecord
@@ -228,7 +227,7 @@ class LookaheadDrafter(Drafter):
         """Nothing to roll back: the window advanced in :meth:`observe`, and no model holds a cache."""
 
 
-class PassGate(KPolicy):
+class PassGate:
     """``k="auto"`` for a tree drafter without a draft model (lookahead): each round either drafts
     its whole tree (``depth``) or takes a plain step, whichever yields more tokens per second by
     the moving averages of a tree round's nodes and tokens (starting optimistic, so the first
@@ -278,6 +277,7 @@ class PassGate(KPolicy):
     # the K policy protocol (specdec.autok.KPolicy), by its shape
     declined = 0
     tables: tuple = ()
+    source = None  # a gate drafts from its one source
 
     def begin(self, max_new_tokens: int) -> None:
         pass
