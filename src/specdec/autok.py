@@ -46,7 +46,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .acceptance import AcceptanceEstimate, AcceptancePrior, Bins, RunRates
-from .costmodel import FALLBACK_K, TIE_TOLERANCE, WIDTHS, CostTable, best_k, expected_tokens, tokens_per_second
+from .costmodel import FALLBACK_K, TIE_TOLERANCE, WIDTHS, CostTable, best_k, best_k_rate, expected_tokens, tokens_per_second
 from .rounds import RoundRecord
 
 #: the longest block k=auto plans: the cost tables measure verify passes up to WIDTHS[-1] tokens (K drafts + 1)
@@ -299,16 +299,8 @@ class PortfolioK(KPolicy):
         if self.fixed is not None or self.target is None:
             k = min(n, self.fixed or n)
             return k, expected_tokens(chances, k)
-        best, best_rate, tokens, run = 0, 0.0, 1.0, 1.0  # one pass over the prefixes: E(K) grows term by term
-        for k in range(1, n + 1):
-            run *= chances[k - 1]
-            tokens += run
-            if k > self.window and k in self.allowed:
-                rate = tokens / self.priced.forward(k + 1)
-                if rate > best_rate * (1 + TIE_TOLERANCE):
-                    best, best_rate = k, rate
-        return best, best_rate
-
+        return best_k_rate(self.priced.forward, 0.0, chances, n, k_min=self.window + 1, allow_zero=False,
+                           allowed=self.allowed)
 
     def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
         self.source, self.limit = None, 0

@@ -230,8 +230,9 @@ def with_folder_command(a: argparse.Namespace) -> argparse.Namespace:
         raise SpecdecError(f"{a.out}/run.json records a command today's specdec does not parse: "
                            f"specdec {shlex.join(command)}") from None
     typed = typed_flags(typed_argv)
+    in_command = typed_flags(command)
     for name, old in recorded_defaults(Path(a.out)).items():
-        if name not in typed_flags(command):
+        if name not in in_command:
             setattr(recorded, name, old)
     filled = argparse.Namespace(**vars(a))
     for key, value in vars(recorded).items():

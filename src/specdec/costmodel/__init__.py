@@ -38,8 +38,8 @@ from . import cache, decide, fingerprints, table, timing
 from .cache import (CACHE_NAME_CHARS, cache_path, cached_tables, costs_dir, load_cached, mark_stale, read_table,
                     save, table_for)
 from .decide import (DTYPE_K_MAX, FALLBACK_K, MIN_ROUND_SECONDS, PRIOR_ACCEPTANCE, REFERENCE_NEW, REFERENCE_PROMPT,
-                     TIE_TOLERANCE, DtypeChoice, best_k, choose_dtypes, expected_tokens, seconds_per_token,
-                     tokens_per_second)
+                     TIE_TOLERANCE, DtypeChoice, best_k, best_k_rate, choose_dtypes, expected_tokens,
+                     seconds_per_token, tokens_per_second)
 from .fingerprints import HASH_CHARS, KEY_FLAGS, cpu_flags, cpu_model, fingerprint, model_fingerprint, model_key
 from .table import FORMAT, CostTable
 from .timing import (MAX_REMEASURE, MIN_REPEATS, MIN_SECONDS, MIN_SPARE_CORES, MONOTONE_TOLERANCE, NOISE_FLOOR,
@@ -60,6 +60,6 @@ __all__ = [
     "save", "table_for",
     # decide
     "DTYPE_K_MAX", "FALLBACK_K", "MIN_ROUND_SECONDS", "PRIOR_ACCEPTANCE", "REFERENCE_NEW", "REFERENCE_PROMPT",
-    "TIE_TOLERANCE", "DtypeChoice", "best_k", "choose_dtypes", "expected_tokens", "seconds_per_token",
+    "TIE_TOLERANCE", "DtypeChoice", "best_k", "best_k_rate", "choose_dtypes", "expected_tokens", "seconds_per_token",
     "tokens_per_second",
 ]

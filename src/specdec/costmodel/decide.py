@@ -46,12 +46,19 @@ def tokens_per_second(verify: Callable[[int], float], draft_step: float, rates: 
 
 def best_k(verify: Callable[[int], float], draft_step: float, rates: Sequence[float], k_max: int,
            k_min: int = 1, allow_zero: bool = True, allowed: Collection[int] | None = None) -> int:
+    """:func:`best_k_rate`'s ``K``."""
+    return best_k_rate(verify, draft_step, rates, k_max, k_min, allow_zero, allowed)[0]
+
+
+def best_k_rate(verify: Callable[[int], float], draft_step: float, rates: Sequence[float], k_max: int,
+                k_min: int = 1, allow_zero: bool = True, allowed: Collection[int] | None = None) -> tuple[int, float]:
     """The draft length ``K`` in ``{0} + k_min..k_max`` with the most expected tokens per second:
     ``expected_tokens(rates, K) / (K * draft_step + verify(K + 1))``. ``verify(w)`` is the target's
     pass over ``w`` tokens; ``K = 0`` is a plain decoding step (``1 / verify(1)``), left out with
     ``allow_zero=False`` (then at least ``k_min``). ``allowed``: the only K > 0 to consider (those
     whose pass width ``K + 1`` was measured; None: every K). Ties go to the smaller K. One pass:
-    ``E(K)`` grows term by term (the same sums :func:`expected_tokens` makes)."""
+    ``E(K)`` grows term by term (the same sums :func:`expected_tokens` makes). Returns ``(K, its
+    expected tokens per second)``; ``(0, 0.0)`` where no K qualifies."""
     best, best_rate = (0, 1.0 / max(verify(1), MIN_ROUND_SECONDS)) if allow_zero else (None, -1.0)
     total, run = 1.0, 1.0
     for k in range(1, max(0, k_max) + 1):
@@ -62,7 +69,7 @@ def best_k(verify: Callable[[int], float], draft_step: float, rates: Sequence[fl
         rate = total / max(k * draft_step + verify(k + 1), MIN_ROUND_SECONDS)
         if best is None or rate > best_rate * (1 + TIE_TOLERANCE):
             best, best_rate = k, rate
-    return best if best is not None else 0
+    return (best, best_rate) if best is not None else (0, 0.0)
 
 
 def seconds_per_token(target: CostTable, draft: CostTable | None, rate: float = PRIOR_ACCEPTANCE,
