@@ -243,3 +243,16 @@ def test_documented_command_names_its_folder(where, argv, tmp_path, monkeypatch,
     else:
         assert (src / "README.md").is_file()
         parse_args(parse_command(argv))
+
+
+@pytest.mark.parametrize("time, want", [
+    ("2026-11-25T21:55:17+0000", {"drafter": "model"}),   # before the portfolio became the default
+    ("2026-11-27T12:00:00+0000", {}),
+    (1795780694, {}), (["2026"], {}), (None, {}),          # a malformed time changes nothing, raises nothing
+])
+def test_a_recorded_command_runs_under_the_defaults_of_its_time(tmp_path, time, want):
+    run = {"invocations": [{"argv": ["bench", "--out", "x"], "time": time}]}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert bench_cli.recorded_defaults(tmp_path) == want
+    (tmp_path / "run.json").write_text("[1, 2]")            # not an object: no record, no default
+    assert bench_cli.recorded_defaults(tmp_path) == {}
