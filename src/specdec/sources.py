@@ -1,15 +1,13 @@
-"""Model sources: what ``target=``/``draft=`` and ``--target``/``--draft`` take, turned into what a
-backend loads, in one place.
+"""Model sources: what ``target=``/``draft=`` and ``--target``/``--draft`` take, in one place.
 
 A source is a bundled name (:data:`specdec.bundled.BUNDLED`), a Hugging Face model folder, a
 ``.gguf`` file (or a folder holding exactly one), or a hub id (``org/name``); on llama.cpp it may
-end in ``@<format>`` (:data:`FORMATS`: a copy of a GGUF model's weights in that format, made by
-:mod:`specdec.backends.llamacpp.formats`). :func:`locate` classifies one without loading anything,
-:func:`gguf_file` finds the GGUF file llama.cpp reads (a bundled model's assembled once from its
-chunk packages), :func:`is_gguf` says whether a source is one, and :func:`resolve_draft` is what
-``draft="auto"`` means. The transformers backend reads a folder or a hub id; a bundled model or a
-GGUF file it dequantizes once into a cached folder first (:mod:`specdec.backends.transformers.convert`).
-Backend-free: nothing here imports a backend's library.
+end in ``@<format>`` (:data:`FORMATS`: a copy of a GGUF model's weights in that format, made by the
+llama.cpp backend). :func:`split_format` reads that suffix, :func:`locate` classifies a source
+without loading anything, and :func:`resolve_draft` is what ``draft="auto"`` means. What a backend
+reads for a source is its own: the GGUF file llama.cpp loads (:mod:`specdec.backends.llamacpp.formats`),
+the folder transformers loads, a bundled model or a GGUF file dequantized once
+(:mod:`specdec.backends.transformers.convert`). Backend-free: nothing here imports a backend.
 """
 
 from __future__ import annotations
@@ -17,7 +15,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import bundled
 from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
 from .errors import SpecdecError
 
@@ -75,37 +72,6 @@ def locate(source: str) -> tuple[str, Path | None]:
             f"nor a bundled model ({names})"
         )
     return "hub", None
-
-
-def gguf_file(source: str, progress: bool = True) -> Path:
-    """The GGUF file of a model source: a bundled name (assembled once from its chunk packages), a
-    ``.gguf`` path, or a folder holding exactly one ``.gguf``. Anything else is a one-line error.
-    (``model@format`` copies: :func:`specdec.backends.llamacpp.formats.model_file`.)"""
-    kind, path = locate(source) if not (Path(str(source)).expanduser().is_dir()) else ("dir", Path(source).expanduser())
-    if kind == "bundled":
-        return bundled.gguf_file(source, progress=progress)
-    if kind == "gguf":
-        return path
-    if kind in ("dir", "folder"):
-        files = sorted(path.glob("*.gguf"))
-        if len(files) == 1:
-            return files[0]
-        if len(files) > 1:
-            raise SpecdecError(f"{source}: the folder holds {len(files)} .gguf files; give the one to use")
-    raise SpecdecError(f"backend 'llama.cpp' needs a GGUF model (a bundled name, a .gguf file or a folder with one), "
-                       f"not {source!r}; use backend='transformers' for Hugging Face models")
-
-
-def is_gguf(source: str | None) -> bool:
-    """Whether a model source is a GGUF file (bundled models are; None, no model, counts as one),
-    without loading anything."""
-    if source is None:
-        return True
-    source, fmt = split_format(source)
-    if fmt is not None or source in BUNDLED or str(source).endswith(".gguf"):
-        return True
-    path = Path(str(source)).expanduser()
-    return path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1
 
 
 def resolve_draft(target: str, draft: str | None) -> str | None:

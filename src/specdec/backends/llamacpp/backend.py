@@ -28,7 +28,7 @@ class LlamaCppBackend(Backend):
     foreign_options = "llama.cpp runs a GGUF file's weights as stored"
 
     def auto_refusal(self, req: Request) -> str | None:
-        from ...sources import is_gguf
+        from .formats import is_gguf
 
         if req.device.type != "cpu":
             return f"a {req.device.type} device"
@@ -46,7 +46,7 @@ class LlamaCppBackend(Backend):
         return "auto: GGUF models on a CPU, llama-cpp-python installed"
 
     def check(self, req: Request) -> None:
-        from ...sources import is_gguf
+        from .formats import is_gguf
 
         self.require()
         if req.device.type != "cpu":

@@ -1,5 +1,7 @@
-"""GGUF weight formats on the llama.cpp backend: ``<model>@<format>`` is a copy of a GGUF model's
-weights in another format, made once by llama.cpp's own quantizer and cached.
+"""The GGUF files llama.cpp reads for a model source (:func:`model_file`): a bundled model's, a
+``.gguf`` file, a folder holding one (:func:`gguf_file`, :func:`is_gguf`), and the weight formats:
+``<model>@<format>`` is a copy of a GGUF model's weights in another format, made once by llama.cpp's
+own quantizer and cached.
 
 Why: on a CPU the weight format decides whether speculation can pay. A one-token pass streams
 the weights (memory-bound) and a pass over many tokens is compute-bound; 4-bit weights reach the
@@ -21,17 +23,50 @@ import ctypes
 from pathlib import Path
 from typing import Callable
 
+from ... import bundled
+from ...bundled import BUNDLED
 from ...errors import SpecdecError
-from ...sources import FORMATS, gguf_file, split_format
+from ...sources import FORMATS, locate, split_format
 from ..registry import stderr_log
 
 
 def model_file(source: str, progress: bool = True) -> Path:
-    """The GGUF file llama.cpp loads for a model source (:func:`specdec.sources.gguf_file`), or for
+    """The GGUF file llama.cpp loads for a model source (:func:`gguf_file`), or for
     ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
     base, fmt = split_format(source)
     path = gguf_file(base, progress=progress)
     return path if fmt is None else formatted(path, fmt, log=stderr_log if progress else (lambda line: None))
+
+
+def gguf_file(source: str, progress: bool = True) -> Path:
+    """The GGUF file of a model source: a bundled name (assembled once from its chunk packages), a
+    ``.gguf`` path, or a folder holding exactly one ``.gguf``. Anything else is a one-line error.
+    (``model@format`` copies: :func:`model_file`.)"""
+    kind, path = locate(source) if not (Path(str(source)).expanduser().is_dir()) else ("dir", Path(source).expanduser())
+    if kind == "bundled":
+        return bundled.gguf_file(source, progress=progress)
+    if kind == "gguf":
+        return path
+    if kind in ("dir", "folder"):
+        files = sorted(path.glob("*.gguf"))
+        if len(files) == 1:
+            return files[0]
+        if len(files) > 1:
+            raise SpecdecError(f"{source}: the folder holds {len(files)} .gguf files; give the one to use")
+    raise SpecdecError(f"backend 'llama.cpp' needs a GGUF model (a bundled name, a .gguf file or a folder with one), "
+                       f"not {source!r}; use backend='transformers' for Hugging Face models")
+
+
+def is_gguf(source: str | None) -> bool:
+    """Whether a model source is a GGUF file (bundled models are; None, no model, counts as one),
+    without loading anything."""
+    if source is None:
+        return True
+    source, fmt = split_format(source)
+    if fmt is not None or source in BUNDLED or str(source).endswith(".gguf"):
+        return True
+    path = Path(str(source)).expanduser()
+    return path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1
 
 
 def copy_path(source_file: Path, fmt: str) -> Path:
