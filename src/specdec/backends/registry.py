@@ -191,6 +191,23 @@ class Backend:
 
         return fingerprint(device)
 
+    # ------------------------------------------------------ for callers that run the library itself
+    def prepare(self, source: str, progress: bool = True, verify: bool = False) -> str:
+        """What this backend's library itself reads for a model source, made once and cached first
+        (``verify``: every cached file hashed again): ``specdec models prepare``, the vLLM plug-in and
+        the benchmark's peers ask it."""
+        raise SpecdecError(f"backend {self.name!r} prepares no model files for other programs")
+
+    def peer_model(self, source: str, dtype, device, quant: str = "none"):
+        """The library's own model object for a source (not a :class:`Model`), its weights quantized
+        as ``quant`` says: what a benchmark peer running the library's own generation takes."""
+        raise SpecdecError(f"backend {self.name!r} lends no model object to peers")
+
+    def threads(self) -> int | None:
+        """The CPU threads its library runs with here by default (a peer of the same library runs with
+        as many); None where it does not choose them."""
+        return None
+
     def cached_estimate(self, req: Request):
         """This backend's expected reference-request time for ``req``'s models
         (:class:`~specdec.costmodel.DtypeChoice`) from tables already cached on this machine, without

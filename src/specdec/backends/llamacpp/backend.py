@@ -125,6 +125,18 @@ class LlamaCppBackend(Backend):
                 return cached
         return table_for(lm, key, lm.variant, log=log)
 
+    def prepare(self, source: str, progress: bool = True, verify: bool = False) -> str:
+        """The GGUF file llama.cpp reads for ``source`` (a bundled model's assembled, a ``@format`` copy
+        made, once)."""
+        from .formats import model_file
+
+        return str(model_file(source, progress=progress, verify=verify))
+
+    def threads(self) -> int:
+        from .model import default_threads
+
+        return default_threads()
+
     def fingerprint(self, device: torch.device | str = "cpu") -> dict:
         from ...costmodel import fingerprint
         from .model import BACKEND, default_threads, version

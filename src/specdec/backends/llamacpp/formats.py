@@ -30,21 +30,21 @@ from ...sources import FORMATS, locate, split_format
 from ..registry import stderr_log
 
 
-def model_file(source: str, progress: bool = True) -> Path:
+def model_file(source: str, progress: bool = True, verify: bool = False) -> Path:
     """The GGUF file llama.cpp loads for a model source (:func:`gguf_file`), or for
     ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
     base, fmt = split_format(source)
-    path = gguf_file(base, progress=progress)
+    path = gguf_file(base, progress=progress, verify=verify)
     return path if fmt is None else formatted(path, fmt, log=stderr_log if progress else (lambda line: None))
 
 
-def gguf_file(source: str, progress: bool = True) -> Path:
-    """The GGUF file of a model source: a bundled name (assembled once from its chunk packages), a
-    ``.gguf`` path, or a folder holding exactly one ``.gguf``. Anything else is a one-line error.
-    (``model@format`` copies: :func:`model_file`.)"""
+def gguf_file(source: str, progress: bool = True, verify: bool = False) -> Path:
+    """The GGUF file of a model source: a bundled name (assembled once from its chunk packages;
+    ``verify``: hashed again), a ``.gguf`` path, or a folder holding exactly one ``.gguf``. Anything
+    else is a one-line error. (``model@format`` copies: :func:`model_file`.)"""
     kind, path = locate(source) if not (Path(str(source)).expanduser().is_dir()) else ("dir", Path(source).expanduser())
     if kind == "bundled":
-        return bundled.gguf_file(source, progress=progress)
+        return bundled.gguf_file(source, progress=progress, verify=verify)
     if kind == "gguf":
         return path
     if kind in ("dir", "folder"):
