@@ -25,6 +25,9 @@ def test_split_format_table(tmp_path):
             split_format(bad)
         assert "\n" not in str(err.value)
     assert set(FORMATS) == {"bf16", "f16", "q8_0", "q4_0", "iq4_nl"}
+    from specdec.backends.llamacpp.formats import FTYPES
+
+    assert tuple(FTYPES) == FORMATS  # every format '@' takes, llama.cpp knows how to make
 
 
 def test_transformers_refuses_a_format_copy():

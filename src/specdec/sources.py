@@ -20,15 +20,8 @@ from .errors import SpecdecError
 
 #: ``draft="auto"``: the bundled draft for the bundled target, no draft otherwise
 AUTO = "auto"
-#: format name -> (llama_ftype value, every tensor in that type ("pure"), what it is, for people).
-#: The 4-bit ones are pure: llama.cpp's Q4_K_M mixes types per tensor, these do not.
-FORMATS: dict[str, tuple[int, bool, str]] = {
-    "bf16": (32, False, "bfloat16"),
-    "f16": (1, False, "float16"),
-    "q8_0": (7, False, "8-bit (Q8_0)"),
-    "q4_0": (2, True, "4-bit (Q4_0, every tensor)"),
-    "iq4_nl": (25, True, "4-bit (IQ4_NL, every tensor)"),
-}
+#: the weight formats ``@<format>`` names (how llama.cpp makes each copy: its backend's ``FTYPES``)
+FORMATS = ("bf16", "f16", "q8_0", "q4_0", "iq4_nl")
 SEPARATOR = "@"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 

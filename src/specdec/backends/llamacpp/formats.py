@@ -26,8 +26,18 @@ from typing import Callable
 from ... import bundled
 from ...bundled import BUNDLED
 from ...errors import SpecdecError
-from ...sources import FORMATS, locate, split_format
+from ...sources import locate, split_format
 from ..registry import stderr_log
+
+#: each of :data:`specdec.sources.FORMATS` -> (llama_ftype value, every tensor in that type ("pure"),
+#: what it is, for people). The 4-bit ones are pure: llama.cpp's Q4_K_M mixes types per tensor, these do not.
+FTYPES: dict[str, tuple[int, bool, str]] = {
+    "bf16": (32, False, "bfloat16"),
+    "f16": (1, False, "float16"),
+    "q8_0": (7, False, "8-bit (Q8_0)"),
+    "q4_0": (2, True, "4-bit (Q4_0, every tensor)"),
+    "iq4_nl": (25, True, "4-bit (IQ4_NL, every tensor)"),
+}
 
 
 def model_file(source: str, progress: bool = True, verify: bool = False) -> Path:
@@ -88,7 +98,7 @@ def formatted(source_file: Path, fmt: str, log: Callable[[str], None] = lambda l
     if dest.parent.is_dir() and check_folder(dest.parent) is None:
         return dest
     dest.parent.parent.mkdir(parents=True, exist_ok=True)
-    ftype, pure, what = FORMATS[fmt]
+    ftype, pure, what = FTYPES[fmt]
     log(f"specdec: making a {what} copy of {source_file.name} (once; the weights as stored there, re-rounded, "
         f"not the original checkpoint) under {dest.parent}")
 
