@@ -27,7 +27,7 @@ LAYERS = [
     ("shared flags", ["cliargs"]),
     ("the library's face", ["api", "configfile", "genconfig"]),
     ("the loop", ["engine", "autok", "request", "drafters", "verify", "constrain", "logprobs", "text", "stats"]),
-    ("what runs models", ["backends", "costmodel", "acceptance", "replay", "trace", "trace_checks", "sources", "bundled",
+    ("what runs models", ["draft_formats", "backends", "costmodel", "acceptance", "replay", "trace", "trace_checks", "sources", "bundled",
                           "cache"]),
 ]
 

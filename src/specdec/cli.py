@@ -172,7 +172,7 @@ def check_argv(argv: Sequence[str]) -> None:
 
 def cmd_models(a: argparse.Namespace) -> int:
     from . import bundled
-    from .backends.transformers.convert import prepare
+    from .backends import REGISTRY
     from .cache import specdec_home
 
     if a.action == "prepare":
@@ -181,7 +181,7 @@ def cmd_models(a: argparse.Namespace) -> int:
             if name not in BUNDLED:
                 raise SpecdecError(f"unknown bundled model {name!r}; choose from: {', '.join(BUNDLED)}")
         for name in names:
-            path = prepare(name, progress=True, verify=a.verify)
+            path = REGISTRY.get("transformers").prepare(name, progress=True, verify=a.verify)
             print(f"{name}: ready at {path}")
         return 0
     print(f"cache: {specdec_home()}")

@@ -149,7 +149,7 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
     to trace by name (model, window, chain length) and each source's acceptance prior on the
     reference text."""
     from ..api import load
-    from ..backends.llamacpp.draft_formats import REFERENCE
+    from ..draft_formats import REFERENCE
     from ..trace import draft_name, measure_prior
 
     backend = settings.get("backend", "auto")
