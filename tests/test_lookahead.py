@@ -356,5 +356,5 @@ def test_the_gate_is_kept_across_requests():
     cfg = DecodeConfig(drafter="lookahead", max_new_tokens=20)
     first = engine.generate(PROMPTS[1], cfg)
     second = engine.generate(PROMPTS[1], cfg)
-    assert len(engine.controllers) == 1
+    assert len(engine.caches.controllers) == 1
     assert first.stats.k_chosen[0] != 0 and second.stats.k_chosen[0] == 0  # learned: no optimistic first pass
