@@ -26,7 +26,7 @@ LAYERS = [
     ("callers of the engine", ["bench", "server", "vllm"]),
     ("shared flags", ["cliargs"]),
     ("the library's face", ["api", "configfile", "genconfig"]),
-    ("the loop", ["engine", "autok", "request", "drafters", "verify", "constrain", "logprobs", "text", "stats"]),
+    ("the loop", ["engine", "scopes", "autok", "request", "drafters", "verify", "constrain", "logprobs", "text", "stats"]),
     ("what runs models", ["draft_formats", "backends", "costmodel", "acceptance", "replay", "trace", "trace_checks", "sources", "bundled",
                           "cache"]),
 ]

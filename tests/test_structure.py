@@ -165,6 +165,28 @@ def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
     assert sorted(map(sorted, circles(import_graph(module_level=False)))) == [["a", "b"], ["pkg.c", "pkg.d"]]
 
 
+def test_k_policies_are_in_one_module_with_one_protocol():
+    """Every K policy of the engine is defined in autok.py, which imports no drafter; any class
+    elsewhere that answers ``budget`` is a ``KPolicy`` (not a copy of its shape)."""
+    from specdec.autok import Fixed, KPolicy, PassGate, k_policy
+    from specdec.costmodel import CostTable
+
+    assert not {m for m in imports_of(SRC / "autok.py") if m.split(".")[0] == "drafters"}
+    policies = [Fixed(3), k_policy("auto", CostTable("t", "float32", [1, 2, 4], [0.01, 0.02, 0.04], 32), None,
+                                   needs_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
+    assert isinstance(policies[1], PassGate)
+    assert all(isinstance(p, KPolicy) and type(p).__module__ == "specdec.autok" for p in policies)
+    copies = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) and f.name == "budget"
+                                                      for f in node.body):
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                if path.name != "autok.py" and "KPolicy" not in bases:
+                    copies.append(f"{path.relative_to(SRC)}: {node.name}")
+    assert not copies, copies
+
+
 def test_bench_and_tune_share_options_without_importing_each_other():
     """``specdec tune`` takes the flags it shares with ``specdec bench`` from bench.options, not
     from bench's command module (and bench's command does not import tune's)."""
