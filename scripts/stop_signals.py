@@ -62,6 +62,10 @@ def split_by_bin(offers: dict, signal: np.ndarray, edges: tuple) -> dict:
 def run_file(traces_path: str, signals_path: str, tables: dict) -> dict:
     head, traces = read_traces(traces_path)
     signals = json.load(open(signals_path))["samples"]
+    missing = [tr.sample_id for tr in traces if tr.sample_id not in signals]
+    if missing:
+        raise SystemExit(f"{signals_path}: no signals for {', '.join(missing[:3])} of {traces_path}; "
+                         "make them with scripts/target_signals.py")
     model = next(iter(traces[0].drafts), None)
     source = model.rsplit("|w", 1)[0] if model else None
     target, draft_table = tables[str(head["target"]).split("|")[0]], tables.get(source)
@@ -111,7 +115,9 @@ def main() -> int:
     a = p.parse_args()
     tables = read_tables(a.costs)
     for pair in a.pairs:
-        traces_path, signals_path = pair.split(":")
+        traces_path, sep, signals_path = pair.rpartition(":")
+        if not sep or not traces_path or not signals_path:
+            p.error(f"{pair!r}: give a trace file and its signals file as TRACES:SIGNALS")
         s = run_file(traces_path, signals_path, tables)
         print(f"\n{traces_path} (time vs plain; / oracle):")
         print("| rule | speedup | / oracle |\n|---|---:|---:|")
