@@ -107,6 +107,25 @@ def test_where_a_wide_pass_is_dear_only_a_long_run_is_drafted():
     assert policy.budget(0, 200, 0, [offer(run=40)]) > 0 and policy.source == "pld"
 
 
+def test_the_portfolio_s_suffix_offer_is_not_cut_at_its_match_length():
+    """Suffix decoding alone drafts at most its match length (``suffix_factor`` 1); the portfolio
+    prices K itself, so its suffix source offers up to 4x the match (``suffix_factor`` 4)."""
+    text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+    cache = SuffixCache()
+    first = AutoDrafter(None, frozenset(), cache.scope("a"))
+    first.start([1, 2])
+    first.commit([1, 2] + text, 0, 0)  # an earlier answer, in the same caller's cache
+    lengths = {}
+    for factor in (None, 1.0):
+        auto = AutoDrafter(None, frozenset(), cache.scope("a"), **({} if factor is None else {"suffix_factor": factor}))
+        auto.start([1, 2, 3])
+        context = [1, 2, 3, 4, 5, 6]  # the answer so far matches the earlier one's "5 6"
+        offer = next(o for o in auto.offers(context, 16) if o.source == "suffix")
+        assert list(offer.tokens) == text[2:2 + len(offer.tokens)]
+        lengths[factor] = len(offer.tokens)
+    assert lengths[1.0] == 2 and lengths[None] == 8
+
+
 def test_the_draft_model_is_chosen_when_it_beats_the_copies():
     policy = PortfolioK(cheap_wide(), draft_table(), has_model=True)
     policy.begin(256)
