@@ -349,13 +349,87 @@ def per_rule(policy: str, params: dict[str, dict]) -> dict:
     return {f"{rule}_{k}": v for rule in policy.split("+") for k, v in params.get(rule, {}).items()}
 
 
+def memo_lm(model):
+    """A backend model whose logits (and hidden states) are computed once per distinct context and
+    then read from a table: the statistical tests run the engine thousands of times over a few
+    short contexts of a tiny vocabulary, where transformers' per-pass overhead, not the rule, took
+    the time. Each context is run from an empty cache through ``model`` (an ``HFModel``), so the
+    KV cache here is bookkeeping only: these tests check the engine's law; the greedy tests check
+    the backends' caches."""
+    from specdec.backends.base import Model
+
+    class MemoLM(Model):
+        backend = "memo"
+        capabilities = model.capabilities
+
+        def __init__(self):
+            super().__init__(model.name, model.vocab_size, model.vocab_limit, model.max_length, model.device,
+                             model.variant)
+            self.inner, self.rows = model, {}
+
+        def _row(self, context: tuple):
+            row = self.rows.get(context)
+            if row is None:
+                self.inner.reset()
+                out = self.inner.score(list(context), 1, hidden=self.capabilities.hidden)
+                row = self.rows[context] = (out.logits[0], None if out.hidden is None else out.hidden[0])
+            return row
+
+        def _stack(self, contexts, hidden: bool):
+            rows = [self._row(tuple(c)) for c in contexts]
+            return torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows]) if hidden else None
+
+        def _append(self, ids, num_logits, hidden):
+            text = [*self.tokens, *ids]
+            return self._stack([text[: len(text) - num_logits + 1 + i] for i in range(num_logits)], hidden)
+
+        def _append_tree(self, linear, ids, parents, first, hidden):
+            tree = self.tree
+            context = [*self.tokens[: tree.base], *linear]
+            nodes = [*self.tokens[tree.base:], *ids]  # every node's token, in order
+
+            def path(n: int) -> list[int]:
+                out = []
+                while n >= 0:
+                    out.append(nodes[n])
+                    n = tree.parents[n]
+                return out[::-1]
+
+            contexts = ([context] if linear else []) + [context + path(first + i) for i in range(len(ids))]
+            return self._stack(contexts, hidden)
+
+        def _keep(self, path) -> None:
+            pass
+
+        def _crop(self, length: int) -> None:
+            pass
+
+        def _clear(self) -> None:
+            pass
+
+        def head_logits(self, hidden):
+            return self.inner.head_logits(hidden)
+
+        def eos_ids(self) -> list[int]:
+            return self.inner.eos_ids()
+
+        def parameter_bytes(self) -> int:
+            return self.inner.parameter_bytes()
+
+        def cache_bytes(self) -> int:
+            return 0
+
+    return MemoLM()
+
+
 def tiny_engine(vocab: int = 4, seeds: tuple[int, int] = (21, 22)):
     """An :class:`~specdec.engine.Engine` over two random one-layer models with ``vocab`` tokens:
-    a target and a draft far enough apart that rounds reject often (no EOS)."""
+    a target and a draft far enough apart that rounds reject often (no EOS), their logits memoized
+    per context (:func:`memo_lm`)."""
     from specdec.engine import Engine
     from specdec.backends.transformers.model import HFModel as CausalLM
 
-    target, draft = (CausalLM(tiny_model(s, vocab_size=vocab, layers=1, hidden=16, initializer_range=0.2))
+    target, draft = (memo_lm(CausalLM(tiny_model(s, vocab_size=vocab, layers=1, hidden=16, initializer_range=0.2)))
                      for s in seeds)
     return Engine(target, draft, eos_ids=[])
 
