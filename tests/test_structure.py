@@ -289,6 +289,47 @@ def test_rule_flags_defaults_and_ranges_come_from_one_declaration():
             assert check_drafter_options(name, {option: default}) == {option: default}
 
 
+def test_one_draft_length_limit_and_no_auto_sentinel():
+    """The draft-length limit is declared once (specdec.draftlength.MAX_K: the most draft tokens a
+    request asks, the widest pass the cost tables measure); k is parsed once into a K (a fixed K or
+    auto), which the engine, the K policies, the stats and the server read instead of the word."""
+    import dataclasses
+    import re
+
+    from specdec import costmodel, draftlength, request
+    from specdec.draftlength import AUTO, MAX_K, K
+    from specdec.stats import Stats
+    from specdec.verify.fly import Fly
+
+    declared = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            declared += [f"{path.relative_to(SRC).as_posix()}:{t.id}" for t in targets
+                         if isinstance(t, ast.Name) and re.search(r"K_MAX|MAX_K", t.id)]
+    assert declared == ["draftlength.py:MAX_K"], declared
+    assert request.MAX_K is draftlength.MAX_K and costmodel.WIDTHS[-1] == MAX_K
+    assert options_of(Fly)["window"][0].hi == MAX_K - 1  # a fixed k must exceed the window
+    for rel in ("autok.py", "stats.py", "engine.py", "request.py", "server/params.py"):
+        for node in ast.walk(ast.parse((SRC / rel).read_text())):
+            if isinstance(node, ast.Compare):
+                words = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                assert "auto" not in words, f"{rel}:{node.lineno} compares with the word 'auto'"
+    cfg = request.make_config(k="auto")
+    assert isinstance(cfg.k, K) and cfg.k.auto and cfg.k is AUTO and cfg.k == "auto"
+    fixed = request.make_config(k="7").k
+    assert isinstance(fixed, K) and (fixed.fixed, fixed.value, str(fixed)) == (7, 7, "7") and fixed == 7 == fixed
+    assert K.parse(fixed) is fixed and request.make_config(k=fixed).k == K(7) and hash(K(7)) == hash(7)
+    for bad in (0, MAX_K + 1, True, 2.0, "fast"):
+        with pytest.raises(SpecdecError, match=rf"k \(draft length\) must be 'auto' or an integer in \[1, {MAX_K}\]"):
+            K.parse(bad)
+    assert [K.is_json(v) for v in (3, "auto", "AUTO", "3", True, 3.0)] == [True, True, False, False, False, False]
+    assert dataclasses.fields(Stats)[0].name == "policy" and dataclasses.fields(Stats)[0].default is dataclasses.MISSING
+    assert Stats(policy="ar").to_dict()["k"] == 0 and Stats(policy="lossless", drafter="pld", k="auto").to_dict()["k"] == "auto"
+    assert Stats(policy="lossless", drafter="pld", k=5).k == K(5) and Stats(policy="lossless", drafter="pld", k=5).k_label == "5"
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"max_new_tokens": True}, "max_new_tokens must be an integer >= 1, got True"),
     ({"top_p": "high"}, "top_p must be a number, got 'high'"),

@@ -46,11 +46,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from .acceptance import AcceptanceEstimate, AcceptancePrior, Bins, RunRates
-from .costmodel import FALLBACK_K, TIE_TOLERANCE, WIDTHS, CostTable, best_k, best_k_rate, expected_tokens, tokens_per_second
+from .costmodel import FALLBACK_K, TIE_TOLERANCE, CostTable, best_k, best_k_rate, expected_tokens, tokens_per_second
+from .draftlength import MAX_K, K
 from .rounds import RoundRecord
 
-#: the longest block k=auto plans: the cost tables measure verify passes up to WIDTHS[-1] tokens (K drafts + 1)
-K_MAX = WIDTHS[-1] - 1
 #: a backlog of at most this many tokens is a normal round's feed (the last bonus token, and the last
 #: draft when every draft was kept): part of the per-draft cost, not a reading to weigh
 STEADY_FEED = 2
@@ -109,7 +108,7 @@ class AutoK(KPolicy):
     """``k="auto"`` for chains (module docstring)."""
 
     def __init__(self, target: CostTable, draft: CostTable | None = None, needs_model: bool = True,
-                 window: int = 0, prior: AcceptancePrior | None = None, k_max: int = K_MAX):
+                 window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_K - 1):
         self.target = target
         self.needs_model = needs_model
         if not needs_model:
@@ -292,7 +291,7 @@ class PortfolioK(KPolicy):
 
     def _copy(self, offer, room: int) -> tuple[int, float]:
         """``(K, expected tokens per second)`` of the offer's best prefix (``(0, 0)``: none)."""
-        n = min(len(offer.tokens), room, K_MAX)
+        n = min(len(offer.tokens), room, MAX_K - 1)  # K drafts: a pass of K + 1, the widest measured MAX_K
         if n <= self.window:
             return 0, 0.0
         chances = self.rates.setdefault(offer.source, RunRates()).kept_chances(offer.run, n)
@@ -360,7 +359,7 @@ def premium(table: CostTable) -> CostTable:
     return dataclasses.replace(table, seconds=[one + WIDTH_PREMIUM * (s - one) for s in table.seconds])
 
 
-def k_policy(k: int | str, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,
+def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,
              depth_limit: int, window: int, fallback_k: int, prior: AcceptancePrior | None = None,
              portfolio: bool = False, has_model: bool = False) -> KPolicy:
     """A new K policy (for :class:`WarmStates` to keep across requests): a portfolio drafter gets
@@ -370,9 +369,9 @@ def k_policy(k: int | str, target: CostTable | None, draft: CostTable | None, *,
     without a :class:`PassGate`."""
     if portfolio:
         return PortfolioK(target, draft, has_model=has_model, prior=prior, window=window,
-                          fixed=None if k == "auto" else int(k))
-    if k != "auto":
-        return Fixed(int(k))
+                          fixed=k.fixed)
+    if not k.auto:
+        return Fixed(k.fixed)
     if trees:
         if target is not None and not needs_model:
             from .drafters.lookahead import PassGate

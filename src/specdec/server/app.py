@@ -193,9 +193,8 @@ class Served:
     def __init__(self, pair, defaults: dict, limits: Limits, name: str, shared_caches: bool = False):
         self.pair, self.defaults, self.limits, self.name = pair, defaults, limits, name
         self.shared_caches = shared_caches
-        k = defaults.get("k", 0)
-        drafts = DecodeConfig.from_options(**defaults).parsed.drafts
-        positions = k if isinstance(k, int) and drafts else 0  # k=auto: series appear as used
+        config = DecodeConfig.from_options(**defaults)
+        positions = config.k.fixed if config.parsed.drafts and not config.k.auto else 0  # k=auto: series appear as used
         self.metrics = Metrics(name, positions=positions)
         self.worker = Worker(pair, limits.max_queue, on_done=self.finished)
         self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenizer")

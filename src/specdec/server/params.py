@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..draftlength import K
 from ..errors import SpecdecError
 from ..request import GENERATION_FIELDS, REQUEST_KEYWORDS, DecodeConfig, overlay
 from ..sampling import SEED_RANGE
@@ -103,7 +104,7 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
         if key in SAMPLING or key in _RESERVED:
             raise APIError(400, f"speculative.{key} is a top-level request field; set it there", f"speculative.{key}")
     for key, value in given.items():
-        if not (key == "k" and value == "auto") and not _finite(value):
+        if not _finite(value):
             raise APIError(400, f"speculative.{key} must be a finite number", f"speculative.{key}")
     for key in ("policy", "drafter"):
         if key in given and not isinstance(given[key], str):
@@ -111,7 +112,7 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
         if key in given and len(given[key]) > MAX_NAME_CHARS:
             raise APIError(400, f"speculative.{key} has {len(given[key])} characters; a {key} name has at most "
                                 f"{MAX_NAME_CHARS}", f"speculative.{key}")
-    if "k" in given and given["k"] != "auto" and (not isinstance(given["k"], int) or isinstance(given["k"], bool)):
+    if "k" in given and not K.is_json(given["k"]):
         raise APIError(400, "speculative.k must be an integer or \"auto\"", "speculative.k")
     return overlay(base, given)
 
