@@ -8,11 +8,12 @@ Every entry point builds it the same way, once, where the request enters: the Py
 :meth:`DecodeConfig.from_options`, which takes loose user options and raises a one-line
 :class:`~specdec.errors.SpecdecError` for a bad one. The engine takes the result as is.
 
-Where settings are layered (a config file under the flags, the server's defaults under a
-request's ``speculative`` object, vLLM's engine default under a request's keys), :func:`overlay`
-is the one rule: naming another policy drops the lower layer's policy parameters, naming another
-drafter drops its drafter options. ``k`` is parsed once, here, into a
-:class:`~specdec.draftlength.K` (a fixed K or auto).
+A request's settings are layered in one step, :func:`specdec.settings.layer` (built-in defaults,
+the model's sampling settings, a config file or the server's defaults, the caller's values), called
+by the API, the CLI and the server alike; :func:`overlay` is its rule where two layers meet (and
+vLLM's plugin's, its engine default under a request's keys): naming another policy drops the lower
+layer's policy parameters, naming another drafter drops its drafter options. ``k`` is parsed once,
+here, into a :class:`~specdec.draftlength.K` (a fixed K or auto).
 """
 
 from __future__ import annotations
@@ -151,8 +152,8 @@ def check_known(options: Mapping[str, Any]) -> None:
 
 
 def overlay(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """Loose request options ``given`` over ``base`` (a config file's under the flags, the server's
-    defaults under a request's ``speculative`` object, vLLM's engine default under a request's
+    """Loose request options ``given`` over ``base`` (a config file's or the server's defaults under
+    the caller's values, in :func:`specdec.settings.layer`; vLLM's engine default under a request's
     keys): ``given`` wins key by key, except that naming another policy than ``base`` names drops
     ``base``'s policy parameters (they belong to its policy), and naming another drafter than
     ``base`` names drops ``base``'s drafter options. The other request fields always carry over."""
