@@ -90,8 +90,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-k", "--k", default=None, metavar="K",
                    help="draft tokens per round, or 'auto': each round picks the K (0 = a plain decoding step) "
                         "with the most expected tokens per second from the measured cost model and the "
-                        f"acceptance seen so far; with --drafter tree, the tree's depth limit ('auto': up to "
-                        f"--tree-nodes; the tree's own pruning stops it earlier) (default: {d['k']})")
+                        f"acceptance seen so far; with a tree drafter, the tree's depth limit, as --tree-depth "
+                        f"('auto': the tree's own, e.g. up to --tree-nodes) (default: {d['k']})")
     g.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"generation budget (default: {d['max_new_tokens']})")
     g.add_argument("--generation-config", default=genconfig.AUTO, metavar="auto|specdec|PATH",
@@ -119,9 +119,9 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="subtract this times a token's count in the answer from its logit, in [-2, 2] as "
                         f"OpenAI's (default: {d['frequency_penalty']:g} = off)")
     for name, (spec, owners) in drafter_flags().items():
-        defaults = ", ".join(f"{d} for {o}" for o, d in owners)
+        defaults = ", ".join(f"{d} for {o}" for o, d in owners if d is not None)  # None: its help says
         g.add_argument(f"--{name.replace('_', '-')}", type=spec.parse if spec.words or spec.kind is bool else spec.kind,
-                       default=None, help=f"{spec.help} (default: {defaults})")
+                       default=None, help=f"{spec.help} (default: {defaults})" if defaults else spec.help)
     r = p.add_argument_group(
         "loose rules (lossy: output may differ from the target's; combine with '+', e.g. --policy fly+mars)")
     for param, (spec, default) in options_of(Schedule).items():  # every loose policy's, unprefixed

@@ -95,6 +95,19 @@ def check_drafter_fits_policy(policy: Policy, cls, k: K, drafter_params: Mapping
             f"would leave it inert; use k >= {w + 1}, k='auto', {policy.lookahead_remedy}")
 
 
+def tree_depth_as_k(k: K, drafter_params: Mapping[str, Any]) -> tuple[K, dict[str, Any]]:
+    """A tree drafter's ``tree_depth`` is its depth limit each round, which a fixed ``k`` also sets
+    (a tree's K policy drafts to that depth): ``(the request's K, the other drafter options)``.
+    Both given and unequal is a one-line error."""
+    depth = drafter_params.get("tree_depth")
+    params = {key: v for key, v in drafter_params.items() if key != "tree_depth"}
+    if depth is None:
+        return k, params
+    if not k.auto and k.fixed != depth:
+        raise SpecdecError(f"k (draft length) {k} and tree_depth {depth} both set the tree's depth; give one")
+    return K(depth), params
+
+
 def check_tree_fits(cfg: "DecodeConfig", prompt_tokens: int, limit: int | None) -> None:
     """A token-tree drafter's tree must fit the context after the prompt (else the first verify
     pass would overflow it); refused before any work. Later, when the text leaves too little room
@@ -207,6 +220,10 @@ class DecodeConfig:
             object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
             object.__setattr__(self, "drafter_type", drafter_class(self.drafter))
         object.__setattr__(self, "k", K.parse(self.k))
+        if self.parsed.drafts and "tree_depth" in self.drafter_params:
+            k, params = tree_depth_as_k(self.k, self.drafter_params)
+            object.__setattr__(self, "k", k)
+            object.__setattr__(self, "drafter_params", params)
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
         if self.parsed.drafts:
             check_drafter_fits_policy(self.parsed, self.drafter_type, self.k, self.drafter_params)
