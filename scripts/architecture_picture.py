@@ -26,8 +26,8 @@ LAYERS = [
     ("callers of the engine", ["bench", "server", "vllm"]),
     ("shared flags", ["cliargs"]),
     ("the library's face", ["api", "configfile", "genconfig", "settings"]),
-    ("the loop", ["engine", "autok", "request", "drafters", "verify", "constrain", "logprobs", "text", "stats"]),
-    ("what runs models", ["backends", "costmodel", "acceptance", "replay", "trace", "trace_checks", "sources", "bundled",
+    ("the loop", ["engine", "scopes", "autok", "request", "drafters", "verify", "constrain", "logprobs", "text", "stats"]),
+    ("what runs models", ["draft_formats", "backends", "costmodel", "acceptance", "replay", "trace", "trace_checks", "sources", "bundled",
                           "cache"]),
 ]
 

@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         caches = {name: SuffixCache() for name in names}  # each configuration's own, empty at the start
         for i, messages in enumerate(reqs):
             for name in names[i % len(names):] + names[: i % len(names)]:  # interleaved, order rotated per request
-                pair.engine.suffix_cache = caches[name]
+                pair.engine.caches.suffix = caches[name]
                 text, seconds, u = ask(messages, CONFIGS[name])
                 spec = u.get("speculative") or {}
                 rec = {"config": name, "request": i, "seconds": seconds, "prompt_tokens": u["prompt_tokens"],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -22,10 +24,13 @@ def pytest_sessionstart(session):
 
 
 def pytest_collection_modifyitems(session, config, items):
-    """The end-to-end tests first (stable otherwise): on a fresh machine they assemble, convert and
-    measure the real pair, the longest file, so under ``-n 2 --dist loadfile`` one worker starts it
-    at once while the other takes everything else."""
-    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
+    """The order pytest-xdist hands the files to its workers under ``-n 2 --dist loadfile
+    --no-loadscope-reorder``: the longest first, so that no long file starts when the rest is done.
+    The end-to-end tests (on a fresh machine they assemble, convert and measure the real pair), then
+    the files with statistical or long tests (``slow``), most of those first, then the others; each
+    file's tests keep their order."""
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: (item.get_closest_marker("e2e") is None, -slow[item.path]))
 
 
 @pytest.fixture(scope="session")

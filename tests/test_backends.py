@@ -281,3 +281,23 @@ def test_bad_load_options_are_one_line_errors(gguf_path):
     with pytest.raises(SpecdecError, match="context_length") as err:
         specdec.load(str(gguf_path), draft=None, backend="llama.cpp", context_length=4, progress=False)
     assert "\n" not in str(err.value)
+
+
+def test_callers_reach_a_backends_files_through_its_hooks(tmp_path):
+    """The CLI, the vLLM plug-in and the bench's peers ask a registry entry what its library reads for a
+    source (``prepare``), for a peer's model object and for its threads, and never import its package;
+    a backend without a hook refuses in one line."""
+    from tinymodels import save_tiny_pair
+
+    target, _ = save_tiny_pair(tmp_path)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"")
+    hf, llama = REGISTRY.get("transformers"), REGISTRY.get("llama.cpp")
+    assert hf.prepare(str(target)) == str(target) and hf.prepare("org/name") == "org/name"
+    assert llama.prepare(str(gguf)) == str(gguf)
+    with pytest.raises(SpecdecError, match="backend 'llama.cpp' needs a GGUF model"):
+        llama.prepare(str(target))
+    assert llama.threads() >= 1 and hf.threads() is None
+    assert hf.peer_model(str(target), torch.float32, torch.device("cpu")).config.vocab_size > 0
+    with pytest.raises(SpecdecError, match="lends no model object to peers"):
+        llama.peer_model(str(gguf), torch.float32, torch.device("cpu"))

@@ -122,10 +122,10 @@ def test_the_engine_and_k_auto_read_the_declared_lookahead(echo):
     engine.draft_costs = CostTable("d|x", "float32", widths, [0.001] * 6, 32)
     out = engine.generate(list(range(40, 60)), DecodeConfig(policy="echo", policy_params={"span": 3}, drafter="model",
                                                             max_new_tokens=40))
-    (control,) = engine.controllers.values()
+    (control,) = engine.caches.controllers.values()
     assert control.window == 3 and control.k_max >= 4 and out.finish_reason in ("length", "stop")
     engine.generate(list(range(40, 60)), DecodeConfig(policy="echo", policy_params={"span": 3}, max_new_tokens=40))
-    portfolio = next(c for c in engine.controllers.values() if c is not control)
+    portfolio = next(c for c in engine.caches.controllers.values() if c is not control)
     assert portfolio.model.window == 3 and portfolio.window == 3  # the portfolio's model and copies alike
     plain = engine.generate(list(range(40, 60)), DecodeConfig(policy="ar", max_new_tokens=40))
     fixed = engine.generate(list(range(40, 60)), DecodeConfig(policy="lossless", k=4, max_new_tokens=40))
@@ -282,7 +282,7 @@ def test_a_backend_is_one_file_and_one_registry_line(toy_backend, tmp_path, caps
     prompt = [65, 66, 67, 68]
     plain = pair.generate(prompt, policy="ar", max_new_tokens=12)
     auto = pair.generate(prompt, policy="lossless", k="auto", max_new_tokens=12)
-    assert auto.token_ids == plain.token_ids and pair.engine.controllers  # k=auto ran on the toy's tables
+    assert auto.token_ids == plain.token_ids and pair.engine.caches.controllers  # k=auto ran on the toy's tables
     with pytest.raises(SpecdecError, match=r"dtype=float32: applies to the transformers backend; toy models take"):
         specdec.load("toy-31", draft=None, backend="toy", dtype="float32", progress=False)
     with pytest.raises(SpecdecError, match="choose one of: auto, llama.cpp, transformers, toy"):

@@ -173,7 +173,7 @@ def test_k_auto_chooses_plain_steps_when_the_draft_costs_as_much_as_the_target(t
     out = pair.generate("hello world", chat=False, max_new_tokens=60)
     assert out.stats.k_chosen.count(0) > len(out.stats.k_chosen) / 2
     assert out.token_ids == pair.generate("hello world", chat=False, policy="ar", max_new_tokens=60).token_ids
-    pair.engine.controllers.clear()
+    pair.engine.caches.controllers.clear()
     short = pair.generate("hello again", chat=False, max_new_tokens=10)
     assert set(short.stats.k_chosen) == {0} and pair.draft.tokens == []  # never drafted: the draft's prefill never ran
 

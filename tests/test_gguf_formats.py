@@ -25,6 +25,9 @@ def test_split_format_table(tmp_path):
             split_format(bad)
         assert "\n" not in str(err.value)
     assert set(FORMATS) == {"bf16", "f16", "q8_0", "q4_0", "iq4_nl"}
+    from specdec.backends.llamacpp.formats import FTYPES
+
+    assert tuple(FTYPES) == FORMATS  # every format '@' takes, llama.cpp knows how to make
 
 
 def test_transformers_refuses_a_format_copy():
@@ -87,11 +90,12 @@ def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, dra
 
 
 def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, monkeypatch):
-    """``draft="auto"``'s format choice (specdec.backends.llamacpp.draft_formats): every candidate is
+    """``draft="auto"``'s format choice (specdec.draft_formats): every candidate is
     measured and replayed under k=auto on the reference request with its own agreement and costs; the
     least time wins (a faster draft that agrees much less loses), and the measurements are cached by
     the files' identities."""
-    from specdec.backends.llamacpp import draft_formats
+    from specdec import draft_formats
+    from specdec.backends.llamacpp.backend import identity
     from specdec.backends.llamacpp.formats import model_file
     from specdec.backends.llamacpp.model import LlamaCppModel
     from specdec.costmodel import CostTable
@@ -121,17 +125,17 @@ def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, mo
 
     monkeypatch.setattr(draft_formats, "along", along)
     choice, lm, t, prior = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None,
-                                                target_table=target_table)
+                                                identity, target_table=target_table)
     assert choice.source == f"{d_path}@iq4_nl" and lm.path.name == "draft-iq4_nl.gguf" and t.forward(1) == 0.020
     assert "as shipped 30 ms / 0.90" in choice.why and prior.mean == 0.8
     assert sorted(calls) == sorted(step)
     again, *_ = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None,
-                                     target_table=target_table)
+                                     identity, target_table=target_table)
     assert again == choice and sorted(calls) == sorted(step)  # cached: measured once
 
 
 def test_along_counts_positions_where_both_models_pick_the_same_token(tiny_files):
-    from specdec.backends.llamacpp import draft_formats
+    from specdec import draft_formats
     from specdec.backends.llamacpp.model import LlamaCppModel
 
     t_path, d_path = tiny_files

@@ -87,7 +87,7 @@ def test_prefix_caching_reads_only_the_new_part_of_a_prompt(pair_paths):
     engine = engine_on(pair_paths)
     cfg = DecodeConfig(policy="ar", max_new_tokens=12)
     fresh = [engine.generate(p, cfg).token_ids for p in (PROMPTS[0], PROMPTS[0] + list(b" return"))]
-    engine.prefix_caching = True
+    engine.caches.prefix_caching = True
     engine.target.reset()
     outs = [engine.generate(p, cfg) for p in (PROMPTS[0], PROMPTS[0] + list(b" return"))]
     assert [o.stats.cached_prompt_tokens for o in outs] == [0, len(PROMPTS[0])]

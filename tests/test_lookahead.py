@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.drafters.lookahead import PassGate
+from specdec.autok import KPolicy, PassGate
 from specdec.costmodel import CostTable
 from specdec.drafters import LookaheadDrafter
 from specdec.drafters.lookahead import MAX_NODES, pass_nodes
@@ -270,6 +270,7 @@ def test_gate_prices_the_pass_by_its_nodes_not_by_k():
     flat = PassGate(table(lambda w: 0.01))  # a GPU: any width costs one step
     steep = PassGate(table(lambda w: 0.01 * w))  # a compute-bound CPU: each token costs a step
     for gate in (flat, steep):
+        assert isinstance(gate, KPolicy)  # a K policy like the others
         assert gate.choose()  # nothing drafted yet: the first round drafts
         gate.observe(RoundRecord(drafted=29, accepted=1, verify_seconds=gate.target.forward(30)))  # 29 nodes, 2 tokens
     assert flat.choose()
@@ -359,5 +360,5 @@ def test_the_gate_is_kept_across_requests():
     cfg = DecodeConfig(drafter="lookahead", max_new_tokens=20)
     first = engine.generate(PROMPTS[1], cfg)
     second = engine.generate(PROMPTS[1], cfg)
-    assert len(engine.controllers) == 1
+    assert len(engine.caches.controllers) == 1
     assert first.stats.k_chosen[0] != 0 and second.stats.k_chosen[0] == 0  # learned: no optimistic first pass

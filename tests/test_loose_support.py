@@ -65,7 +65,7 @@ def test_fly_with_k_auto_keeps_a_window_aware_controller(tiny_dirs):
     widths = [1, 2, 4, 8, 16, 32]
     p.engine.target_costs = CostTable("t|x", "float32", widths, [0.01] * 6, 32)
     p.engine.draft_costs = CostTable("d|x", "float32", widths, [0.001] * 6, 32)
-    p.engine.controllers.clear()
+    p.engine.caches.controllers.clear()
     from specdec.engine import DecodeConfig
 
     ids = p.encode("abc abc abc", chat=False)
@@ -74,7 +74,7 @@ def test_fly_with_k_auto_keeps_a_window_aware_controller(tiny_dirs):
     out = p.engine.generate(ids, cfg)
     ks = out.stats.k_chosen
     assert len(ks) == out.stats.rounds and any(ks) and max(ks) < 60
-    (control,) = [c for key, c in p.engine.controllers.items() if key[:2] == ("t", "fly")]
+    (control,) = [c for key, c in p.engine.caches.controllers.items() if key[:2] == ("t", "fly")]
     assert control.window == 6 and sum(control.bins.reached) > 0  # every drafting round taught the acceptance model
     # a drafting round runs past the window (shorter blocks would leave it inert), unless the answer's end is nearer
     assert all(k == 0 or k > 6 for k in ks[:-3])

@@ -159,7 +159,29 @@ def test_replay_redoes_the_portfolio_s_rounds_and_sources(models, with_model):
         assert row["auto_sources"] == {s: n for s, (n, _, _) in out.stats.sources.items()}
         assert row["auto_accepted"] == out.stats.accepted
         assert row["oracle"] <= row["auto"] + 1e-9 and row["oracle"] <= row["plain"] + 1e-9
+        assert row["oracle"] <= row["fitted"] + 1e-9  # the realistic bound is a schedule, so never below the oracle
     assert any(out.stats.sources for out in outs)
+
+
+def test_the_fitted_bound_s_rates_are_the_answers_shares_censored_as_the_portfolio_learns():
+    """Per copy source and run bin: offered tokens judged up to the first miss (a copy matched to
+    its end says nothing past it), over every position of every trace; unseen bins keep the prior."""
+    import numpy as np
+
+    from specdec.acceptance import COPY_PRIOR, run_bin
+    from specdec.bench.replaycli import FittedRates, fitted_copy_rates
+
+    arr = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    # t=0: 3 offered from run 2, 1 kept (judged: run 2 kept, run 3 missed); t=2: 2 offered from run 5, both kept
+    offered = [{"pld": (arr(3, 0, 2), arr(1, 0, 2), arr(2, 0, 5))}]
+    rates = fitted_copy_rates(offered)["pld"]
+    assert run_bin(2) != run_bin(3) and run_bin(5) == run_bin(6)
+    assert rates[run_bin(2)] == 1.0 and rates[run_bin(3)] == 0.0 and rates[run_bin(5)] == 1.0
+    assert rates[run_bin(100)] == COPY_PRIOR[run_bin(100)]
+    frozen = FittedRates(prior=rates)
+    before = frozen.rates()
+    frozen.update(0, 3, 0)
+    assert frozen.rates() == before
 
 
 def test_the_portfolio_oracle_is_at_most_each_source_alone(models):

@@ -385,23 +385,23 @@ def test_controller_cache_is_bounded(tiny_server_pair):
     """300 distinct theta values kept 301 k=auto controllers."""
     from specdec.api import make_config
     from specdec.costmodel import CostTable
-    from specdec.engine import MAX_CONTROLLERS
+    from specdec.scopes import MAX_CONTROLLERS
 
     engine = tiny_server_pair.engine
-    saved = engine.target_costs, engine.controllers.copy()
+    saved = engine.target_costs, engine.caches.controllers.copy()
     engine.target_costs = CostTable("t", "float32", [1, 2, 4, 8], [0.01, 0.02, 0.04, 0.08], 64)
     try:
-        engine.controllers.clear()
+        engine.caches.controllers.clear()
         first = engine.k_policy(make_config(policy="mars", theta=0.5))
         for i in range(300):
             engine.k_policy(make_config(policy="mars", theta=0.01 + i / 1000))
             if i % 10 == 0:  # used now and then: the least recently used go first
                 assert engine.k_policy(make_config(policy="mars", theta=0.5)) is first
-        assert len(engine.controllers) == MAX_CONTROLLERS == 64
+        assert len(engine.caches.controllers) == MAX_CONTROLLERS == 64
     finally:
         engine.target_costs = saved[0]
-        engine.controllers.clear()
-        engine.controllers.update(saved[1])
+        engine.caches.controllers.clear()
+        engine.caches.controllers.update(saved[1])
 
 
 def test_body_too_large_by_content_length(url):

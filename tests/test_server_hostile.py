@@ -313,19 +313,19 @@ def test_a_secret_never_reaches_another_client_under_a_loose_rule(pair, shared):
     """Client A sends a secret; client B, under each loose rule at its loosest with the suffix
     drafter, starts the same sentence. Without keys each request drafts from its own text only;
     with the caches shared (or one key), a loose rule still never drafts from another request's."""
-    pair.engine.suffix_cache = SuffixCache()  # empty: earlier tests' text is not this test's
+    pair.engine.caches.suffix = SuffixCache()  # empty: earlier tests' text is not this test's
     app = create_app(pair, {"max_new_tokens": 4}, limits=Limits(max_tokens=64), shared_caches=shared)
     with serve_in_thread(app) as base:
         for rule, text in _loose_outputs(base, {}, {}).items():
             assert "QX7" not in text and "ZEBRA" not in text, (rule, text)
     if shared:
-        assert pair.engine.suffix_cache.requests("all")  # kept, for exact rules to draft from
+        assert pair.engine.caches.suffix.requests("all")  # kept, for exact rules to draft from
     else:
-        assert pair.engine.suffix_cache.requests() == []  # nothing kept without a key
+        assert pair.engine.caches.suffix.requests() == []  # nothing kept without a key
 
 
 def test_exact_rules_may_draft_from_the_shared_cache(pair):
-    pair.engine.suffix_cache = SuffixCache()
+    pair.engine.caches.suffix = SuffixCache()
     app = create_app(pair, {"max_new_tokens": 4}, limits=Limits(max_tokens=64), shared_caches=True)
     spec = {"policy": "lossless", "drafter": "suffix", "k": 16}
     with serve_in_thread(app) as base:
@@ -362,3 +362,21 @@ def test_the_prefix_cache_is_shared_only_within_a_key_and_salt(pair):
         cached(base, headers=keys)
         assert cached(base, headers=keys) > 0  # one key: one client
         assert cached(base, headers=keys, cache_salt="x") == 0
+
+
+def test_two_apps_over_one_pair_keep_their_keys_prefix_caches_apart(pair):
+    """The engine, not each app's worker, knows whose text its models' caches hold: key k1's next
+    request after k2's (another app over the same pair) reads its prompt whole."""
+    prompt = "a prompt another client may try to guess, long enough"
+
+    def cached(base, key):
+        r = post(base + COMP, {"prompt": prompt, "max_tokens": 1}, authorization=f"Bearer {key}")
+        assert r.status_code == 200, r.text
+        return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    one, two = (create_app(pair, {"max_new_tokens": 1}, api_key=key) for key in ("k1", "k2"))
+    with serve_in_thread(one) as a, serve_in_thread(two) as b:
+        cached(a, "k1")
+        assert cached(a, "k1") > 0
+        assert cached(b, "k2") == 0
+        assert cached(a, "k1") == 0  # the caches held k2's text, the same prompt

@@ -165,6 +165,29 @@ def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
     assert sorted(map(sorted, circles(import_graph(module_level=False)))) == [["a", "b"], ["pkg.c", "pkg.d"]]
 
 
+def test_k_policies_are_in_one_module_with_one_protocol():
+    """Every K policy of the engine is defined in autok.py, which imports no drafter; any class
+    elsewhere that answers ``budget`` is a ``KPolicy`` (not a copy of its shape)."""
+    from specdec.autok import Fixed, KPolicy, PassGate, k_policy
+    from specdec.costmodel import CostTable
+    from specdec.draftlength import AUTO
+
+    assert not {m for m in imports_of(SRC / "autok.py") if m.split(".")[0] == "drafters"}
+    policies = [Fixed(3), k_policy(AUTO, CostTable("t", "float32", [1, 2, 4], [0.01, 0.02, 0.04], 32), None,
+                                   needs_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
+    assert isinstance(policies[1], PassGate)
+    assert all(isinstance(p, KPolicy) and type(p).__module__ == "specdec.autok" for p in policies)
+    copies = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(isinstance(f, ast.FunctionDef) and f.name == "budget"
+                                                      for f in node.body):
+                bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "") for b in node.bases}
+                if path.name != "autok.py" and "KPolicy" not in bases:
+                    copies.append(f"{path.relative_to(SRC)}: {node.name}")
+    assert not copies, copies
+
+
 def test_bench_and_tune_share_options_without_importing_each_other():
     """``specdec tune`` takes the flags it shares with ``specdec bench`` from bench.options, not
     from bench's command module (and bench's command does not import tune's)."""
@@ -431,12 +454,50 @@ def test_only_the_backends_import_transformers():
     assert found <= TRANSFORMERS_IMPORTERS, sorted(found - TRANSFORMERS_IMPORTERS)
 
 
-def test_the_engine_and_drafters_see_models_only_through_the_interface():
-    costmodel_files = sorted(p.relative_to(SRC).as_posix() for p in (SRC / "costmodel").glob("*.py"))
-    for rel in ("engine.py", "autok.py", *costmodel_files, "drafters/model.py", "drafters/mla.py", "drafters/tree.py",
-                "drafters/lookup.py", "api.py"):
-        imported = imports_of(SRC / rel)
-        assert not any(m.startswith(("backends.transformers", "backends.llamacpp")) for m in imported), rel
+#: what a module outside a backend's package may import of ``backends``: the registry is the door
+BACKEND_DOORS = {"backends", "backends.registry", "backends.base"}
+#: the modules above the backends (they use replay, traces, acceptance models, or call a backend)
+ABOVE_BACKENDS = ("replay", "trace", "acceptance", "draft_formats", "bench", "server", "vllm", "cli", "cliargs", "api")
+
+
+def backend_leaks() -> list[str]:
+    """Imports that reach a backend's package from outside it (anything of ``backends`` but
+    :data:`BACKEND_DOORS`), and imports from ``backends/`` of a module above the backends."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        mine = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        for imported in imports_of(path):
+            parts = imported.split(".")
+            if parts[0] == "backends" and imported not in BACKEND_DOORS and not mine.startswith(".".join(parts[:2]) + "."):
+                bad.append(f"{mine} imports {imported}")
+            if mine.startswith("backends.") and parts[0] in ABOVE_BACKENDS:
+                bad.append(f"{mine} imports {imported}")
+    return bad
+
+
+def test_backends_are_reached_only_through_the_registry():
+    """No module outside ``backends/<name>/`` imports ``backends.<name>`` (only ``backends``,
+    ``backends.registry`` and ``backends.base``): the CLI, the vLLM plug-in and the bench's peers ask
+    a registry entry's hooks. Nothing in ``backends/`` imports replay, trace, acceptance,
+    draft_formats (``draft="auto"``'s choice is reached through ``Request.drafts``) or a front end."""
+    assert not backend_leaks(), backend_leaks()
+
+
+def test_the_backend_leak_check_sees_a_leak(tmp_path, monkeypatch):
+    """The check above finds an import of a backend's package from outside it, from another backend's
+    package, and an import of a layer above from inside ``backends/``; a backend's own modules pass."""
+    for folder in ("backends/one", "backends/two", "bench"):
+        (tmp_path / folder).mkdir(parents=True)
+    for name in ("__init__.py", "trace.py", "backends/__init__.py", "backends/registry.py", "backends/one/__init__.py",
+                 "backends/two/__init__.py", "bench/__init__.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "backends/one/model.py").write_text("from ..registry import Backend\nfrom .load import x\n")
+    (tmp_path / "backends/one/load.py").write_text("def f():\n    from ...trace import y\n")
+    (tmp_path / "backends/two/backend.py").write_text("from ..one.model import m\n")
+    (tmp_path / "bench/peers.py").write_text("from ..backends import REGISTRY\nfrom ..backends.one import load\n")
+    monkeypatch.setitem(globals(), "SRC", tmp_path)
+    assert backend_leaks() == ["backends.one.load imports trace", "backends.two.backend imports backends.one.model",
+                               "bench.peers imports backends.one.load"]
 
 
 def _costmodel_names_used() -> set[str]:

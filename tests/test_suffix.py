@@ -154,7 +154,7 @@ def test_callers_never_draft_from_each_others_text():
     secret = [40, 41, 42, 43, 44, 45, 46, 47]
     alice = DecodeConfig(drafter="suffix", max_new_tokens=8).with_settings(caller="alice")
     engine.generate(secret, alice)
-    assert engine.suffix_cache.requests("bob") == [] and engine.suffix_cache.requests("alice")
+    assert engine.caches.suffix.requests("bob") == [] and engine.caches.suffix.requests("alice")
     for caller, expected in (("bob", []), ("alice", [44, 45, 46, 47])):
         drafter = engine.make_drafter(alice.with_settings(caller=caller))
         drafter.start([40, 41, 42, 43])
@@ -166,19 +166,19 @@ def test_a_request_may_opt_out_of_the_cache():
     engine = Engine(CausalLM(tiny_model(2)), None, eos_ids=[258])
     engine.generate([40, 41, 42, 43, 44], DecodeConfig(drafter="suffix", drafter_params={"suffix_cache": False},
                                                        max_new_tokens=6))
-    assert engine.suffix_cache.requests() == []  # it added nothing
+    assert engine.caches.suffix.requests() == []  # it added nothing
     engine.generate([40, 41, 42, 43, 44], DecodeConfig(drafter="suffix", max_new_tokens=6))
     cfg = DecodeConfig(drafter="suffix", drafter_params={"suffix_cache": "false"})  # as text too (flags, bench)
     drafter = engine.make_drafter(cfg)
     drafter.start([40, 41])
     assert drafter.history is None and drafter.propose([40, 41], 4, GREEDY, None).tokens == []
-    assert len(engine.suffix_cache.requests()) == 1
+    assert len(engine.caches.suffix.requests()) == 1
 
 
 def test_the_cache_can_be_replaced_or_shared():
     shared = SuffixCache(max_tokens=100)
     one, two = (Engine(CausalLM(tiny_model(2)), None, eos_ids=[258]) for _ in range(2))
-    one.suffix_cache = two.suffix_cache = shared
+    one.caches.suffix = two.caches.suffix = shared
     one.generate([7, 8, 9, 10], DecodeConfig(drafter="suffix-tree", max_new_tokens=5))
     drafter = two.make_drafter(DecodeConfig(drafter="suffix-tree"))
     drafter.start([7, 8])
@@ -380,7 +380,7 @@ def test_server_serves_the_suffix_drafter_and_keeps_each_keys_text_apart(tiny_di
                 client.completions.create(**kw, extra_body={"speculative": {"drafter": "suffix", "suffix_match": 0}})
     plain = pair.generate(kw["prompt"], max_new_tokens=12, policy="ar")
     assert texts["key-a"] == texts["key-b"] == plain.text
-    cache = pair.engine.suffix_cache
+    cache = pair.engine.caches.suffix
     a, b = cache.requests(key_id(b"key-a")), cache.requests(key_id(b"key-b"))
     assert len(a) == len(b) == 1  # one request each: the opted-out ones were not kept
     assert cache.requests() == a + b and cache.requests("") == []

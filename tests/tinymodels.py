@@ -284,38 +284,63 @@ class ToyChain:
         """``[V, V, V]``: the joint law of the first three tokens plain sampling produces."""
         return joint3(*self.target_probs(params))
 
-    def sample(self, policy, params, n: int, seed: int, fixed: tuple[int, int] | None = None):
-        """Run ``n`` rounds of ``policy`` (K = 2) and complete each output to three tokens by plain
-        sampling, as later rounds would. Drafts are drawn from ``q``, or are ``fixed`` (a drafter
-        without probabilities). Returns (``[V, V, V]`` counts, rejections, total of ``relaxed``)."""
-        from specdec.verify import Round
-
-        gen = torch.Generator().manual_seed(seed)
+    def rounds(self, params, fixed: tuple[int, int] | None = None) -> dict:
+        """``(d1, d2) -> (target logits [3, V], drafts [2], q [2, V] or None, target probs [3, V])``:
+        each round's tensors, built once per pair of drafts (no rule writes into a round)."""
         p1, p2, p3 = self.target_probs(params)
         z1, z2, z3 = self.z
         q1, q2 = self.q
-        counts = torch.zeros(self.vocab, self.vocab, self.vocab)
+        pairs = [fixed] if fixed is not None else [(a, b) for a in range(self.vocab) for b in range(self.vocab)]
+        return {(a, b): (torch.stack([z1, z2[a], z3[a, b]]), torch.tensor([a, b]),
+                         None if fixed is not None else torch.stack([q1, q2[a]]),
+                         torch.stack([p1, p2[a], p3[a, b]])) for a, b in pairs}
+
+    def sample(self, policy, params, n: int, seed: int, fixed: tuple[int, int] | None = None):
+        """Run ``n`` rounds of ``policy`` (K = 2) and complete each output to three tokens by plain
+        sampling, as later rounds would. Drafts are drawn from ``q``, or are ``fixed`` (a drafter
+        without probabilities); the drafts and the completions are drawn all at once, from a
+        generator of their own, the rule draws from the round's. Returns (``[V, V, V]`` counts,
+        rejections, total of ``relaxed``)."""
+        from specdec.verify import Round
+
+        gen, own = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
+        _, p2, p3 = self.target_probs(params)
+        if fixed is None:
+            d1 = torch.multinomial(self.q[0], n, replacement=True, generator=own)
+            d2 = pick(self.q[1][d1], torch.rand(n, generator=own))
+        else:
+            d1, d2 = torch.full((n,), fixed[0]), torch.full((n,), fixed[1])
+        rounds, kept = self.rounds(params, fixed), []
         rejected = relaxed = 0
-        for _ in range(n):
-            if fixed is None:
-                d1 = int(torch.multinomial(q1, 1, generator=gen))
-                d2 = int(torch.multinomial(q2[d1], 1, generator=gen))
-                q = torch.stack([q1, q2[d1]])
-            else:
-                (d1, d2), q = fixed, None
-            logits = torch.stack([z1, z2[d1], z3[d1, d2]])
-            rnd = Round(logits, torch.tensor([d1, d2]), q, params, gen,
-                        target_probs=torch.stack([p1, p2[d1], p3[d1, d2]]), target_hidden=logits,
-                        lm_head=lambda h: h)
-            v = policy.verify(rnd)
+        for a, b in zip(d1.tolist(), d2.tolist()):
+            logits, drafts, q, probs = rounds[a, b]
+            v = policy.verify(Round(logits, drafts, q, params, gen, target_probs=probs, target_hidden=logits,
+                                    lm_head=_identity))
             rejected += v.accepted < 2
             relaxed += sum(v.relaxed.values())
-            out = [d1, d2][: v.accepted] + [v.token]
-            while len(out) < 3:  # later rounds: the target's own next-token distribution
-                row = p2[out[0]] if len(out) == 1 else p3[out[0], out[1]]
-                out.append(int(torch.multinomial(row, 1, generator=gen)))
-            counts[tuple(out)] += 1
+            kept.append((v.accepted, v.token))
+        accepted, token = torch.tensor(kept).unbind(1)
+        # later rounds: the target's own next-token distribution
+        x1 = torch.where(accepted == 0, token, d1)
+        x2 = torch.where(accepted == 0, pick(p2[x1], torch.rand(n, generator=own)),
+                         torch.where(accepted == 1, token, d2))
+        x3 = torch.where(accepted == 2, token, pick(p3[x1, x2], torch.rand(n, generator=own)))
+        V = self.vocab
+        counts = torch.bincount((x1 * V + x2) * V + x3, minlength=V**3).reshape(V, V, V).float()
         return counts, rejected, relaxed
+
+
+def pick(rows: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``rows [n, V]`` by the inverse of its CDF at ``uniforms [n]`` in [0, 1):
+    the first token whose CDF exceeds ``u * total`` (in float64, where that stays below the total),
+    so a token of probability zero is never picked."""
+    cdf = rows.double().cumsum(-1)
+    return torch.searchsorted(cdf, (uniforms.double() * cdf[:, -1])[:, None], right=True).squeeze(-1)
+
+
+def _identity(h: torch.Tensor) -> torch.Tensor:
+    """The toy chain's LM head: its hidden state is the logits row itself."""
+    return h
 
 
 def per_rule(policy: str, params: dict[str, dict]) -> dict:

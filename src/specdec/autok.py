@@ -4,7 +4,8 @@ A :class:`KPolicy` is made once per request (:func:`k_policy`) and answers :meth
 before each round (the most drafts this round, 0 for a plain step), :meth:`~KPolicy.more` after
 each draft token (whether the draft should propose another), and learns from each round's record
 (:class:`~specdec.rounds.RoundRecord`) in :meth:`~KPolicy.observe`. ``k=N`` is :class:`Fixed`;
-``k="auto"`` is :class:`AutoK` for chains.
+``k="auto"`` is :class:`AutoK` for chains and :class:`PassGate` for a tree without a draft model;
+the portfolio drafter's is :class:`PortfolioK`. Every K policy is here, and :func:`k_policy` picks one.
 The same objects drive :mod:`specdec.replay`, so a replay of a trace runs this very code.
 
 ``k="auto"`` (:class:`AutoK`) decides from what it knows, with no probes and no online cost
@@ -38,14 +39,15 @@ the prior returns where nothing is drafted: :mod:`specdec.acceptance`).
 
 Token trees under ``k="auto"``: the model-drafted ``tree`` grows to its depth limit (its own
 pruning sizes it); a tree without a draft model (lookahead), whose width its options fix, either
-drafts its whole tree or takes a plain step (:class:`specdec.drafters.lookahead.PassGate`).
+drafts its whole tree or takes a plain step (:class:`PassGate`).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
-from .acceptance import AcceptanceEstimate, AcceptancePrior, Bins, RunRates
+from .acceptance import MAX_RATE, AcceptanceEstimate, AcceptancePrior, Bins, RunRates
 from .costmodel import FALLBACK_K, TIE_TOLERANCE, CostTable, best_k, best_k_rate, expected_tokens, tokens_per_second
 from .draftlength import MAX_K, K
 from .rounds import RoundRecord
@@ -59,6 +61,48 @@ UNMEASURED_DRAFT_STEP = 1 / 3
 LENGTHS = 16
 #: a start position is planned again when the seconds per token drafting would take moved by this share
 REPLAN = 0.01
+
+
+def draft_step(target: CostTable, draft: CostTable | None, needs_model: bool) -> float:
+    """A draft token's seconds as k=auto prices them: none for a drafter without a model, the draft's
+    measured one-token pass, else :data:`UNMEASURED_DRAFT_STEP` of the target's."""
+    if not needs_model:
+        return 0.0
+    return draft.forward(1) if draft is not None else target.forward(1) * UNMEASURED_DRAFT_STEP
+
+
+def allowed_ks(table: CostTable) -> frozenset[int]:
+    """The only K > 0 k=auto plans: those whose verify pass (K + 1 tokens) ``table`` measured."""
+    return frozenset(w - 1 for w in table.widths if w >= 2)
+
+
+def block_at(forward, step: float, rate: float, k_max: int, allowed: frozenset[int],
+             window: int = 0) -> tuple[int, float]:
+    """The best block at a constant acceptance ``rate``, by the target's pass seconds ``forward(width)``
+    and a draft token's ``step``, and its seconds per token (a plain step's for K = 0); a policy's
+    lookahead ``window`` drafts at least ``window + 1``."""
+    rates = [rate] * k_max
+    k = best_k(forward, step, rates, k_max, k_min=window + 1 if window else 1, allowed=allowed)
+    return k, 1.0 / tokens_per_second(forward, step, rates, k)
+
+
+def break_even_rate(target: CostTable, step: float) -> float | None:
+    """The lowest acceptance (to within 2^-20 of :data:`~specdec.acceptance.MAX_RATE`) at which
+    k=auto drafts a chain at all, by ``target``'s pass costs and a draft token's ``step`` seconds
+    (:func:`draft_step`); None when not even ``MAX_RATE`` pays. What the CLI's note on plain steps quotes."""
+    allowed = allowed_ks(target)
+
+    def drafts(rate: float) -> bool:
+        return block_at(target.forward, step, rate, MAX_K - 1, allowed)[0] > 0
+
+    if not drafts(MAX_RATE):
+        return None
+    lo, hi = 0.0, MAX_RATE
+    for _ in range(20):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if drafts(mid) else (mid, hi)
+    return hi
+
 
 class KPolicy:
     """What the engine (and a replay) asks each round. ``budget(t, room, backlog)``: the most drafts
@@ -111,17 +155,16 @@ class AutoK(KPolicy):
                  window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_K - 1):
         self.target = target
         self.needs_model = needs_model
+        self.step = draft_step(target, draft, needs_model)
         if not needs_model:
-            self.step, self.read = 0.0, (lambda n: 0.0)
+            self.read = lambda n: 0.0
         elif draft is not None:
-            self.step, self.read = draft.forward(1), draft.read
+            self.read = draft.read
         else:
-            self.step = target.forward(1) * UNMEASURED_DRAFT_STEP
             self.read = lambda n: target.read(n) * UNMEASURED_DRAFT_STEP
         self.window = max(0, int(window))
         self.k_max = max(int(k_max), self.window + 1)
-        #: the only K > 0 planned: those whose verify pass (K + 1 tokens) the table measured
-        self.allowed = frozenset(w - 1 for w in target.widths if w >= 2)
+        self.allowed = allowed_ks(target)
         self.bins = Bins(prior or AcceptancePrior.assumed())
         self.positions = AcceptanceEstimate()  # drafters without a model: the draft model's prior says nothing of them
         self.lengths: list[tuple[int, bool]] = []  # recent answers' (length, cut by the limit), newest last
@@ -142,10 +185,7 @@ class AutoK(KPolicy):
         if rate not in self._plans:
             if len(self._plans) > 64:
                 self._plans.clear()
-            rates = [rate] * self.k_max
-            k = best_k(self.target.forward, self.step, rates, self.k_max, k_min=self.window + 1 if self.window else 1,
-                       allowed=self.allowed)
-            self._plans[rate] = (k, 1.0 / tokens_per_second(self.target.forward, self.step, rates, k))
+            self._plans[rate] = block_at(self.target.forward, self.step, rate, self.k_max, self.allowed, self.window)
         return self._plans[rate]
 
     def rate(self) -> float:
@@ -244,6 +284,77 @@ class AutoK(KPolicy):
             self.lengths = (self.lengths + [(int(tokens), bool(cut))])[-LENGTHS:]
 
 
+class PassGate(KPolicy):
+    """``k="auto"`` for a tree drafter without a draft model (lookahead): each round either drafts
+    its whole tree (``depth``) or takes a plain step, whichever yields more tokens per second by
+    the moving averages of a tree round's nodes and tokens (starting optimistic, so the first
+    rounds draft) against the target table's seconds at those widths, corrected by what the passes
+    really took. While plain steps win, one round drafts after ``probe_every`` of them (the window
+    and the pool learn only while drafting), the interval doubling up to ``MAX_PROBE_INTERVAL``,
+    and only when the credit covers the pass's extra cost: each plain step earns ``EXPLORE_SHARE``
+    of its seconds, so probing where the tree does not pay costs at most that share (measured
+    before the credit: a 29-node pass probed every 16-64 steps cost 9% of plain speed on a 16-bit
+    target and 19% on a 4-bit one). The engine keeps a gate across requests."""
+
+    OPTIMISTIC_TOKENS = 2.0
+    PROBE_EVERY, MAX_PROBE_INTERVAL, EXPLORE_SHARE, EMA = 16, 256, 0.02, 0.2
+
+    def __init__(self, target: CostTable, depth: int = 0):
+        self.target, self.depth = target, depth
+        self.interval = self.PROBE_EVERY
+        self.nodes: float | None = None
+        self.tokens = self.OPTIMISTIC_TOKENS
+        self.tree_scale = self.plain_scale = 1.0
+        self.idle = 0
+        self.credit = 0.0
+
+    def rates(self) -> tuple[float, float]:
+        """(tokens per second of a tree round, of a plain step) by the current estimates."""
+        plain = 1.0 / (self.target.forward(1) * self.plain_scale)
+        if self.nodes is None:
+            return math.inf, plain
+        return self.tokens / (self.target.forward(1 + round(self.nodes)) * self.tree_scale), plain
+
+    def choose(self) -> bool:
+        """Draft the tree this round (True) or take a plain step."""
+        tree, plain = self.rates()
+        if tree > plain * (1 + TIE_TOLERANCE):
+            self.idle, self.interval = 0, self.PROBE_EVERY
+            return True
+        self.idle += 1
+        step = self.target.forward(1) * self.plain_scale
+        self.credit += self.EXPLORE_SHARE * step
+        extra = self.target.forward(1 + round(self.nodes or 0)) * self.tree_scale - step
+        if self.idle >= self.interval and extra <= self.credit:
+            self.idle, self.interval = 0, min(2 * self.interval, self.MAX_PROBE_INTERVAL)
+            self.credit -= max(0.0, extra)
+            return True
+        return False
+
+    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
+        return max(0, min(self.depth, room)) if self.choose() else 0
+
+    def observe(self, r: RoundRecord) -> None:
+        """A round's tree size (0: a plain step), accepted drafts and target-pass seconds."""
+        drafted, seconds = r.drafted, r.verify_seconds
+        if seconds <= 0:
+            return
+        if drafted <= 0:
+            self.plain_scale = _ema(self.plain_scale, _clamp(seconds / self.target.forward(1)), self.EMA)
+            return
+        self.nodes = _ema(self.nodes, drafted, self.EMA)
+        self.tokens = _ema(self.tokens, 1.0 + r.accepted, self.EMA)
+        self.tree_scale = _ema(self.tree_scale, _clamp(seconds / self.target.forward(1 + drafted)), self.EMA)
+
+
+def _ema(prev: float | None, value: float, weight: float) -> float:
+    return value if prev is None else prev + weight * (value - prev)
+
+
+def _clamp(ratio: float) -> float:
+    return min(max(ratio, 0.1), 10.0)
+
+
 #: a copy round's wider pass is priced at this times the extra seconds the table gives it over a
 #: one-token pass: the tables are measured over a 32-token cache, and at the contexts answers run at
 #: (hundreds of tokens) a wide pass's extra cost was 1.26-1.43x the table's (AVX2-only EPYC, 4-bit
@@ -279,7 +390,7 @@ class PortfolioK(KPolicy):
         self.model = AutoK(self.priced, draft, True, window, prior) \
             if has_model and target is not None and fixed is None else None
         self.model_rate = (prior or AcceptancePrior.assumed()).mean if has_model else 0.0  # k=N: the model's
-        self.allowed = frozenset(w - 1 for w in target.widths if w >= 2) if target is not None else frozenset()
+        self.allowed = allowed_ks(target) if target is not None else frozenset()
         self.window = max(0, int(window))  # a policy's lookahead: a copy drafts more than it, or nothing
         self.rates: dict[str, RunRates] = {}
         self.limit = 0
@@ -374,8 +485,6 @@ def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, needs_m
         return Fixed(k.fixed)
     if trees:
         if target is not None and not needs_model:
-            from .drafters.lookahead import PassGate
-
             return PassGate(target, depth_limit)
         return Fixed(depth_limit)
     if target is None:

@@ -102,8 +102,7 @@ def decoding_notes(s, pair) -> list[str]:
             why = why_backlog(s, pair.costs.draft)
         elif table is not None:
             why = why_plain_steps(table, pair.costs.draft, drafter_class(s.drafter).uses_model and pair.draft is not None,
-                                  s.drafted, s.accepted,
-                                  getattr(pair.costs, "prior", None))
+                                  s.drafted, s.accepted)
         lines.append(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds, "
                      f"so no draft was rejected there: {why} ('specdec calibrate' measures the costs again, e.g. if "
                      "the machine was busy when they were measured)")
@@ -118,25 +117,21 @@ def decoding_notes(s, pair) -> list[str]:
     return lines
 
 
-def why_plain_steps(target: CostTable, draft: CostTable | None, needs_model: bool, drafted: int, accepted: int,
-                    prior: AcceptancePrior | None = None) -> str:
+def why_plain_steps(target: CostTable, draft: CostTable | None, needs_model: bool, drafted: int, accepted: int) -> str:
     """Why k=auto chose plain steps (K=0), for people: the measured costs it weighed and the
-    acceptance drafting would need, against what the drafts tried were kept at."""
-    from .autok import AutoK
-    from .acceptance import MAX_RATE
+    acceptance drafting would need (:func:`specdec.autok.break_even_rate`), against what the drafts
+    tried were kept at."""
+    from .autok import break_even_rate, draft_step
 
-    auto = AutoK(target, draft, needs_model, prior=prior)
+    step = draft_step(target, draft, needs_model)
     costs = (f"a plain step {target.forward(1) * 1e3:.0f} ms, a 5-token pass {target.forward(5) * 1e3:.0f} ms, "
-             f"a draft token {auto.step * 1e3:.0f} ms")
-    if auto.plan(MAX_RATE)[0] == 0:
+             f"a draft token {step * 1e3:.0f} ms")
+    rate = break_even_rate(target, step)
+    if rate is None:
         return f"by this machine's measured pass costs ({costs}) not even near-perfect drafts would pay"
-    lo, hi = 0.0, MAX_RATE
-    for _ in range(20):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if auto.plan(mid)[0] > 0 else (mid, hi)
     seen = f"the {drafted} drafts tried were kept at {accepted / drafted:.0%}" if drafted else "no draft was tried"
     return (f"by this machine's measured pass costs ({costs}) drafting pays only when drafts are kept at "
-            f"{hi:.0%} or more; {seen}")
+            f"{rate:.0%} or more; {seen}")
 
 
 def why_backlog(s, draft_table) -> str:
@@ -172,7 +167,7 @@ def check_argv(argv: Sequence[str]) -> None:
 
 def cmd_models(a: argparse.Namespace) -> int:
     from . import bundled
-    from .backends.transformers.convert import prepare
+    from .backends import REGISTRY
     from .cache import specdec_home
 
     if a.action == "prepare":
@@ -181,7 +176,7 @@ def cmd_models(a: argparse.Namespace) -> int:
             if name not in BUNDLED:
                 raise SpecdecError(f"unknown bundled model {name!r}; choose from: {', '.join(BUNDLED)}")
         for name in names:
-            path = prepare(name, progress=True, verify=a.verify)
+            path = REGISTRY.get("transformers").prepare(name, progress=True, verify=a.verify)
             print(f"{name}: ready at {path}")
         return 0
     print(f"cache: {specdec_home()}")

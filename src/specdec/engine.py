@@ -20,24 +20,24 @@ target's rows are masked by the grammar (row 0 from the committed state, row ``i
 from __future__ import annotations
 
 import time
-from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 
 from .constrain import Constraints, Guide
-from .drafters import Draft, Drafter, SuffixCache, make_drafter
+from .drafters import Draft, Drafter, make_drafter
 from .acceptance import AcceptancePrior
 from .autok import KPolicy, k_policy
 from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
-from .backends.base import Model, Scores, common_prefix
+from .backends.base import Model, Scores
 from .logprobs import TokenLogprob, token_logprobs
 from .request import DecodeConfig, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
 from .sampling import make_generator, next_token, penalize, probabilities
 from .rounds import SECONDS, RoundRecord
+from .scopes import Caches
 from .stats import Stats, peak_rss_mb
 from .verify import Policy, Verdict
 
@@ -45,35 +45,9 @@ from .verify import Policy, Verdict
 #: sequence ends inside the last ``n_new`` tokens, else None.
 StopCheck = Callable[[Sequence[int], int], "int | None"]
 
-#: k=auto's K policies kept per engine, one per distinct (policy, parameters, drafter, sampling mode);
-#: the least recently used goes first (a server sees any number of distinct request parameters)
-MAX_CONTROLLERS = 64
 #: a generation of at least DRIFT_ROUNDS rounds whose target passes took outside DRIFT_LOW..DRIFT_HIGH
 #: times the table's seconds says so in its stats (``cost_drift``): the table may be stale ('specdec calibrate')
 DRIFT_LOW, DRIFT_HIGH, DRIFT_ROUNDS = 0.5, 4.0, 32
-
-
-class WarmStates(OrderedDict):
-    """k=auto's state per request kind, kept across requests (a dict of key -> state): at most
-    ``limit`` kinds, the least recently used evicted first."""
-
-    def __init__(self, limit: int):
-        super().__init__()
-        self.limit = limit
-
-    def get_or_make(self, key, make: Callable[[], Any], stale: Callable[[Any], bool] = lambda state: False):
-        state = self.pop(key, None)
-        if state is None or stale(state):
-            state = make()
-        while len(self) >= self.limit:
-            self.popitem(last=False)
-        self[key] = state
-        return state
-
-    def copy(self) -> "WarmStates":
-        new = WarmStates(self.limit)
-        new.update(self)
-        return new
 
 
 @dataclass
@@ -146,29 +120,20 @@ class Engine:
         #: how often the draft's tokens are kept by its own probability of them, measured at calibration
         #: (None: the draft's probabilities taken as calibrated)
         self.prior = prior
-        #: k=auto state, warm across requests; at most MAX_CONTROLLERS, least recently used evicted
-        self.controllers: WarmStates = WarmStates(MAX_CONTROLLERS)
-        #: earlier requests' text for the suffix drafters, per caller (assign another to resize or share it)
-        self.suffix_cache = SuffixCache()
-        #: prefix caching (vLLM's and llama-server's default): a generation keeps the target's cached
-        #: positions its prompt shares with what the cache holds from the request before, and reads
-        #: only the rest (an agent's next turn re-sends the whole conversation). Off here by default,
-        #: so that every generation starts from an empty cache and bench's timings compare; the
-        #: server turns it on. Output is the same either way up to floating-point differences of
-        #: batched against incremental passes (near-ties on llama.cpp and in bf16).
-        self.prefix_caching = False
+        #: what outlives a request, per caller: the prefix cache, the suffix cache, k=auto's state
+        #: (:class:`specdec.scopes.Caches`; ``caches.prefix_caching`` turns prefix caching on)
+        self.caches = Caches()
 
     @staticmethod
     def _kind(cfg: DecodeConfig) -> tuple:
-        """What k=auto keeps apart: the caller (what one caller's requests taught it never steers
-        another's: its K per round would tell what others sent), policy, drafter, their parameters,
-        sampling mode, and whether a grammar constrains the text (it changes what drafts survive)."""
-        return (cfg.caller, cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
+        """What k=auto keeps apart besides the caller: policy, drafter, their parameters, sampling
+        mode, and whether a grammar constrains the text (it changes what drafts survive)."""
+        return (cfg.policy, tuple(sorted(cfg.policy_params.items())), cfg.drafter,
                 tuple(sorted(cfg.drafter_params.items())), cfg.sampling.greedy, cfg.constraint is not None)
 
     def k_policy(self, cfg: DecodeConfig) -> KPolicy:
         """The request's K policy (:func:`specdec.autok.k_policy`): ``k=N`` a fixed one; ``k="auto"``
-        the one kept for this kind of request (:meth:`_kind`), made again when a cost table changed."""
+        the one its caller's requests of this kind (:meth:`_kind`) left (:meth:`specdec.scopes.Caches.k_policy`)."""
         cls = cfg.drafter_type
 
         def make() -> KPolicy:
@@ -179,23 +144,16 @@ class Engine:
                             fallback_k=max(FALLBACK_K, lookahead_of(cfg.parsed) + 1), prior=self.prior,
                             portfolio=cls.portfolio, has_model=self.draft is not None)
 
-        if not cfg.k.auto or cfg.caller is None:  # a caller of its own: nothing learned is kept for others
+        if not cfg.k.auto:
             return make()
-        tables = (self.target_costs, self.draft_costs, self.prior)
-
-        def made() -> KPolicy:
-            policy = make()
-            policy.tables = tables
-            return policy
-
-        return self.controllers.get_or_make(self._kind(cfg), made,
-                                            stale=lambda p: any(a is not b for a, b in zip(p.tables, tables)))
+        tables = (self.target_costs, self.draft_costs, self.prior)  # a policy made for other tables is made again
+        return self.caches.k_policy(cfg.caller, self._kind(cfg), make, tables)
 
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
         """The request's drafter, from the registry (:func:`specdec.drafters.make_drafter`); one that
         reads earlier requests' text sees its caller's only, and none under a loose rule."""
         return make_drafter(cfg.drafter_type, self.draft, self.eos_ids, dict(cfg.drafter_params),
-                            history=self.suffix_cache.scope(cfg.caller, read=not cfg.parsed.lossy))
+                            history=self.caches.history(cfg.caller, read=not cfg.parsed.lossy))
 
     def check_config(self, cfg: DecodeConfig) -> None:
         """Refuse, before any work, a request the loaded models cannot serve: a token-tree drafter
@@ -313,6 +271,8 @@ class Engine:
         """The generation's state, and the prefill: every cache holds the prompt but its last
         token, which each round feeds again."""
         policy, cls = cfg.parsed, cfg.drafter_type  # resolved once, where the request was made
+        # the models' caches keep only this caller's text (a seeded sample's too: its prefix cache is its caller's)
+        self.caches.enter(cfg.caller, (self.target, self.draft))
         if cfg.sampling.seed is not None and not cfg.sampling.greedy:
             # a seeded sample is a caller of its own: no earlier request's text or k=auto state
             # changes its drafts, so its seed gives the same answer whatever ran before
@@ -341,8 +301,8 @@ class Engine:
 
     def _prefill(self, ids: list[int], stats: Stats) -> None:
         """The target's cache holds ``ids`` (the prompt but its last token) after this: read whole
-        from an empty cache, or with :attr:`prefix_caching` only past the prefix it already holds."""
-        keep = common_prefix(self.target.linear_tokens, ids) if self.prefix_caching else 0
+        from an empty cache, or with prefix caching only past the prefix it already holds (:meth:`Caches.kept`)."""
+        keep = self.caches.kept(self.target, ids)
         if keep:
             self.target.truncate(keep)
         else:

@@ -251,21 +251,22 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
     return out
 
 
-def copy_offers(trace: Trace, copies: Sequence, k_max: int = MAX_K - 1) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def copy_offers(trace: Trace, copies: Sequence, k_max: int = MAX_K - 1) -> dict[str, tuple[np.ndarray, ...]]:
     """Each copy source's offer at every answer position ``t`` (its drafter run on the prompt and
-    ``answer[:t]``, as a portfolio asks it): per source, ``(length[t], kept[t])``, the offer's
-    length (0: none) and how many of its tokens the answer goes on with."""
+    ``answer[:t]``, as a portfolio asks it): per source, ``(length[t], kept[t], run[t])``, the
+    offer's length (0: none), how many of its tokens the answer goes on with, and its run."""
     n = len(trace.answer)
     out = {}
     for drafter in copies:
         source = LookupSource(drafter, trace)
-        length, kept = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
+        length, kept, run = (np.zeros(n, dtype=np.int64) for _ in range(3))
         for t in range(n):
             offer = source.offer(t, k_max)
             if offer is not None:
                 length[t], kept[t] = len(offer.tokens), offer.outcome(trace.answer[t:t + len(offer.tokens)])[1]
+                run[t] = offer.run
             source.commit(t, 0, 0)
-        out[drafter.name] = (length, kept)
+        out[drafter.name] = (length, kept, run)
     return out
 
 
@@ -278,7 +279,7 @@ def runs(dt: DraftTrace, n: int) -> np.ndarray:
 
 
 def oracle(trace: Trace, draft: str | None, clock: Clock, k_max: int = MAX_K - 1,
-           copies: dict[str, tuple[np.ndarray, np.ndarray]] | None = None) -> float:
+           copies: dict[str, tuple[np.ndarray, ...]] | None = None) -> float:
     """The least end-to-end seconds of ``trace``'s generation over every K schedule (module
     docstring): ``V[t, b]``, the seconds to finish from answer position ``t`` with a draft backlog
     of ``b`` tokens, is the cheaper of a plain step (to ``t + 1``, backlog ``b + 1``) and a round
@@ -301,7 +302,7 @@ def oracle(trace: Trace, draft: str | None, clock: Clock, k_max: int = MAX_K - 1
     for t in range(n - 1, -1, -1):
         room = trace.max_new_tokens - t
         best_row = clock.verify(1, prompt + t) + clock.step_overhead + later(values[t + 1], 1)
-        for length, kept in (copies or {}).values():
+        for length, kept, *_ in (copies or {}).values():
             for k in range(1, min(k_max, room - 1, int(length[t])) + 1):
                 a = min(k, int(kept[t]))
                 cost = (clock.verify(k + 1, prompt + t) + clock.round_overhead + k * clock.token_overhead

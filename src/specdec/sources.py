@@ -1,15 +1,13 @@
-"""Model sources: what ``target=``/``draft=`` and ``--target``/``--draft`` take, turned into what a
-backend loads, in one place.
+"""Model sources: what ``target=``/``draft=`` and ``--target``/``--draft`` take, in one place.
 
 A source is a bundled name (:data:`specdec.bundled.BUNDLED`), a Hugging Face model folder, a
 ``.gguf`` file (or a folder holding exactly one), or a hub id (``org/name``); on llama.cpp it may
-end in ``@<format>`` (:data:`FORMATS`: a copy of a GGUF model's weights in that format, made by
-:mod:`specdec.backends.llamacpp.formats`). :func:`locate` classifies one without loading anything,
-:func:`gguf_file` finds the GGUF file llama.cpp reads (a bundled model's assembled once from its
-chunk packages), :func:`is_gguf` says whether a source is one, and :func:`resolve_draft` is what
-``draft="auto"`` means. The transformers backend reads a folder or a hub id; a bundled model or a
-GGUF file it dequantizes once into a cached folder first (:mod:`specdec.backends.transformers.convert`).
-Backend-free: nothing here imports a backend's library.
+end in ``@<format>`` (:data:`FORMATS`: a copy of a GGUF model's weights in that format, made by the
+llama.cpp backend). :func:`split_format` reads that suffix, :func:`locate` classifies a source
+without loading anything, and :func:`resolve_draft` is what ``draft="auto"`` means. What a backend
+reads for a source is its own: the GGUF file llama.cpp loads (:mod:`specdec.backends.llamacpp.formats`),
+the folder transformers loads, a bundled model or a GGUF file dequantized once
+(:mod:`specdec.backends.transformers.convert`). Backend-free: nothing here imports a backend.
 """
 
 from __future__ import annotations
@@ -17,21 +15,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from . import bundled
 from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
 from .errors import SpecdecError
 
 #: ``draft="auto"``: the bundled draft for the bundled target, no draft otherwise
 AUTO = "auto"
-#: format name -> (llama_ftype value, every tensor in that type ("pure"), what it is, for people).
-#: The 4-bit ones are pure: llama.cpp's Q4_K_M mixes types per tensor, these do not.
-FORMATS: dict[str, tuple[int, bool, str]] = {
-    "bf16": (32, False, "bfloat16"),
-    "f16": (1, False, "float16"),
-    "q8_0": (7, False, "8-bit (Q8_0)"),
-    "q4_0": (2, True, "4-bit (Q4_0, every tensor)"),
-    "iq4_nl": (25, True, "4-bit (IQ4_NL, every tensor)"),
-}
+#: the weight formats ``@<format>`` names (how llama.cpp makes each copy: its backend's ``FTYPES``)
+FORMATS = ("bf16", "f16", "q8_0", "q4_0", "iq4_nl")
 SEPARATOR = "@"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
@@ -75,37 +65,6 @@ def locate(source: str) -> tuple[str, Path | None]:
             f"nor a bundled model ({names})"
         )
     return "hub", None
-
-
-def gguf_file(source: str, progress: bool = True) -> Path:
-    """The GGUF file of a model source: a bundled name (assembled once from its chunk packages), a
-    ``.gguf`` path, or a folder holding exactly one ``.gguf``. Anything else is a one-line error.
-    (``model@format`` copies: :func:`specdec.backends.llamacpp.formats.model_file`.)"""
-    kind, path = locate(source) if not (Path(str(source)).expanduser().is_dir()) else ("dir", Path(source).expanduser())
-    if kind == "bundled":
-        return bundled.gguf_file(source, progress=progress)
-    if kind == "gguf":
-        return path
-    if kind in ("dir", "folder"):
-        files = sorted(path.glob("*.gguf"))
-        if len(files) == 1:
-            return files[0]
-        if len(files) > 1:
-            raise SpecdecError(f"{source}: the folder holds {len(files)} .gguf files; give the one to use")
-    raise SpecdecError(f"backend 'llama.cpp' needs a GGUF model (a bundled name, a .gguf file or a folder with one), "
-                       f"not {source!r}; use backend='transformers' for Hugging Face models")
-
-
-def is_gguf(source: str | None) -> bool:
-    """Whether a model source is a GGUF file (bundled models are; None, no model, counts as one),
-    without loading anything."""
-    if source is None:
-        return True
-    source, fmt = split_format(source)
-    if fmt is not None or source in BUNDLED or str(source).endswith(".gguf"):
-        return True
-    path = Path(str(source)).expanduser()
-    return path.is_dir() and not (path / "config.json").exists() and len(list(path.glob("*.gguf"))) == 1
 
 
 def resolve_draft(target: str, draft: str | None) -> str | None:

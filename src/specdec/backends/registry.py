@@ -13,11 +13,12 @@ backend's library.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -67,6 +68,21 @@ class Loaded:
                 m.close()
 
 
+class DraftMeasures(Protocol):
+    """What a backend asks of the layer above it about a draft model (:mod:`specdec.draft_formats`,
+    which :func:`specdec.load` passes as :attr:`Request.drafts`): it replays traces and builds
+    acceptance models, which no backend imports. ``identity(model)`` names a model's weights for the
+    cache of measurements."""
+
+    def choose(self, target: Model, tokenizer, base: str, load: Callable[[str], Model], table: Callable[[Model], Any],
+               log: Log, identity: Callable[[Model], str], target_table=None) -> tuple[Any, Model, Any, Any]:
+        """``draft="auto"``'s weight format: the choice (``.source``, ``.why``), the loaded draft, its
+        table and its acceptance prior."""
+
+    def prior(self, target: Model, draft: Model, tokenizer, identity: Callable[[Model], str]) -> Any:
+        """The acceptance prior of ``draft`` against ``target``, measured on a reference text."""
+
+
 @dataclass
 class Request:
     """What :func:`specdec.load` asks of a backend: the model sources, the device, the options the
@@ -82,6 +98,8 @@ class Request:
     log: Log = print
     #: the draft was chosen by ``draft="auto"`` (a backend may choose its variant too)
     draft_auto: bool = False
+    #: how the draft's weight format is chosen and its acceptance prior measured (None: neither)
+    drafts: DraftMeasures | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +190,23 @@ class Backend:
         from ..costmodel import fingerprint
 
         return fingerprint(device)
+
+    # ------------------------------------------------------ for callers that run the library itself
+    def prepare(self, source: str, progress: bool = True, verify: bool = False) -> str:
+        """What this backend's library itself reads for a model source, made once and cached first
+        (``verify``: every cached file hashed again): ``specdec models prepare``, the vLLM plug-in and
+        the benchmark's peers ask it."""
+        raise SpecdecError(f"backend {self.name!r} prepares no model files for other programs")
+
+    def peer_model(self, source: str, dtype, device, quant: str = "none"):
+        """The library's own model object for a source (not a :class:`Model`), its weights quantized
+        as ``quant`` says: what a benchmark peer running the library's own generation takes."""
+        raise SpecdecError(f"backend {self.name!r} lends no model object to peers")
+
+    def threads(self) -> int | None:
+        """The CPU threads its library runs with here by default (a peer of the same library runs with
+        as many); None where it does not choose them."""
+        return None
 
     def cached_estimate(self, req: Request):
         """This backend's expected reference-request time for ``req``'s models
@@ -323,8 +358,7 @@ class Registry:
                 why = (f"auto: measured on this machine, {other.name} {theirs.seconds:.1f}s against {chosen.name} "
                        f"{mine.seconds:.1f}s for a reference request")
                 other.check(req)
-                return other.load(Request(req.target, req.draft, req.device, {}, True, False, req.progress, req.log,
-                                          req.draft_auto), why)
+                return other.load(dataclasses.replace(req, options={}, calibrate=True, recalibrate=False), why)
             loaded.why = (f"{loaded.why}; measured on this machine, {chosen.name} {mine.seconds:.1f}s against "
                           f"{other.name} {theirs.seconds:.1f}s for a reference request")
         return loaded

@@ -17,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..backends import REGISTRY
 from ..errors import SpecdecError
 from ..text import StopStrings
 from .configs import PEERS, Config
@@ -30,26 +31,20 @@ def peer_draft(pair, quant: str, models: BenchModels):
         return pair.draft.model
     copies = models.peer_drafts
     if quant not in copies:
-        from ..backends.transformers.load import load
-        from ..backends.transformers.quant import quantize_int8
-
-        model = load(pair.draft_name, pair.draft.dtype, pair.draft.device, progress=False).model
-        if quant == "int8":
-            quantize_int8(model)
-        copies[quant] = model
+        copies[quant] = REGISTRY.get("transformers").peer_model(pair.draft_name, pair.draft.dtype, pair.draft.device,
+                                                                quant)
     return copies[quant]
 
 
 def gguf_of(source: str) -> str:
     """The GGUF file of a target: a bundled model's (assembled once) or a ``.gguf`` path, either with
-    ``@format`` (the copy in that weight format, :mod:`specdec.backends.llamacpp.formats`)."""
-    from ..backends.llamacpp.formats import model_file
+    ``@format`` (the copy in that weight format, made by the llama.cpp backend)."""
     from ..sources import split_format
     from ..bundled import BUNDLED
 
     base = split_format(source)[0]
     if base in BUNDLED or str(base).endswith(".gguf"):
-        return str(model_file(source, progress=False))
+        return REGISTRY.get("llama.cpp").prepare(source, progress=False)
     raise SpecdecError(f"peer llama-cpp needs a GGUF target (a bundled model or a .gguf file), not {source!r}")
 
 
@@ -157,9 +152,8 @@ def run_llama_spec(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequenc
 
 
 def _threads() -> int:
-    from ..backends.llamacpp.model import default_threads
-
-    return default_threads()
+    """The threads specdec's llama.cpp backend runs with by default."""
+    return REGISTRY.get("llama.cpp").threads()
 
 
 def run_peer(

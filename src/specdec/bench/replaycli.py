@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 
+from ..acceptance import COPY_PRIOR, RUN_EDGES, RunRates, run_bin
 from ..autok import KPolicy
 from ..draftlength import MAX_K
 from ..errors import SpecdecError
@@ -149,7 +150,7 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
     to trace by name (model, window, chain length) and each source's acceptance prior on the
     reference text."""
     from ..api import load
-    from ..backends.llamacpp.draft_formats import REFERENCE
+    from ..draft_formats import REFERENCE
     from ..trace import draft_name, measure_prior
 
     backend = settings.get("backend", "auto")
@@ -300,13 +301,14 @@ def portfolio_report(results: dict, model: str | None, by_category: bool) -> lis
     cols = [n for n in (model, *LOOKUP_DRAFTERS) if n is not None and n in results]
     head = (f"portfolio (default, drafter auto: {' + '.join(cols)}) against each source alone at k=auto; time vs plain:",
             "| prompts | plain s | " + " | ".join(f"{c} alone" for c in cols)
-            + " | default (auto) | portfolio oracle | default / oracle |",
-            "|---|---:|" + "---:|" * (len(cols) + 3))
+            + " | default (auto) | fitted bound | portfolio oracle | default / fitted | default / oracle |",
+            "|---|---:|" + "---:|" * (len(cols) + 5))
 
     def row(label: str, get) -> str:
         auto = get("auto")
         return (f"| {label} | {auto['plain']:.1f} | " + " | ".join(_x(auto["plain"], get(c)["auto"]) for c in cols)
-                + f" | {_x(auto['plain'], auto['auto'])} (tau {auto['auto_tau']:.2f}) | {_x(auto['plain'], auto['oracle'])}"
+                + f" | {_x(auto['plain'], auto['auto'])} (tau {auto['auto_tau']:.2f}) | {_x(auto['plain'], auto['fitted'])}"
+                + f" | {_x(auto['plain'], auto['oracle'])} | {auto['fitted'] / auto['auto']:.2f}"
                 + f" | {auto['oracle'] / auto['auto']:.2f} |")
 
     lines = list(head) + [row(f"all {results['auto']['total']['prompts']}", lambda n: results[n]["total"])]
@@ -358,7 +360,35 @@ def _sum(rows: list[dict]) -> dict:
     out["fixed"] = {k: sum(r["fixed"][k] for r in rows) for k in rows[0]["fixed"]} if rows else {}
     out["threshold"] = {k: sum(r["threshold"][k] for r in rows) for k in rows[0]["threshold"]} if rows else {}
     out["auto_tau"] = out["tokens"] / out["rounds"] if out["rounds"] else 0.0
+    if rows and all("fitted" in r for r in rows):
+        out["fitted"] = sum(r["fitted"] for r in rows)
     return out
+
+
+class FittedRates(RunRates):
+    """A copy source's chances per run bin fixed to what the replayed traces show (learns nothing)."""
+
+    def update(self, run: int, reached: int, kept: int) -> None:
+        return None
+
+
+def fitted_copy_rates(offered: list[dict]) -> dict[str, tuple[float, ...]]:
+    """The portfolio's realistic bound's rates: per copy source, the share of offered tokens the
+    answers kept, per run bin, over every offer at every position of the traces
+    (:func:`specdec.replay.copy_offers`, censored as the portfolio learns: a copy matched to its
+    end says nothing past it), fitted with hindsight; a bin never judged keeps the prior."""
+    bins = len(RUN_EDGES) + 1
+    counts: dict[str, tuple[list[float], list[float]]] = {}
+    for per_trace in offered:
+        for source, (length, kept, run) in per_trace.items():
+            reached_n, kept_n = counts.setdefault(source, ([0.0] * bins, [0.0] * bins))
+            for t in length.nonzero()[0]:
+                for i in range(min(int(kept[t]) + 1, int(length[t]))):
+                    b = run_bin(int(run[t]) + i)
+                    reached_n[b] += 1
+                    kept_n[b] += float(i < kept[t])
+    return {source: tuple(k / r if r else COPY_PRIOR[b] for b, (r, k) in enumerate(zip(reached_n, kept_n)))
+            for source, (reached_n, kept_n) in counts.items()}
 
 
 class StopBelow(KPolicy):
@@ -450,17 +480,22 @@ def replay_portfolio(traces: list, draft: str | None, target, draft_table, prior
     from ..replay import Clock, copy_offers, oracle, replay
 
     clock = clock or Clock(target, draft_table)
-    auto = PortfolioK(target, draft_table, has_model=draft is not None, window=window,
-                      prior=AcceptancePrior.from_dict(prior) if prior else None)
-    cache, oracle_cache = SuffixCache(), SuffixCache()
+
+    def policy() -> PortfolioK:
+        return PortfolioK(target, draft_table, has_model=draft is not None, window=window,
+                          prior=AcceptancePrior.from_dict(prior) if prior else None)
 
     def copies(of: SuffixCache) -> list:  # a fresh request's copy sources, as the engine's portfolio makes them
         return list(AutoDrafter(None, frozenset(stop_ids), of.scope("")).copies.values())
 
+    oracle_cache = SuffixCache()
+    offered = [copy_offers(tr, copies(oracle_cache)) for tr in traces]
+    auto, fit = policy(), policy()
+    fit.rates = {source: FittedRates(prior=rates) for source, rates in fitted_copy_rates(offered).items()}
+    cache, fit_cache = SuffixCache(), SuffixCache()
     rows = []
-    for tr in traces:
+    for tr, offers in zip(traces, offered):
         a = replay(tr, draft, auto, clock, copies=copies(cache))
-        offers = copy_offers(tr, copies(oracle_cache))
         sources: dict[str, int] = {}
         for s in a.sources:
             if s is not None:
@@ -469,7 +504,8 @@ def replay_portfolio(traces: list, draft: str | None, target, draft_table, prior
                      "prompt_tokens": tr.prompt_tokens, "plain": replay(tr, None, None, clock).seconds,
                      "auto": a.seconds, "auto_rounds": a.rounds, "auto_drafted": a.drafted, "auto_accepted": a.accepted,
                      "auto_k_chosen": a.k_chosen, "auto_sources": sources,
-                     "oracle": oracle(tr, draft, clock, copies=offers), "fixed": {}, "threshold": {}})
+                     "oracle": oracle(tr, draft, clock, copies=offers), "fixed": {}, "threshold": {},
+                     "fitted": replay(tr, draft, fit, clock, copies=copies(fit_cache)).seconds})
     cats: dict[str, list[dict]] = {}
     for r in rows:
         cats.setdefault(r["category"] or "all", []).append(r)

@@ -42,7 +42,7 @@ Deviations from the paper (and llama.cpp's example):
   dropped), and is filled from the window only (not from the prompt or the committed text);
 - ``k`` caps the tree's depth: nodes deeper than ``k`` are left out (the columns they held skip
   that Jacobi step). ``k="auto"`` keeps the whole window (depth ``W - 1 + N - 2``) and prices the
-  pass by its width in nodes against a plain step (:class:`PassGate`).
+  pass by its width in nodes against a plain step (:class:`specdec.autok.PassGate`).
 
 The pass holds ``(W - 1) + W (N - 2) + G (N - 1)`` nodes at most (capped at ``MAX_NODES``) and
 ``W + G`` root-to-leaf paths (llama.cpp allows 256: the option ranges keep well below). On a CPU
@@ -57,12 +57,8 @@ from typing import Sequence
 
 import torch
 
-import math
-
 from ..checks import option, options_of
-from ..costmodel import TIE_TOLERANCE, CostTable
 from ..errors import SpecdecError
-from ..rounds import RoundRecord
 from ..sampling import SamplingParams
 from .base import Draft, Drafter, depth_option, tree_draft
 
@@ -226,88 +222,3 @@ class LookaheadDrafter(Drafter):
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         """Nothing to roll back: the window advanced in :meth:`observe`, and no model holds a cache."""
-
-
-class PassGate:
-    """``k="auto"`` for a tree drafter without a draft model (lookahead): each round either drafts
-    its whole tree (``depth``) or takes a plain step, whichever yields more tokens per second by
-    the moving averages of a tree round's nodes and tokens (starting optimistic, so the first
-    rounds draft) against the target table's seconds at those widths, corrected by what the passes
-    really took. While plain steps win, one round drafts after ``probe_every`` of them (the window
-    and the pool learn only while drafting), the interval doubling up to ``MAX_PROBE_INTERVAL``,
-    and only when the credit covers the pass's extra cost: each plain step earns ``EXPLORE_SHARE``
-    of its seconds, so probing where the tree does not pay costs at most that share (measured
-    before the credit: a 29-node pass probed every 16-64 steps cost 9% of plain speed on a 16-bit
-    target and 19% on a 4-bit one). The engine keeps a gate across requests."""
-
-    OPTIMISTIC_TOKENS = 2.0
-    PROBE_EVERY, MAX_PROBE_INTERVAL, EXPLORE_SHARE, EMA = 16, 256, 0.02, 0.2
-
-    def __init__(self, target: CostTable, depth: int = 0):
-        self.target, self.depth = target, depth
-        self.interval = self.PROBE_EVERY
-        self.nodes: float | None = None
-        self.tokens = self.OPTIMISTIC_TOKENS
-        self.tree_scale = self.plain_scale = 1.0
-        self.idle = 0
-        self.credit = 0.0
-
-    def rates(self) -> tuple[float, float]:
-        """(tokens per second of a tree round, of a plain step) by the current estimates."""
-        plain = 1.0 / (self.target.forward(1) * self.plain_scale)
-        if self.nodes is None:
-            return math.inf, plain
-        return self.tokens / (self.target.forward(1 + round(self.nodes)) * self.tree_scale), plain
-
-    def choose(self) -> bool:
-        """Draft the tree this round (True) or take a plain step."""
-        tree, plain = self.rates()
-        if tree > plain * (1 + TIE_TOLERANCE):
-            self.idle, self.interval = 0, self.PROBE_EVERY
-            return True
-        self.idle += 1
-        step = self.target.forward(1) * self.plain_scale
-        self.credit += self.EXPLORE_SHARE * step
-        extra = self.target.forward(1 + round(self.nodes or 0)) * self.tree_scale - step
-        if self.idle >= self.interval and extra <= self.credit:
-            self.idle, self.interval = 0, min(2 * self.interval, self.MAX_PROBE_INTERVAL)
-            self.credit -= max(0.0, extra)
-            return True
-        return False
-
-    # the K policy protocol (specdec.autok.KPolicy), by its shape
-    declined = 0
-    tables: tuple = ()
-    source = None  # a gate drafts from its one source
-
-    def begin(self, max_new_tokens: int) -> None:
-        pass
-
-    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
-        return max(0, min(self.depth, room)) if self.choose() else 0
-
-    def more(self, i: int, p: float) -> bool:
-        return True
-
-    def end(self, tokens: int, cut: bool = False) -> None:
-        pass
-
-    def observe(self, r: RoundRecord) -> None:
-        """A round's tree size (0: a plain step), accepted drafts and target-pass seconds."""
-        drafted, seconds = r.drafted, r.verify_seconds
-        if seconds <= 0:
-            return
-        if drafted <= 0:
-            self.plain_scale = _ema(self.plain_scale, _clamp(seconds / self.target.forward(1)), self.EMA)
-            return
-        self.nodes = _ema(self.nodes, drafted, self.EMA)
-        self.tokens = _ema(self.tokens, 1.0 + r.accepted, self.EMA)
-        self.tree_scale = _ema(self.tree_scale, _clamp(seconds / self.target.forward(1 + drafted)), self.EMA)
-
-
-def _ema(prev: float | None, value: float, weight: float) -> float:
-    return value if prev is None else prev + weight * (value - prev)
-
-
-def _clamp(ratio: float) -> float:
-    return min(max(ratio, 0.1), 10.0)

@@ -243,7 +243,7 @@ class SuffixCache:
     caller never drafts from another caller's text (the server's caller: its API key; the
     library's: ``DecodeConfig.caller``, "" by default). Thread-safe.
 
-    Every :class:`~specdec.engine.Engine` (so every ``Pair``) has one, ``engine.suffix_cache``;
+    Every :class:`~specdec.engine.Engine` (so every ``Pair``) has one, ``engine.caches.suffix``;
     assign another to bound it differently (``SuffixCache(max_tokens=...)``) or to share one
     between engines over the same tokenizer."""
 

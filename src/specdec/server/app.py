@@ -170,10 +170,12 @@ def _checked_settings(pair, defaults: dict | None, api_key: str | None,
 
 
 def cache_scope(key: str, salt: str | None, shared: bool) -> str | None:
-    """Whom a request shares cached state with (the prefix cache, the suffix drafters' cache): the
-    requests of the same API key (``key``, the gate's digest of it; "" without one) and the same
-    ``cache_salt``. Without a key, every request is on its own (None) unless it sends a salt, or
-    the operator opted in to one scope for all (``shared``: ``--shared-caches``)."""
+    """The request's caller (:attr:`~specdec.request.DecodeConfig.caller`): whom it shares cached
+    state with (the engine keeps the prefix cache, the suffix drafters' cache and k=auto's state per
+    caller, :mod:`specdec.scopes`; the server only names it): the requests of the same API key
+    (``key``, the gate's digest of it; "" without one) and the same ``cache_salt``. Without a key,
+    every request is on its own (None) unless it sends a salt, or the operator opted in to one scope
+    for all (``shared``: ``--shared-caches``)."""
     if not key and not shared and salt is None:
         return None
     scope = key or "all"
@@ -484,13 +486,13 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     header may carry (default: the loopback names; ``"*"``: any); ``allow_origins``: browser
     origins allowed besides the server's own (``"*"``: any), which also get CORS headers;
     ``prefix_caching``: a request reads only the part of its prompt that the target's cache does not
-    hold from the request before (:attr:`specdec.engine.Engine.prefix_caching`; vLLM's and
+    hold from the request before (:attr:`specdec.scopes.Caches.prefix_caching`; vLLM's and
     llama-server's default), reported as ``usage.prompt_tokens_details.cached_tokens``;
     ``shared_caches``: without an API key, requests share the prefix cache and the suffix drafters'
     cache with each other (one user's server); by default each request has its own
     (:func:`cache_scope`)."""
     defaults, limits = _checked_settings(pair, defaults, api_key, limits)
-    pair.engine.prefix_caching = prefix_caching
+    pair.engine.caches.prefix_caching = prefix_caching
     served = Served(pair, defaults, limits, model_name or str(pair.target_name), shared_caches)
     app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",
                   lifespan=served.lifespan, docs_url=None, redoc_url=None, default_response_class=SafeJSONResponse)

@@ -84,8 +84,6 @@ class Worker:
         self.running = 0
         self.restarts = 0  # threads started again after one died
         self._current: Job | None = None
-        #: the cache scope of the last job run (its config's ``caller``): what the models' caches hold
-        self._scope: str | None = None
 
     @property
     def alive(self) -> bool:
@@ -174,22 +172,10 @@ class Worker:
             else:
                 job.started = time.perf_counter()
                 with pair_lock(self.pair):
-                    self._isolate(job.req.config.caller)
                     self._run(job)
             self._current = None
             with self._lock:
                 self.running = 0
-
-    def _isolate(self, scope: str | None) -> None:
-        """Empty the models' caches unless the job before was of the same cache scope (None: a
-        scope of its own), so that no request reads another's prompt from the prefix cache
-        (``cached_tokens``, or its time to first token, would tell how much of it it guessed)."""
-        if scope is None or scope != self._scope:
-            engine = self.pair.engine
-            for lm in (engine.target, engine.draft):
-                if lm is not None:
-                    lm.reset()
-        self._scope = scope
 
     def _echo(self, r) -> Echo | None:
         """/v1/completions ``echo``: the prompt's text as the model reads it, and with ``logprobs``

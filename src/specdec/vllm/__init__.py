@@ -64,12 +64,13 @@ def _check_plugin_registered() -> None:
 
 
 def _model_ref(source: str, what: str) -> str:
-    """A bundled name, folder, .gguf file or hub id -> what vLLM's ``model=`` reads."""
-    from ..backends.transformers.load import resolve
+    """A bundled name, folder, .gguf file or hub id -> what vLLM's ``model=`` reads: what transformers
+    reads (a bundled model or a GGUF file converted once into a cached folder)."""
+    from ..backends import REGISTRY
 
     if not isinstance(source, str) or not source.strip():
         raise SpecdecError(f"{what} must be a bundled name, a folder, a .gguf file or a hub id, got {source!r}")
-    return resolve(source)[1]
+    return REGISTRY.get("transformers").prepare(source)
 
 
 def _split_policy_params(policy: str, kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -3,6 +3,7 @@ llama-cpp-python's low-level API (``pip install 'specdec-rules[llama]'``).
 
 ``backend.py`` (its registry entry: options, checks, load, measure), ``model.py``
 (:class:`LlamaCppModel`, the :class:`specdec.backends.Model` over one ``llama_context``, and the GGUF
-tokenizer), ``formats.py`` (``model@format``: copies of a GGUF file's weights in another format) and
-``draft_formats.py`` (``draft="auto"``: the draft's weight format chosen by measurement). Importing
-this package imports no llama.cpp."""
+tokenizer) and ``formats.py`` (the GGUF file of a model source, and ``model@format``: copies of a
+GGUF file's weights in another format). ``draft="auto"``'s choice among those formats is made above
+the backends (:mod:`specdec.draft_formats`, reached through ``Request.drafts``). Importing this
+package imports no llama.cpp."""

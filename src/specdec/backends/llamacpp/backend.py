@@ -28,7 +28,7 @@ class LlamaCppBackend(Backend):
     foreign_options = "llama.cpp runs a GGUF file's weights as stored"
 
     def auto_refusal(self, req: Request) -> str | None:
-        from ...sources import is_gguf
+        from .formats import is_gguf
 
         if req.device.type != "cpu":
             return f"a {req.device.type} device"
@@ -46,7 +46,7 @@ class LlamaCppBackend(Backend):
         return "auto: GGUF models on a CPU, llama-cpp-python installed"
 
     def check(self, req: Request) -> None:
-        from ...sources import is_gguf
+        from .formats import is_gguf
 
         self.require()
         if req.device.type != "cpu":
@@ -60,7 +60,7 @@ class LlamaCppBackend(Backend):
 
     def load(self, req: Request, why: str) -> Loaded:
         """The GGUF models; with ``req.draft_auto`` (the bundled draft chosen by ``draft="auto"``) the
-        draft's weight format is chosen too, by measurement (:mod:`specdec.backends.llamacpp.draft_formats`), when
+        draft's weight format is chosen too, by measurement (``req.drafts``: :mod:`specdec.draft_formats`), when
         calibrating."""
         from ...bundled import DEFAULT_DRAFT
         from ...costmodel import FALLBACK_K
@@ -79,7 +79,7 @@ class LlamaCppBackend(Backend):
         if note:
             log(note)
         calibrate = req.calibrate or req.recalibrate
-        draft_auto = req.draft_auto and draft == DEFAULT_DRAFT and calibrate
+        draft_auto = req.draft_auto and draft == DEFAULT_DRAFT and calibrate and req.drafts is not None
         d = None
         if d_path is not None and not draft_auto:
             d = LlamaCppModel(d_path, draft, vocab_limit=vocab, n_ctx=n_ctx)
@@ -94,19 +94,16 @@ class LlamaCppBackend(Backend):
 
             t_table = table(t)
             if draft_auto:
-                from .draft_formats import choose
-
                 def load_draft(source: str):
                     return LlamaCppModel(model_file(source, progress=req.progress), source, vocab_limit=vocab,
                                          n_ctx=n_ctx)
 
-                choice, d, d_table, prior = choose(t, tokenizer, draft, load_draft, table, log, target_table=t_table)
+                choice, d, d_table, prior = req.drafts.choose(t, tokenizer, draft, load_draft, table, log, identity,
+                                                              target_table=t_table)
                 draft_name, draft_why = choice.source, choice.why
             elif d is not None:
-                from .draft_formats import measured, prior_of
-
                 d_table = table(d)
-                prior = prior_of(measured(t, d, tokenizer))
+                prior = req.drafts.prior(t, d, tokenizer, identity) if req.drafts is not None else None
             if t_table is None:
                 log(f"specdec: warning: no cost model, so k=auto is k={FALLBACK_K}")
         costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}},
@@ -128,8 +125,27 @@ class LlamaCppBackend(Backend):
                 return cached
         return table_for(lm, key, lm.variant, log=log)
 
+    def prepare(self, source: str, progress: bool = True, verify: bool = False) -> str:
+        """The GGUF file llama.cpp reads for ``source`` (a bundled model's assembled, a ``@format`` copy
+        made, once)."""
+        from .formats import model_file
+
+        return str(model_file(source, progress=progress, verify=verify))
+
+    def threads(self) -> int:
+        from .model import default_threads
+
+        return default_threads()
+
     def fingerprint(self, device: torch.device | str = "cpu") -> dict:
         from ...costmodel import fingerprint
         from .model import BACKEND, default_threads, version
 
         return fingerprint(device, {"backend": BACKEND, "backend_version": version(), "threads": default_threads()})
+
+
+def identity(lm) -> str:
+    """A llama.cpp model's weights for caches of measurements: its file's key and its weight format."""
+    from .model import file_key
+
+    return f"{file_key(lm.path)}|{lm.variant}"

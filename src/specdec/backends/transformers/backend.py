@@ -116,6 +116,23 @@ class TransformersBackend(Backend):
 
         return fingerprint(device, choose_execution("auto", "auto", device).fingerprint())
 
+    def prepare(self, source: str, progress: bool = True, verify: bool = False) -> str:
+        """What ``from_pretrained`` reads for ``source``: a folder or a hub id (a bundled model or a GGUF
+        file converted once into its cached bf16 folder)."""
+        from .load import resolve
+
+        return resolve(source, progress=progress, verify=verify)[1]
+
+    def peer_model(self, source: str, dtype, device, quant: str = "none"):
+        """The torch module of ``source`` (weight-only int8 when ``quant`` is ``int8``)."""
+        from .load import load
+        from .quant import quantize_int8
+
+        model = load(source, dtype, device, progress=False).model
+        if quant == "int8":
+            quantize_int8(model)
+        return model
+
     def cached_estimate(self, req: Request):
         from .dtypes import cached_choice
 

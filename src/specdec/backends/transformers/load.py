@@ -25,12 +25,13 @@ class Checkpoint:
     path: Path | None
 
 
-def resolve(source: str, progress: bool = True) -> tuple[str, str, Path | None]:
+def resolve(source: str, progress: bool = True, verify: bool = False) -> tuple[str, str, Path | None]:
     """``(kind, ref, path)``: what ``from_pretrained`` should read for ``source`` (bundled models and
-    GGUF files are prepared into their cached folders first). ``kind`` is ``folder`` or ``hub``."""
+    GGUF files are prepared into their cached folders first; ``verify``: a bundled model's cached
+    files hashed again). ``kind`` is ``folder`` or ``hub``."""
     kind, path = locate(source)
     if kind == "bundled":
-        path = prepare(source, progress=progress)
+        path = prepare(source, progress=progress, verify=verify)
         kind = "folder"
     if kind == "gguf":
         path = ensure_converted(path, progress=progress)

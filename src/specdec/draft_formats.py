@@ -1,5 +1,10 @@
 """``draft="auto"`` on llama.cpp: the draft model's weight format that drafts fastest without losing
-acceptance.
+acceptance, and the acceptance prior of a loaded draft.
+
+Above the backends (it replays traces and builds acceptance models): a backend that offers weight
+formats reaches it through :attr:`specdec.backends.Request.drafts`, which :func:`specdec.load` sets
+to this module, and gives it the models, how to load a candidate, how to measure one and what
+identifies a model's weights (:class:`specdec.backends.registry.DraftMeasures`).
 
 In the lossless rules the draft's weights never change the output, only how many drafts are kept,
 so its format is free speed: a pure 4-bit copy (``@q4_0``, ``@iq4_nl``,
@@ -19,7 +24,7 @@ made once per machine and pair and cached:
 
 The chosen candidate's agreement also gives k=auto its acceptance prior
 (:class:`specdec.autok.AcceptancePrior`). Both are cached in ``$SPECDEC_HOME/costs/draft-formats.json``
-by the two files' identities and weight formats.
+by the two models' identities (``identity(model)``: for llama.cpp its file's key and weight format).
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+#: a model's identity for the cache of measurements: its weights (file and format), as a string
+Identity = Callable[[object], str]
 
 #: the formats tried beside the file as shipped (pure 4-bit copies: measured faster one-token passes)
 CANDIDATES = ("q4_0", "iq4_nl")
@@ -73,7 +81,7 @@ class DraftChoice:
 
 
 def cache_file() -> Path:
-    from ...cache import specdec_home
+    from .cache import specdec_home
 
     return specdec_home() / "costs" / "draft-formats.json"
 
@@ -117,10 +125,10 @@ def replayed_seconds(entry: dict, target_table, draft_table) -> float:
     reference text as its answer, the draft's agreement along it) over every K schedule, replayed on
     the two tables (the oracle of :mod:`specdec.replay`): what the draft's steps, its reading and its
     agreement allow at best."""
-    from ...costmodel import REFERENCE_PROMPT
-    from ...replay import Clock, oracle
-    from ...trace import DraftTrace, Trace
-    from ...window import AUTO_WINDOW
+    from .costmodel import REFERENCE_PROMPT
+    from .replay import Clock, oracle
+    from .trace import DraftTrace, Trace
+    from .window import AUTO_WINDOW
 
     agree = [c == "1" for c in entry["agree"]]
     n = len(agree)
@@ -131,16 +139,15 @@ def replayed_seconds(entry: dict, target_table, draft_table) -> float:
 
 def prior_of(entry: dict):
     """The acceptance prior (:class:`specdec.autok.AcceptancePrior`) of a measured entry of :func:`along`."""
-    from ...acceptance import AcceptancePrior
+    from .acceptance import AcceptancePrior
 
     return AcceptancePrior.measured(entry["top1"], [c == "1" for c in entry["agree"]], "reference text")
 
 
-def measured(target, draft, tokenizer) -> dict:
-    """:func:`along` for this pair of files and formats, cached in :func:`cache_file`."""
-    from .model import file_key
-
-    key = f"{file_key(target.path)}|{target.variant}|{file_key(draft.path)}|{draft.variant}"
+def measured(target, draft, tokenizer, identity: Identity) -> dict:
+    """:func:`along` for this pair of models (``identity``: each one's weights, as a string), cached in
+    :func:`cache_file`."""
+    key = f"{identity(target)}|{identity(draft)}"
     cache = _read_cache()
     entry = cache.get(key)
     if not isinstance(entry, dict) or "agree" not in entry:
@@ -150,12 +157,17 @@ def measured(target, draft, tokenizer) -> dict:
     return entry
 
 
+def prior(target, draft, tokenizer, identity: Identity):
+    """The acceptance prior of ``draft`` against ``target`` on the reference text (:func:`measured`)."""
+    return prior_of(measured(target, draft, tokenizer, identity))
+
+
 def choose(target, tokenizer, base: str, load: Callable[[str], object], table: Callable[[object], object],
-           log: Callable[[str], None], target_table=None) -> tuple[DraftChoice, object, object, object]:
+           log: Callable[[str], None], identity: Identity, target_table=None) -> tuple[DraftChoice, object, object, object]:
     """The draft for ``draft="auto"``: ``base`` (the bundled draft's name) as shipped or one of its
-    :data:`CANDIDATES` copies (module docstring). ``load(source)`` makes a
-    :class:`~specdec.backends.llamacpp.model.LlamaCppModel`, ``table(lm)`` its cost table (None when the
-    measurement failed). Returns the choice, the loaded draft, its table and its acceptance prior;
+    :data:`CANDIDATES` copies (module docstring). ``load(source)`` makes the backend's model,
+    ``table(lm)`` its cost table (None when the measurement failed), ``identity(lm)`` names its
+    weights for the cache. Returns the choice, the loaded draft, its table and its acceptance prior;
     the others are closed."""
     tried = []
     for source in [base] + [f"{base}@{fmt}" for fmt in CANDIDATES]:
@@ -164,7 +176,7 @@ def choose(target, tokenizer, base: str, load: Callable[[str], object], table: C
         if t is None:
             lm.close()
             continue
-        entry = measured(target, lm, tokenizer)
+        entry = measured(target, lm, tokenizer, identity)
         seconds = replayed_seconds(entry, target_table, t) if target_table is not None else t.forward(1)
         tried.append((source, lm, t, entry, seconds))
     if not tried:
