@@ -474,7 +474,7 @@ def _plan_tune(a: argparse.Namespace) -> _TunePlan:
     out = Path(a.out)
     targets = {p.policy: (Path(a.write) if a.write else out / "config.json") if len(plans) == 1
                else out / f"config-{p.policy}.json" for p in plans}
-    env = environment.describe()
+    env = environment.describe(getattr(a, "argv_typed", None))
     plan = _TunePlan(positions, max_loss, confidence, min_agreement, speed_tie, per_batch, max_confirm, settings, proxy_settings,
                      plans, dataset, proxy_set, validation, overlap, out, targets, env)
     plan.by_id = {c.id: c for p in plans for c in p.settings}
