@@ -25,7 +25,7 @@ LAYERS = [
     ("commands", ["cli", "__main__"]),
     ("callers of the engine", ["bench", "server", "vllm"]),
     ("shared flags", ["cliargs"]),
-    ("the library's face", ["api", "configfile", "genconfig"]),
+    ("the library's face", ["api", "configfile", "genconfig", "settings"]),
     ("the loop", ["engine", "scopes", "autok", "request", "drafters", "verify", "constrain", "logprobs", "text", "stats"]),
     ("what runs models", ["draft_formats", "backends", "costmodel", "acceptance", "replay", "trace", "trace_checks", "sources", "bundled",
                           "cache"]),

@@ -24,10 +24,11 @@ import contextlib
 import dataclasses
 
 from specdec.acceptance import AcceptanceEstimate, AcceptancePrior, run_bin
-from specdec.autok import K_MAX, PortfolioK
+from specdec.autok import PortfolioK
 from specdec.bench.replaycli import read_tables, replay_all
 from specdec.costmodel import best_k_rate
 from specdec.drafters import AutoDrafter, SuffixCache
+from specdec.draftlength import MAX_K
 from specdec import replay as replay_mod
 from specdec.trace import read_traces
 
@@ -39,7 +40,7 @@ class PositionK(PortfolioK):
     better = False
 
     def _copy(self, offer, room):
-        n = min(len(offer.tokens), room, K_MAX)
+        n = min(len(offer.tokens), room, MAX_K - 1)  # K drafts: a pass of K + 1, the widest measured MAX_K
         if n <= self.window:
             return 0, 0.0
         est = self.mine.setdefault(offer.source, AcceptanceEstimate())
@@ -87,7 +88,7 @@ def every_position(traces, stops) -> list[int]:
     for tr in traces:
         src = replay_mod.LookupSource(AutoDrafter(None, stops, cache.scope("")).copies["suffix"], tr)
         for t in range(len(tr.answer)):
-            offer = src.offer(t, K_MAX)
+            offer = src.offer(t, MAX_K - 1)
             if offer is not None:
                 reached, kept = offer.outcome(tr.answer[t:t + len(offer.tokens)])
                 for i in range(reached):

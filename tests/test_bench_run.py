@@ -140,6 +140,11 @@ def test_each_line_is_validated(tmp_path, bad, why):
 def test_resume_with_a_key_only_line_and_a_truncated_line(tiny_pair, tmp_path, monkeypatch, capsys):
     """A line that is valid JSON holding only a key (and one cut short) made resume fail with a
     KeyError; now each is reported in one line and run again, and the rest resumes."""
+    from specdec.bench import runner as runner_module
+
+    # one machine speed for both runs: a tiny model's step timed on a busy CPU (two test workers on two
+    # cores) can differ by more than the noise allowance, and the resume would add its speed line
+    monkeypatch.setattr(runner_module, "machine_step_ms", lambda pair: 1.0)
     dataset = load_dataset("fixture")
     configs = cfgs.build_configs("ar,lossless", "pld", 2)
     settings = Settings(max_new_tokens=4, warmup=False, sandbox_timeout=5)
@@ -315,8 +320,11 @@ def test_report_only_reports_the_finished_samples_and_generates_nothing(tiny_dir
     out = tmp_path / "partial"
     argv = ["bench", "--dataset", "fixture", "--policies", "ar,lossless", "--drafter", "pld", "--k", "2",
             "--max-new-tokens", "4", "--no-warmup", "--no-plots", "--out", str(out), "-q", *tiny_args(tiny_dirs)]
+    monkeypatch.setattr(sys, "argv", ["pytest", "-q"])  # the process's argv is not the command main ran
     assert main(argv) == 0
     capsys.readouterr()
+    # run.json records the command main was given, which --report-only then reads back
+    assert json.loads((out / "run.json").read_text())["invocations"][-1]["argv"] == argv
     recs = lines(out / "results.jsonl")
     last = recs[-1]["sample_id"]
     kept = [r for r in recs if not (r["sample_id"] == last and r["config"] != "ar")]  # as if killed mid-sample

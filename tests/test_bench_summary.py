@@ -116,7 +116,7 @@ def test_tau_is_one_function_for_stats_summary_and_progress_line():
     for r in records:
         running.add(r)
     assert f"tau {tau:.2f}" in running.line(LL["id"])
-    assert tau_of(3, 0) is None and Stats().mean_acceptance_length == 0.0 and Stats().drafting_tau == 0.0
+    assert tau_of(3, 0) is None and Stats("ar").mean_acceptance_length == 0.0 and Stats("ar").drafting_tau == 0.0
 
 
 def test_peer_tau_is_tokens_per_target_forward():

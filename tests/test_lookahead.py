@@ -318,18 +318,22 @@ def test_bad_lookahead_options_are_one_line_errors(options, match):
 def test_bench_and_server_take_lookahead_options():
     from specdec.bench.configs import build_configs, needs_draft_model, validate
     from specdec.request import DEFAULTS
-    from specdec.server.params import speculative
+    from specdec.server.errors import APIError
+    from specdec.server.params import Limits, build
+    from specdec.server.schemas import CompletionRequest
+
+    def served(spec):
+        return build(CompletionRequest(prompt="x", speculative=spec), dict(DEFAULTS), Limits()).config
 
     configs = validate(build_configs("ar,lossless:drafter=lookahead:lookahead_window=3", "model", "auto"),
                        max_new_tokens=8)
     la = configs[-1]
     assert la.drafter == "lookahead" and la.request.drafter_params == {"lookahead_window": 3}
     assert not needs_draft_model(la)
-    spec = speculative(dict(DEFAULTS), {"drafter": "lookahead", "lookahead_ngram": 3}, True)
-    cfg = DecodeConfig.from_options(**spec)
+    cfg = served({"drafter": "lookahead", "lookahead_ngram": 3})
     assert cfg.drafter == "lookahead" and cfg.drafter_params == {"lookahead_ngram": 3}
-    with pytest.raises(SpecdecError, match="lookahead_ngram"):
-        DecodeConfig.from_options(**speculative(dict(DEFAULTS), {"drafter": "lookahead", "lookahead_ngram": 0}, True))
+    with pytest.raises(APIError, match="lookahead_ngram"):
+        served({"drafter": "lookahead", "lookahead_ngram": 0})
 
 
 def test_bench_runs_lookahead_without_a_draft_model(tiny_dirs, tmp_path):

@@ -184,17 +184,24 @@ def test_speculative_object_overrides_defaults(server):
 
 
 def test_speculative_object_merges_over_defaults():
-    from specdec.server.params import speculative
+    from specdec.server.params import Limits, build
+    from specdec.server.schemas import CompletionRequest
 
     d = {"policy": "mars", "drafter": "pld", "k": 5, "mars_theta": 0.8, "ngram_max": 4, "max_new_tokens": 9, "seed": 1}
-    spec = {"policy": "mars", "drafter": "pld", "k": 5, "mars_theta": 0.8, "ngram_max": 4}
-    assert speculative(d, None, present=False) == spec  # absent: the server's defaults
-    assert speculative(d, None, present=True) == {"policy": "ar"}  # null: plain decoding
-    assert speculative(d, {}, present=True) == spec
-    assert speculative(d, {"k": 3}, present=True) == {**spec, "k": 3}
+
+    def config(**body):
+        c = build(CompletionRequest(prompt="x", **body), d, Limits()).config
+        return c.policy, c.drafter, c.k, dict(c.policy_params), dict(c.drafter_params), c.max_new_tokens, c.sampling.seed
+
+    spec = ("mars", "pld", 5, {"mars_theta": 0.8}, {"ngram_max": 4}, 9, 1)
+    assert config() == spec  # absent: the server's defaults
+    assert config(speculative=None) == ("ar", "auto", "auto", {}, {}, 9, 1)  # null: plain decoding
+    assert config(speculative={}) == spec
+    assert config(speculative={"k": 3}) == ("mars", "pld", 3, {"mars_theta": 0.8}, {"ngram_max": 4}, 9, 1)
     # another policy drops the default policy's parameters; another drafter, the drafter's options
-    assert speculative(d, {"policy": "lossless"}, present=True) == {"policy": "lossless", "drafter": "pld", "k": 5, "ngram_max": 4}
-    assert speculative(d, {"drafter": "model"}, present=True) == {"policy": "mars", "drafter": "model", "k": 5, "mars_theta": 0.8}
+    assert config(speculative={"policy": "lossless"}) == ("lossless", "pld", 5, {}, {"ngram_max": 4}, 9, 1)
+    assert config(speculative={"drafter": "model"}) == ("mars", "model", 5, {"mars_theta": 0.8}, {}, 9, 1)
+    assert config(max_tokens=4, seed=2, speculative={"k": 3})[5:] == (4, 2)  # the request's fields over the defaults
 
 
 def test_loose_policy_reports_relaxed_counts(server):

@@ -22,7 +22,7 @@ LAYERS = [
     {"cli"},  # the command line: imports everything
     {"bench", "server", "vllm"},  # callers of the engine with their own commands; vLLM's plugin
     {"cliargs"},  # the flags the commands share
-    {"api", "configfile"},  # load(), Pair, config files
+    {"api", "configfile", "settings"},  # load(), Pair, config files, a request's settings layered
 ]
 
 
@@ -170,9 +170,10 @@ def test_k_policies_are_in_one_module_with_one_protocol():
     elsewhere that answers ``budget`` is a ``KPolicy`` (not a copy of its shape)."""
     from specdec.autok import Fixed, KPolicy, PassGate, k_policy
     from specdec.costmodel import CostTable
+    from specdec.draftlength import AUTO
 
     assert not {m for m in imports_of(SRC / "autok.py") if m.split(".")[0] == "drafters"}
-    policies = [Fixed(3), k_policy("auto", CostTable("t", "float32", [1, 2, 4], [0.01, 0.02, 0.04], 32), None,
+    policies = [Fixed(3), k_policy(AUTO, CostTable("t", "float32", [1, 2, 4], [0.01, 0.02, 0.04], 32), None,
                                    needs_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
     assert isinstance(policies[1], PassGate)
     assert all(isinstance(p, KPolicy) and type(p).__module__ == "specdec.autok" for p in policies)
@@ -226,10 +227,8 @@ def test_every_entry_point_takes_its_defaults_from_request_defaults():
     for argv in (["generate", "x"], ["serve"]):
         # the built-in defaults under the bundled target's published sampling settings (--generation-config auto)
         model = genconfig.resolve("auto", DEFAULT_TARGET)[0]
-        assert decode_kwargs(parser.parse_args(argv)) == {**{k: v for k, v in DEFAULTS.items() if k != "drafter"},
-                                                          **model}
-        assert decode_kwargs(parser.parse_args([*argv, "--generation-config", "specdec"])) == \
-            {k: v for k, v in DEFAULTS.items() if k != "drafter"}
+        assert decode_kwargs(parser.parse_args(argv)) == {**DEFAULTS, **model}
+        assert decode_kwargs(parser.parse_args([*argv, "--generation-config", "specdec"])) == dict(DEFAULTS)
         helps = {a.dest: a.help for a in _command(parser, argv[0])._actions}
         for name in ("policy", "drafter", "k", "max_new_tokens"):
             assert f"(default: {DEFAULTS[name]}" in helps[name], (argv[0], name)
@@ -251,64 +250,130 @@ def test_server_defaults_come_from_request_defaults():
     from types import SimpleNamespace
 
     from specdec.request import DEFAULTS
-    from specdec.server.app import default_settings
+    from specdec.server.app import _checked_settings
+    from specdec.server.params import Limits
     from specdec.server.schemas import CompletionRequest
 
     # no max_tokens: to the context's end, within the server's limit (as vLLM and OpenAI)
-    assert default_settings(SimpleNamespace(default_drafter="pld")) == {**DEFAULTS, "drafter": "pld",
-                                                                        "max_new_tokens": None}
+    pair = SimpleNamespace(sampling_defaults={"temperature": 0.5})
+    assert _checked_settings(pair, None, None, Limits(max_tokens=77))[0] == {**DEFAULTS, "temperature": 0.5,
+                                                                              "max_new_tokens": 77}
+    assert _checked_settings(pair, {"drafter": "pld", "max_new_tokens": None}, None, Limits(max_tokens=77))[0] == \
+        {**DEFAULTS, "temperature": 0.5, "drafter": "pld", "max_new_tokens": 77}
     described = CompletionRequest.model_fields["max_tokens"].description
     assert "context's end" in described
     assert f"built in: {DEFAULTS['top_p']}" in CompletionRequest.model_fields["top_p"].description
 
 
-def test_one_rule_layers_settings_everywhere():
-    """Naming another policy drops the lower layer's policy parameters, another drafter its drafter
-    options: one function (specdec.request.overlay), called by the CLI (--config FILE under the
-    flags), the server (its defaults under a request's ``speculative``) and vLLM's request keys."""
+def _calls(name: str) -> set[str]:
+    """The src modules (paths relative to the package) that call a function named ``name``."""
+    found = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                if (f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None) == name:
+                    found.add(path.relative_to(SRC).as_posix())
+    return found
+
+
+def test_one_function_layers_a_requests_settings():
+    """A request's settings (built-in defaults, the model's sampling settings, a config file or the
+    server's defaults, the caller's values) are layered in one function, specdec.settings.layer,
+    which the Python API, the CLI and the server all call: no other module overlays options, reads
+    a config file to layer it, or fills in DEFAULTS (a bench item read from a config file is no
+    layering; vLLM's plugin overlays its engine default under a request's keys, its own knobs)."""
     import inspect
 
     pytest.importorskip("pydantic")
-    from specdec import cliargs, request
-    from specdec.server import params
+    from specdec import api, cliargs, settings
+    from specdec.server import app, params
+
+    assert _calls("overlay") == {"settings.py", "vllm/config.py"}
+    assert _calls("read_config") == {"settings.py", "bench/configs.py"}
+    filled = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            unpacked = isinstance(node, ast.Dict) and any(
+                k is None and isinstance(v, ast.Name) and v.id == "DEFAULTS" for k, v in zip(node.keys, node.values))
+            items = (isinstance(node, ast.Attribute) and node.attr == "items" and isinstance(node.value, ast.Name)
+                     and node.value.id == "DEFAULTS")
+            if unpacked or items:
+                filled.add(path.relative_to(SRC).as_posix())
+    assert filled == {"settings.py"}, filled
+    for caller in (api.Pair.stream, cliargs.decode_kwargs, params.build, app._checked_settings):
+        assert "layer(" in inspect.getsource(caller), caller.__qualname__
+
+
+def test_one_rule_where_two_layers_meet(tmp_path):
+    """Naming another policy drops the lower layer's policy parameters, another drafter its drafter
+    options (specdec.request.overlay, which layer() applies between a config file or the server's
+    defaults and the caller's values); the built-in defaults and the model's settings fill the rest."""
+    from specdec import request
+    from specdec.configfile import write_config
+    from specdec.settings import layer
     from specdec.vllm import config as vllm_config
 
-    assert cliargs.overlay is params.overlay is vllm_config.overlay is request.overlay
-    for caller in (cliargs.decode_kwargs, params.speculative, vllm_config.request_selection):
-        assert "overlay(" in inspect.getsource(caller), caller.__qualname__
     base = {"policy": "mars", "mars_theta": 0.8, "drafter": "pld", "ngram_max": 4, "k": 5, "max_new_tokens": 9}
     other_policy = {"policy": "lossless", "drafter": "pld", "ngram_max": 4, "k": 5, "max_new_tokens": 9}
     assert request.overlay(base, {"policy": "lossless"}) == other_policy
     assert request.overlay(base, {"policy": "mars", "k": 3}) == {**base, "k": 3}
     without_options = {k: v for k, v in base.items() if k != "ngram_max"}
     assert request.overlay(base, {"drafter": "model"}) == {**without_options, "drafter": "model"}
+    defaults = dict(request.DEFAULTS)
+    assert layer() == defaults
+    assert layer({"policy": "lossless"}, base=base) == {**defaults, **other_policy}
+    path = write_config(tmp_path / "c.json", base)
+    assert layer({"drafter": "model"}, config_file=path, model={"temperature": 0.7, "max_new_tokens": 3}) == \
+        {**defaults, "temperature": 0.7, **without_options, "drafter": "model"}
+    assert layer({}, max_new_tokens=50)["max_new_tokens"] == 50 and layer({}, base=base, max_new_tokens=50) == \
+        {**defaults, **base}
+    with pytest.raises(ValueError):
+        layer({}, base=base, config_file=path)
     default = vllm_config.selection("mars", {"mars_theta": 0.7})
     assert vllm_config.request_selection({"specdec_policy": "typical"}, default).params == ()
     assert vllm_config.request_selection({"specdec_mars_theta": 0.9}, default).params == (("mars_theta", 0.9),)
 
 
-def test_rule_flags_defaults_and_ranges_come_from_one_declaration():
-    parser = build_parser()
-    generate = parser._subparsers._group_actions[0].choices["generate"]
-    flags = {a.dest: a for a in generate._actions}
-    for rule, cls in RULES.items():
-        for param, (spec, default) in options_of(cls).items():
-            action = flags[f"{rule}_{param}"]
-            assert action.type is spec.kind and f"(default: {default})" in action.help
-            assert getattr(cls(), param) == default
-            assert make_policy(rule, {param: default}).params[f"{rule}_{param}"] == default
-            bad = "x" if spec.kind is not str else "nonsense"
-            with pytest.raises(SpecdecError, match=f"{rule} {param} must be"):
-                make_policy(rule, {param: bad})
-            if spec.lo is not None:
-                with pytest.raises(SpecdecError, match=f"{rule} {param} must be"):
-                    make_policy(rule, {param: spec.lo - 1})
-    for name, cls in DRAFTERS.items():
-        for option, (spec, default) in options_of(cls.Options).items():
-            assert option in ALL_DRAFTER_OPTIONS and option in flags
-            kind = flags[option].type  # an option that also takes words ("auto"), or true/false, parses with its spec
-            assert (getattr(kind, "__self__", None) == spec) if spec.words or spec.kind is bool else kind is spec.kind
-            assert check_drafter_options(name, {option: default}) == {option: default}
+def test_one_draft_length_limit_and_no_auto_sentinel():
+    """The draft-length limit is declared once (specdec.draftlength.MAX_K: the most draft tokens a
+    request asks, the widest pass the cost tables measure); k is parsed once into a K (a fixed K or
+    auto), which the engine, the K policies, the stats and the server read instead of the word."""
+    import dataclasses
+    import re
+
+    from specdec import costmodel, draftlength, request
+    from specdec.draftlength import AUTO, MAX_K, K
+    from specdec.stats import Stats
+    from specdec.verify.fly import Fly
+
+    declared = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, ast.AnnAssign) else []
+            declared += [f"{path.relative_to(SRC).as_posix()}:{t.id}" for t in targets
+                         if isinstance(t, ast.Name) and re.search(r"K_MAX|MAX_K", t.id)]
+    assert declared == ["draftlength.py:MAX_K"], declared
+    assert request.MAX_K is draftlength.MAX_K and costmodel.WIDTHS[-1] == MAX_K
+    assert options_of(Fly)["window"][0].hi == MAX_K - 1  # a fixed k must exceed the window
+    for rel in ("autok.py", "stats.py", "engine.py", "request.py", "server/params.py"):
+        for node in ast.walk(ast.parse((SRC / rel).read_text())):
+            if isinstance(node, ast.Compare):
+                words = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
+                assert "auto" not in words, f"{rel}:{node.lineno} compares with the word 'auto'"
+    cfg = request.make_config(k="auto")
+    assert isinstance(cfg.k, K) and cfg.k.auto and cfg.k is AUTO and cfg.k == "auto"
+    fixed = request.make_config(k="7").k
+    assert isinstance(fixed, K) and (fixed.fixed, fixed.value, str(fixed)) == (7, 7, "7") and fixed == 7 == fixed
+    assert K.parse(fixed) is fixed and request.make_config(k=fixed).k == K(7) and hash(K(7)) == hash(7)
+    for bad in (0, MAX_K + 1, True, 2.0, "fast"):
+        with pytest.raises(SpecdecError, match=rf"k \(draft length\) must be 'auto' or an integer in \[1, {MAX_K}\]"):
+            K.parse(bad)
+    assert [K.is_json(v) for v in (3, "auto", "AUTO", "3", True, 3.0)] == [True, True, False, False, False, False]
+    assert dataclasses.fields(Stats)[0].name == "policy" and dataclasses.fields(Stats)[0].default is dataclasses.MISSING
+    assert Stats(policy="ar").to_dict()["k"] == 0 and Stats(policy="lossless", drafter="pld", k="auto").to_dict()["k"] == "auto"
+    assert Stats(policy="lossless", drafter="pld", k=5).k == K(5) and Stats(policy="lossless", drafter="pld", k=5).k_label == "5"
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -363,7 +428,7 @@ def test_memory_is_the_real_bytes_of_the_tensors(tiny_dirs):
 def test_target_without_a_draft_uses_the_copy_sources_by_default(tiny_dirs):
     pair = specdec.load(str(tiny_dirs[0]), draft=None, dtype="float32", progress=False)
     out = pair.generate("abcabcabcabc", chat=False, max_new_tokens=16)
-    assert out.stats.drafter == "auto" and pair.default_drafter == "auto"
+    assert out.stats.drafter == "auto"
     assert set(out.stats.sources) <= {"pld", "suffix"}
 
 

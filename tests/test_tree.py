@@ -203,6 +203,33 @@ def test_tree_stats_report_size_depth_and_per_depth_acceptance():
     assert "trees of" in s.summary()
 
 
+def test_tree_depth_is_its_own_option_and_a_fixed_k_still_sets_it():
+    """A tree's depth limit is the tree drafters' option ``tree_depth`` (``--tree-depth``); a fixed
+    k keeps setting it for them, so both spell one request, and both given unequal are refused."""
+    from specdec.cli import build_parser
+    from specdec.cliargs import decode_config
+    from specdec.request import make_config
+
+    for drafter in ("tree", "suffix-tree", "lookahead"):
+        by_depth = make_config(drafter=drafter, tree_depth=3)
+        assert by_depth == make_config(drafter=drafter, k=3) == make_config(drafter=drafter, k=3, tree_depth=3)
+        assert by_depth.k == 3 and "tree_depth" not in by_depth.drafter_params
+    assert make_config(drafter="tree", tree_depth=None).k == "auto"
+    with pytest.raises(SpecdecError, match="both set the tree's depth"):
+        make_config(drafter="tree", k=2, tree_depth=3)
+    with pytest.raises(SpecdecError, match=r"tree_depth must be an integer in \[1, 32\]"):
+        make_config(drafter="tree", tree_depth=33)
+    with pytest.raises(SpecdecError, match="drafter 'model' takes"):
+        make_config(drafter="model", tree_depth=3)
+    cfg = decode_config(build_parser().parse_args(["generate", "x", "--drafter", "tree", "--tree-depth", "3"]))
+    assert (cfg.drafter, cfg.k) == ("tree", 3)
+    engine = tiny_pair()
+    by_k = engine.generate([5, 17, 99, 3], DecodeConfig(drafter="tree", k=2, max_new_tokens=12))
+    by_depth = engine.generate([5, 17, 99, 3], DecodeConfig(drafter="tree", drafter_params={"tree_depth": 2},
+                                                            max_new_tokens=12))
+    assert by_depth.token_ids == by_k.token_ids and max(by_depth.stats.tree_depths) <= 2 and by_depth.stats.k == 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["lossless", "mars", "typical", "fly+mars"])
 def test_sampled_tree_decoding_reproduces_the_target_distribution(policy):

@@ -344,7 +344,7 @@ def test_flags_override_the_file_and_the_file_overrides_defaults(tmp_path):
         return decode_kwargs(parser.parse_args(["generate", "x", "--config", str(path), *argv]))
 
     # the file over the bundled target's published sampling settings, over the built-in defaults
-    assert kw() == {"policy": "fly+mars", "k": 8, "mars_theta": 0.7, "max_new_tokens": 64, "temperature": 0.7,
+    assert kw() == {"policy": "fly+mars", "drafter": "auto", "k": 8, "mars_theta": 0.7, "max_new_tokens": 64, "temperature": 0.7,
                     "top_p": 0.8, "top_k": 20, "seed": None, "repetition_penalty": 1.05, "presence_penalty": 0.0,
                     "frequency_penalty": 0.0}
     assert kw("--generation-config", "specdec")["temperature"] == 0.0

@@ -10,14 +10,14 @@ import torch
 
 from . import genconfig
 from .bundled import DEFAULT_TARGET
-from .configfile import read_config
 from .constrain import Constraints
 from .engine import Engine, Generation
 from .logprobs import TokenLogprob, check_logprobs, token_logprobs
 from .errors import SpecdecError
 from .backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request, resolve_device, stderr_log
 from .sources import AUTO as _AUTO, resolve_draft
-from .request import DEFAULTS, DecodeConfig, check_tree_fits, make_config, overlay
+from .request import DecodeConfig, check_tree_fits, make_config
+from .settings import layer
 from .stats import Stats
 from .text import StopStrings, TextStream, encode_prompt, eos_ids
 
@@ -81,9 +81,6 @@ class Pair:
         #: which backend runs the models, and why (``backend="auto"``)
         self.backend = target.backend
         self.backend_why = backend_why
-        #: the drafter a request gets when it names none: the portfolio, whose sources include the
-        #: draft model when one is loaded (:mod:`specdec.drafters.auto`)
-        self.default_drafter = DEFAULTS["drafter"]
         #: the model's sampling settings a request that names none gets (:mod:`specdec.genconfig`;
         #: :func:`load` fills them, ``generation_config="auto"``), and where they came from
         self.sampling_defaults: dict = {}
@@ -113,13 +110,9 @@ class Pair:
         :class:`DecodeConfig` already made by :func:`make_config` (instead of the keywords: it is
         used as is, not validated again), or the path of a config file (:mod:`specdec.configfile`,
         as ``specdec tune`` writes; keywords given next to it override its values, as
-        :func:`specdec.request.overlay` layers them)."""
-        if isinstance(config, (str, os.PathLike)):
-            kwargs = overlay(read_config(config), kwargs)
-            config = None
-        if config is None:
-            kwargs.setdefault("drafter", self.default_drafter)
-            cfg = make_config(**genconfig.fill(kwargs, self.sampling_defaults))
+        :func:`specdec.settings.layer` layers them, over the model's sampling settings)."""
+        if config is None or isinstance(config, (str, os.PathLike)):
+            cfg = make_config(**layer(kwargs, model=self.sampling_defaults, config_file=config))
         elif kwargs:
             raise SpecdecError(f"pass either config= or decoding keywords, not both (got {sorted(kwargs)})")
         elif not isinstance(config, DecodeConfig):
@@ -175,7 +168,7 @@ class Pair:
         delta), drafter options ``ngram_max``/``ngram_min``, the policy's own parameters, and
         structured output: one of ``response_format``, ``json_schema``, ``regex``, ``choice``,
         ``grammar`` (:meth:`specdec.request.DecodeConfig.from_options`). Defaults:
-        :data:`specdec.request.DEFAULTS` (the drafter: :attr:`default_drafter`), under the model's
+        :data:`specdec.request.DEFAULTS` (the drafter: the portfolio, ``auto``), under the model's
         own sampling settings where :func:`load` found them (:attr:`sampling_defaults`: the bundled
         pair samples at temperature 0.7, top_p 0.8, top_k 20, repetition_penalty 1.05 unless told;
         ``temperature=0`` is greedy).

@@ -48,11 +48,10 @@ import math
 from typing import Sequence
 
 from .acceptance import MAX_RATE, AcceptanceEstimate, AcceptancePrior, Bins, RunRates
-from .costmodel import FALLBACK_K, TIE_TOLERANCE, WIDTHS, CostTable, best_k, best_k_rate, expected_tokens, tokens_per_second
+from .costmodel import FALLBACK_K, TIE_TOLERANCE, CostTable, best_k, best_k_rate, expected_tokens, tokens_per_second
+from .draftlength import MAX_K, K
 from .rounds import RoundRecord
 
-#: the longest block k=auto plans: the cost tables measure verify passes up to WIDTHS[-1] tokens (K drafts + 1)
-K_MAX = WIDTHS[-1] - 1
 #: a backlog of at most this many tokens is a normal round's feed (the last bonus token, and the last
 #: draft when every draft was kept): part of the per-draft cost, not a reading to weigh
 STEADY_FEED = 2
@@ -94,7 +93,7 @@ def break_even_rate(target: CostTable, step: float) -> float | None:
     allowed = allowed_ks(target)
 
     def drafts(rate: float) -> bool:
-        return block_at(target.forward, step, rate, K_MAX, allowed)[0] > 0
+        return block_at(target.forward, step, rate, MAX_K - 1, allowed)[0] > 0
 
     if not drafts(MAX_RATE):
         return None
@@ -153,7 +152,7 @@ class AutoK(KPolicy):
     """``k="auto"`` for chains (module docstring)."""
 
     def __init__(self, target: CostTable, draft: CostTable | None = None, needs_model: bool = True,
-                 window: int = 0, prior: AcceptancePrior | None = None, k_max: int = K_MAX):
+                 window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_K - 1):
         self.target = target
         self.needs_model = needs_model
         self.step = draft_step(target, draft, needs_model)
@@ -403,7 +402,7 @@ class PortfolioK(KPolicy):
 
     def _copy(self, offer, room: int) -> tuple[int, float]:
         """``(K, expected tokens per second)`` of the offer's best prefix (``(0, 0)``: none)."""
-        n = min(len(offer.tokens), room, K_MAX)
+        n = min(len(offer.tokens), room, MAX_K - 1)  # K drafts: a pass of K + 1, the widest measured MAX_K
         if n <= self.window:
             return 0, 0.0
         chances = self.rates.setdefault(offer.source, RunRates()).kept_chances(offer.run, n)
@@ -471,7 +470,7 @@ def premium(table: CostTable) -> CostTable:
     return dataclasses.replace(table, seconds=[one + WIDTH_PREMIUM * (s - one) for s in table.seconds])
 
 
-def k_policy(k: int | str, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,
+def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,
              depth_limit: int, window: int, fallback_k: int, prior: AcceptancePrior | None = None,
              portfolio: bool = False, has_model: bool = False) -> KPolicy:
     """A new K policy (for :class:`WarmStates` to keep across requests): a portfolio drafter gets
@@ -481,9 +480,9 @@ def k_policy(k: int | str, target: CostTable | None, draft: CostTable | None, *,
     without a :class:`PassGate`."""
     if portfolio:
         return PortfolioK(target, draft, has_model=has_model, prior=prior, window=window,
-                          fixed=None if k == "auto" else int(k))
-    if k != "auto":
-        return Fixed(int(k))
+                          fixed=k.fixed)
+    if not k.auto:
+        return Fixed(k.fixed)
     if trees:
         if target is not None and not needs_model:
             return PassGate(target, depth_limit)

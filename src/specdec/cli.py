@@ -26,7 +26,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if not prompt.strip():
         raise SpecdecError("the prompt is empty")
     # the request, validated once: bad flags fail here, before the models load
-    config = decode_config(a, {**decode_kwargs(a), **constraint_kwargs(a)})
+    config = decode_config(a, decode_kwargs(a, more=constraint_kwargs(a)))
     pair = load_pair(a, progress=not a.json)
     # like llama-cli: a chat model is chatted with unless --raw; the Python API continues a string as text
     chat = a.chat if a.chat is not None else getattr(pair.tokenizer, "chat_template", None) is not None

@@ -11,7 +11,8 @@ from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
 from .checks import options_of
 from .drafters import ALL_DRAFTER_OPTIONS, DRAFTERS
 from . import genconfig
-from .request import DEFAULTS, DecodeConfig, overlay
+from .request import DEFAULTS, DecodeConfig
+from .settings import layer
 from .verify import POLICIES, RULES
 from .verify.schedule import Schedule
 
@@ -66,12 +67,6 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "measurements are cached per machine, so this only saves the first load")
 
 
-#: the decoding flags' built-in values (:data:`specdec.request.DEFAULTS`); a --config file's values
-#: come before these, flags after. No drafter: a request that names none gets the loaded pair's
-#: default (the draft model, or prompt lookup without one).
-DECODE_DEFAULTS = {k: v for k, v in DEFAULTS.items() if k != "drafter"}
-
-
 def shown(value) -> str:
     """A default as help text shows it."""
     return "random" if value is None else str(value)
@@ -79,8 +74,8 @@ def shown(value) -> str:
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
     """The decoding flags. Their argparse default is None (= not given), so that :func:`decode_kwargs`
-    can layer them: built-in default, then ``--config FILE``, then the flags given. The help shows
-    the built-in defaults from :data:`specdec.request.DEFAULTS`."""
+    can layer them (:func:`specdec.settings.layer`). The help shows the built-in defaults from
+    :data:`specdec.request.DEFAULTS`."""
     d = DEFAULTS
     g = p.add_argument_group("decoding")
     g.add_argument("--config", default=None, metavar="FILE",
@@ -95,8 +90,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("-k", "--k", default=None, metavar="K",
                    help="draft tokens per round, or 'auto': each round picks the K (0 = a plain decoding step) "
                         "with the most expected tokens per second from the measured cost model and the "
-                        f"acceptance seen so far; with --drafter tree, the tree's depth limit ('auto': up to "
-                        f"--tree-nodes; the tree's own pruning stops it earlier) (default: {d['k']})")
+                        f"acceptance seen so far; with a tree drafter, the tree's depth limit, as --tree-depth "
+                        f"('auto': the tree's own, e.g. up to --tree-nodes) (default: {d['k']})")
     g.add_argument("--max-new-tokens", type=int, default=None,
                    help=f"generation budget (default: {d['max_new_tokens']})")
     g.add_argument("--generation-config", default=genconfig.AUTO, metavar="auto|specdec|PATH",
@@ -124,9 +119,9 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="subtract this times a token's count in the answer from its logit, in [-2, 2] as "
                         f"OpenAI's (default: {d['frequency_penalty']:g} = off)")
     for name, (spec, owners) in drafter_flags().items():
-        defaults = ", ".join(f"{d} for {o}" for o, d in owners)
+        defaults = ", ".join(f"{d} for {o}" for o, d in owners if d is not None)  # None: its help says
         g.add_argument(f"--{name.replace('_', '-')}", type=spec.parse if spec.words or spec.kind is bool else spec.kind,
-                       default=None, help=f"{spec.help} (default: {defaults})")
+                       default=None, help=f"{spec.help} (default: {defaults})" if defaults else spec.help)
     r = p.add_argument_group(
         "loose rules (lossy: output may differ from the target's; combine with '+', e.g. --policy fly+mars)")
     for param, (spec, default) in options_of(Schedule).items():  # every loose policy's, unprefixed
@@ -148,55 +143,47 @@ def drafter_flags() -> dict:
     return out
 
 
-def decode_kwargs(a: argparse.Namespace) -> dict:
-    """Request keywords from the flags: built-in defaults, the model's sampling settings
-    (``--generation-config``, :mod:`specdec.genconfig`), then ``--config FILE``, then every flag
-    given, layered by :func:`specdec.request.overlay` (a flag given wins over the file; a file's key
-    wins over a built-in default; a flag naming another policy than the file's drops the file's
-    policy parameters, another drafter its drafter options)."""
-    kw = dict(DECODE_DEFAULTS)
-    if hasattr(a, "generation_config"):  # generate and serve: the model's sampling settings come next
-        kw.update(genconfig.resolve(a.generation_config, a.target)[0])
-    if getattr(a, "config", None):
-        from .configfile import read_config
+def decode_kwargs(a: argparse.Namespace, max_new_tokens: int | None = None, more: dict | None = None) -> dict:
+    """Request keywords from the flags given (and ``more`` of them: generate's structured-output
+    flags), layered by :func:`specdec.settings.layer` over ``--config FILE``, the model's sampling
+    settings (``--generation-config``, :mod:`specdec.genconfig`; generate and serve only) and the
+    built-in defaults (``max_new_tokens``: the command's own default budget, else the library's)."""
+    model = genconfig.resolve(a.generation_config, a.target)[0] if hasattr(a, "generation_config") else {}
+    return layer({**flags_given(a), **(more or {})}, model=model, config_file=getattr(a, "config", None) or None,
+                 max_new_tokens=max_new_tokens)
 
-        kw.update(read_config(a.config))
-    given = {name: getattr(a, name) for name in DEFAULTS if getattr(a, name) is not None}
-    for name in ALL_DRAFTER_OPTIONS:
-        if getattr(a, name) is not None:
-            given[name] = getattr(a, name)
-    for param in options_of(Schedule):
-        if getattr(a, param) is not None:
-            given[param] = getattr(a, param)
-    for rule, cls in RULES.items():
-        for param in options_of(cls):
-            value = getattr(a, f"{rule}_{param}")
-            if value is not None:
-                given[f"{rule}_{param}"] = value
-    return overlay(kw, given)
+
+def flags_given(a: argparse.Namespace) -> dict:
+    """The decoding flags given (not None): request fields, drafter options, rule parameters."""
+    names = [*DEFAULTS, *ALL_DRAFTER_OPTIONS, *options_of(Schedule)]
+    names += [f"{rule}_{param}" for rule, cls in RULES.items() for param in options_of(cls)]
+    return {name: getattr(a, name) for name in names if getattr(a, name) is not None}
+
+
+def draft_flag(a: argparse.Namespace) -> str | None:
+    """``--draft`` as :func:`specdec.load` takes it (``none``: None)."""
+    return None if a.draft == "none" else a.draft
 
 
 def draft_of(a: argparse.Namespace) -> str | None:
     """The draft model the model flags load (None: none), known before anything loads."""
     from .sources import resolve_draft
 
-    return resolve_draft(a.target, None if a.draft == "none" else a.draft)
+    return resolve_draft(a.target, draft_flag(a))
 
 
 def decode_config(a: argparse.Namespace, kwargs: dict | None = None) -> DecodeConfig:
     """The request the flags describe (``kwargs``: :func:`decode_kwargs`' result, when the caller
     has it), validated once, before any model loads."""
-    kw = dict(decode_kwargs(a) if kwargs is None else kwargs)
-    return DecodeConfig.from_options(**kw)
+    return DecodeConfig.from_options(**(decode_kwargs(a) if kwargs is None else kwargs))
 
 
 def load_pair(a: argparse.Namespace, progress: bool = True):
     from .api import load
     from .backends import REGISTRY
 
-    draft = None if a.draft == "none" else a.draft
     options = {name: getattr(a, name) for name in REGISTRY.options()}
-    return load(a.target, draft=draft, backend=a.backend, device=a.device, calibrate=a.calibrate, progress=progress,
+    return load(a.target, draft=draft_flag(a), backend=a.backend, device=a.device, calibrate=a.calibrate, progress=progress,
                 recalibrate=getattr(a, "recalibrate", False), **options,
                 # bench and tune set every sampling field themselves: only generate and serve take the model's
                 generation_config=getattr(a, "generation_config", None) or genconfig.NONE)

@@ -34,7 +34,7 @@ from .costmodel import FALLBACK_K, CostTable
 from .errors import SpecdecError
 from .backends.base import Model, Scores
 from .logprobs import TokenLogprob, token_logprobs
-from .request import AUTO_K, DecodeConfig, check_k, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
+from .request import DecodeConfig, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
 from .sampling import make_generator, next_token, penalize, probabilities
 from .rounds import SECONDS, RoundRecord
 from .scopes import Caches
@@ -57,7 +57,8 @@ class Generation:
     prompt_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" (EOS or a stop sequence) | "length" | "cancelled"
-    stats: Stats = field(default_factory=Stats)
+    #: the request's counters, made by :meth:`Engine.run` as the generation starts (None before)
+    stats: Stats | None = None
     #: with ``DecodeConfig.logprobs``: the target's log-probability of each token in ``token_ids``
     logprobs: list[TokenLogprob] | None = None
 
@@ -143,7 +144,7 @@ class Engine:
                             fallback_k=max(FALLBACK_K, lookahead_of(cfg.parsed) + 1), prior=self.prior,
                             portfolio=cls.portfolio, has_model=self.draft is not None)
 
-        if cfg.k != AUTO_K:
+        if not cfg.k.auto:
             return make()
         tables = (self.target_costs, self.draft_costs, self.prior)  # a policy made for other tables is made again
         return self.caches.k_policy(cfg.caller, self._kind(cfg), make, tables)
@@ -167,7 +168,7 @@ class Engine:
         if cls.needs_model and self.draft is None:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cls.grows_trees:
-            depth = cls.depth_limit(**cfg.drafter_params) if cfg.k == AUTO_K else int(cfg.k)
+            depth = cls.depth_limit(**cfg.drafter_params) if cfg.k.auto else cfg.k.fixed
             # the most root-to-leaf paths of the tree the target scores and of the one the draft feeds
             paths = cls.tree_paths(depth, **cfg.drafter_params)
             for role, lm, leaves in (("target", self.target, paths[0]), ("draft", self.draft, paths[1])):
@@ -282,7 +283,7 @@ class Engine:
         if kpolicy is not None:
             kpolicy.begin(cfg.max_new_tokens)
         out.stats = Stats(
-            policy=cfg.policy, drafter=cfg.drafter if policy.drafts else None, k=cfg.k if policy.drafts else 0,
+            policy=cfg.policy, drafter=cfg.drafter if policy.drafts else None, k=cfg.k if policy.drafts else None,
             lossy=policy.lossy, prompt_tokens=len(prompt_ids), params={**policy.params, **cfg.drafter_params},
         )
         guide = self.guide_for(cfg)

@@ -4,8 +4,9 @@ transformers' ``generate``, vLLM (``--generation-config auto``, its default) and
 servers built on them sample with the settings a model ships in ``generation_config.json``
 (temperature, top_p, top_k, repetition_penalty) when a request names none. specdec does the same in
 ``Pair.generate``/``Pair.stream``/``Pair.chat``, ``specdec generate`` and ``specdec serve``. Layers,
-lowest first: specdec's built-in defaults (:data:`specdec.request.DEFAULTS`: greedy), the model's
-settings, a ``--config`` file, then what the call or request gives. ``specdec bench`` and ``tune``
+lowest first (:func:`specdec.settings.layer`): specdec's built-in defaults
+(:data:`specdec.request.DEFAULTS`: greedy), the model's settings, a ``--config`` file, then what the
+call or request gives. ``specdec bench`` and ``tune``
 keep their own defaults (greedy, seeded) so that runs compare and repeat.
 
 Where the settings come from (:func:`resolve`): ``"auto"``: a bundled model's published settings
@@ -102,12 +103,4 @@ def describe(settings: Mapping[str, Any], why: str) -> str:
     return f"sampling defaults: {shown} ({why}; a request's own values win)"
 
 
-def fill(options: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with each of the model's settings it does not name."""
-    out = dict(options)
-    for key, value in settings.items():
-        out.setdefault(key, value)
-    return out
-
-
-__all__ = ["AUTO", "CHOICES", "KEYS", "NONE", "describe", "fill", "from_file", "from_json", "of_model", "resolve"]
+__all__ = ["AUTO", "CHOICES", "KEYS", "NONE", "describe", "from_file", "from_json", "of_model", "resolve"]

@@ -31,7 +31,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .costmodel import WIDTHS, CostTable
+from .costmodel import CostTable
+from .draftlength import MAX_K
 from .errors import SpecdecError
 from .rounds import RoundRecord
 from .trace import DraftTrace, Trace
@@ -121,10 +122,6 @@ def _proposal(dt: DraftTrace, t: int, i: int, n: int, state: dict) -> tuple[floa
             return chain[j][0], chain[j][1]
         return 0.0, False  # the chain stopped where keeping every draft had become unlikely
     return (dt.top1[pos] if pos < n else 0.0), False
-
-
-#: the longest block the oracle plans: the cost tables measure verify passes up to WIDTHS[-1] tokens
-K_MAX = WIDTHS[-1] - 1
 
 
 class ModelSource:
@@ -254,7 +251,7 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
     return out
 
 
-def copy_offers(trace: Trace, copies: Sequence, k_max: int = K_MAX) -> dict[str, tuple[np.ndarray, ...]]:
+def copy_offers(trace: Trace, copies: Sequence, k_max: int = MAX_K - 1) -> dict[str, tuple[np.ndarray, ...]]:
     """Each copy source's offer at every answer position ``t`` (its drafter run on the prompt and
     ``answer[:t]``, as a portfolio asks it): per source, ``(length[t], kept[t], run[t])``, the
     offer's length (0: none), how many of its tokens the answer goes on with, and its run."""
@@ -281,7 +278,7 @@ def runs(dt: DraftTrace, n: int) -> np.ndarray:
     return out
 
 
-def oracle(trace: Trace, draft: str | None, clock: Clock, k_max: int = K_MAX,
+def oracle(trace: Trace, draft: str | None, clock: Clock, k_max: int = MAX_K - 1,
            copies: dict[str, tuple[np.ndarray, ...]] | None = None) -> float:
     """The least end-to-end seconds of ``trace``'s generation over every K schedule (module
     docstring): ``V[t, b]``, the seconds to finish from answer position ``t`` with a draft backlog

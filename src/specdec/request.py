@@ -8,10 +8,12 @@ Every entry point builds it the same way, once, where the request enters: the Py
 :meth:`DecodeConfig.from_options`, which takes loose user options and raises a one-line
 :class:`~specdec.errors.SpecdecError` for a bad one. The engine takes the result as is.
 
-Where settings are layered (a config file under the flags, the server's defaults under a
-request's ``speculative`` object, vLLM's engine default under a request's keys), :func:`overlay`
-is the one rule: naming another policy drops the lower layer's policy parameters, naming another
-drafter drops its drafter options.
+A request's settings are layered in one step, :func:`specdec.settings.layer` (built-in defaults,
+the model's sampling settings, a config file or the server's defaults, the caller's values), called
+by the API, the CLI and the server alike; :func:`overlay` is its rule where two layers meet (and
+vLLM's plugin's, its engine default under a request's keys): naming another policy drops the lower
+layer's policy parameters, naming another drafter drops its drafter options. ``k`` is parsed once,
+here, into a :class:`~specdec.draftlength.K` (a fixed K or auto).
 """
 
 from __future__ import annotations
@@ -23,19 +25,15 @@ from typing import Any, Mapping, Sequence
 
 from .checks import check_int
 from .constrain import Constraint
+from .draftlength import AUTO, MAX_K, K
 from .drafters import ALL_DRAFTER_OPTIONS, Drafter, check_drafter_options, drafter_class
 from .errors import SpecdecError
 from .logprobs import check_logprobs
 from .sampling import SamplingParams
 from .verify import Policy, make_policy
 
-AUTO_K = "auto"
 #: :meth:`DecodeConfig.with_settings`' "leave it as it is"
 KEEP: Any = object()
-#: the longest draft a request may ask for (``k``, and a tree's depth): the cost tables measure
-#: verify passes of up to 32 tokens, and a round's work, which a client that leaves waits out, grows
-#: with K; 32 (not 31) because benchmark folders made with trees of depth 32 must still re-report
-MAX_K = 32
 
 #: the sampling fields' defaults, as :class:`~specdec.sampling.SamplingParams` declares them:
 #: temperature 0.0 (greedy), top_p 1.0 (off), top_k 0 (off), seed None (a random seed)
@@ -48,7 +46,7 @@ _SAMPLING_DEFAULTS = {f.name: f.default for f in fields(SamplingParams)}
 DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "policy": "lossless",
     "drafter": "auto",
-    "k": AUTO_K,  # draft tokens per round, or "auto": chosen each round from the cost model
+    "k": AUTO.value,  # draft tokens per round, or "auto": chosen each round from the cost model
     "max_new_tokens": 128,
     **_SAMPLING_DEFAULTS,
 })
@@ -61,19 +59,6 @@ BENCH_SEED = 0
 #: request fields that shape the output's length and sampling, not speculation: a bench run sets
 #: them once for every configuration, a server request at its top level
 GENERATION_FIELDS = ("max_new_tokens", *_SAMPLING_DEFAULTS)
-
-def check_k(k) -> int | str:
-    """``"auto"`` or an integer in [1, :data:`MAX_K`] (an integer given as text is accepted, e.g. from a flag)."""
-    if isinstance(k, str):
-        text = k.strip().lower()
-        if text == AUTO_K:
-            return AUTO_K
-        if text.isdigit():
-            k = int(text)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
-        raise SpecdecError(f"k (draft length) must be 'auto' or an integer in [1, {MAX_K}], got {k!r}")
-    return k
-
 
 def lookahead_of(policy: Policy | None) -> int:
     """How many drafts after a position the policy reads to judge it (0: token-wise, or ``ar``)."""
@@ -89,7 +74,7 @@ def check_constraint_fits(cfg: "DecodeConfig") -> None:
         raise SpecdecError(f"constraint must be a specdec.constrain.Constraint or None, got {type(cfg.constraint).__name__}")
 
 
-def check_drafter_fits_policy(policy: Policy, cls, k: int | str, drafter_params: Mapping[str, Any]) -> None:
+def check_drafter_fits_policy(policy: Policy, cls, k: K, drafter_params: Mapping[str, Any]) -> None:
     """Refuse, up front, a drafter the policy cannot verify (trees for a chain-only policy) and a
     draft length that would leave the policy's lookahead inert (a block no longer than it)."""
     name = policy.name
@@ -99,15 +84,28 @@ def check_drafter_fits_policy(policy: Policy, cls, k: int | str, drafter_params:
     w = policy.lookahead
     if not w:
         return
-    if cls.grows_trees and k == AUTO_K and cls.depth_limit(**drafter_params) <= w:
+    if cls.grows_trees and k.auto and cls.depth_limit(**drafter_params) <= w:
         raise SpecdecError(
             f"policy {name!r}: {policy.lookahead_label} needs paths longer than it, but a tree of "
             f"depth <= {cls.depth_limit(**drafter_params)} cannot grow that deep; raise tree_nodes (tree) "
             "or lookahead_window/lookahead_ngram (lookahead)")
-    if isinstance(k, int) and k <= w:
+    if not k.auto and k.fixed <= w:
         raise SpecdecError(
             f"policy {name!r}: {policy.lookahead_label} acts only on draft blocks longer than it, so k={k} "
             f"would leave it inert; use k >= {w + 1}, k='auto', {policy.lookahead_remedy}")
+
+
+def tree_depth_as_k(k: K, drafter_params: Mapping[str, Any]) -> tuple[K, dict[str, Any]]:
+    """A tree drafter's ``tree_depth`` is its depth limit each round, which a fixed ``k`` also sets
+    (a tree's K policy drafts to that depth): ``(the request's K, the other drafter options)``.
+    Both given and unequal is a one-line error."""
+    depth = drafter_params.get("tree_depth")
+    params = {key: v for key, v in drafter_params.items() if key != "tree_depth"}
+    if depth is None:
+        return k, params
+    if not k.auto and k.fixed != depth:
+        raise SpecdecError(f"k (draft length) {k} and tree_depth {depth} both set the tree's depth; give one")
+    return K(depth), params
 
 
 def check_tree_fits(cfg: "DecodeConfig", prompt_tokens: int, limit: int | None) -> None:
@@ -167,8 +165,8 @@ def check_known(options: Mapping[str, Any]) -> None:
 
 
 def overlay(base: Mapping[str, Any], given: Mapping[str, Any]) -> dict[str, Any]:
-    """Loose request options ``given`` over ``base`` (a config file's under the flags, the server's
-    defaults under a request's ``speculative`` object, vLLM's engine default under a request's
+    """Loose request options ``given`` over ``base`` (a config file's or the server's defaults under
+    the caller's values, in :func:`specdec.settings.layer`; vLLM's engine default under a request's
     keys): ``given`` wins key by key, except that naming another policy than ``base`` names drops
     ``base``'s policy parameters (they belong to its policy), and naming another drafter than
     ``base`` names drops ``base``'s drafter options. The other request fields always carry over."""
@@ -188,7 +186,9 @@ class DecodeConfig:
 
     policy: str = DEFAULTS["policy"]
     drafter: str = DEFAULTS["drafter"]
-    k: int | str = DEFAULTS["k"]  # draft tokens per round, or "auto": chosen each round from the cost model
+    #: draft tokens per round, or auto (chosen each round from the cost model): given loose (5,
+    #: ``"auto"``) or as a :class:`~specdec.draftlength.K`, held as a K, parsed once, here
+    k: K = DEFAULTS["k"]
     max_new_tokens: int = DEFAULTS["max_new_tokens"]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     policy_params: Mapping[str, Any] = field(default_factory=dict)
@@ -219,7 +219,11 @@ class DecodeConfig:
         if self.parsed.drafts:
             object.__setattr__(self, "drafter_params", check_drafter_options(self.drafter, dict(self.drafter_params)))
             object.__setattr__(self, "drafter_type", drafter_class(self.drafter))
-        object.__setattr__(self, "k", check_k(self.k))
+        object.__setattr__(self, "k", K.parse(self.k))
+        if self.parsed.drafts and "tree_depth" in self.drafter_params:
+            k, params = tree_depth_as_k(self.k, self.drafter_params)
+            object.__setattr__(self, "k", k)
+            object.__setattr__(self, "drafter_params", params)
         check_int("max_new_tokens", self.max_new_tokens, lo=1)
         if self.parsed.drafts:
             check_drafter_fits_policy(self.parsed, self.drafter_type, self.k, self.drafter_params)
@@ -229,7 +233,7 @@ class DecodeConfig:
 
     @classmethod
     def from_options(
-        cls, /, *, policy: str = DEFAULTS["policy"], drafter: str = DEFAULTS["drafter"], k: int | str = DEFAULTS["k"],
+        cls, /, *, policy: str = DEFAULTS["policy"], drafter: str = DEFAULTS["drafter"], k: K | int | str = DEFAULTS["k"],
         max_new_tokens: int = DEFAULTS["max_new_tokens"], temperature: float = DEFAULTS["temperature"],
         top_p: float = DEFAULTS["top_p"], top_k: int = DEFAULTS["top_k"], seed: int | None = DEFAULTS["seed"],
         repetition_penalty: float = DEFAULTS["repetition_penalty"],
@@ -291,6 +295,5 @@ class DecodeConfig:
 #: top_k=..., seed=..., **policy_and_drafter_options)``: :meth:`DecodeConfig.from_options`
 make_config = DecodeConfig.from_options
 
-__all__ = ["AUTO_K", "BENCH_SEED", "MAX_K", "DEFAULTS", "DecodeConfig", "GENERATION_FIELDS",
-           "check_drafter_fits_policy", "check_k", "lookahead_of", "make_config", "overlay",
-           "split_options"]
+__all__ = ["BENCH_SEED", "MAX_K", "DEFAULTS", "DecodeConfig", "GENERATION_FIELDS", "K",
+           "check_drafter_fits_policy", "lookahead_of", "make_config", "overlay", "split_options"]

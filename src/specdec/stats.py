@@ -12,6 +12,7 @@ import resource
 import sys
 from dataclasses import asdict, dataclass, field
 
+from .draftlength import K
 from .rounds import SECONDS, RoundRecord
 
 
@@ -30,9 +31,11 @@ def peak_rss_mb() -> float:
 
 @dataclass
 class Stats:
-    policy: str = "ar"
-    drafter: str | None = None
-    k: int | str = 0  # draft length, or "auto" (then k_chosen holds each round's K)
+    policy: str  # the request's policy, as named (``ar``: plain decoding)
+    drafter: str | None = None  # None: the policy drafts nothing
+    #: the draft length (:class:`~specdec.draftlength.K`, given loose or as one; auto: k_chosen holds each
+    #: round's K); None: the policy drafts nothing (``to_dict`` writes 0 then, the integer or "auto" else)
+    k: K | None = None
     lossy: bool = False
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # prompt positions the target's cache kept from the request before (prefix caching)
@@ -73,6 +76,10 @@ class Stats:
     peak_rss_mb: float = 0.0
     params: dict = field(default_factory=dict)  # policy/drafter parameters, for the record
 
+    def __post_init__(self) -> None:
+        if self.k is not None:
+            self.k = K.parse(self.k)
+
     @property
     def drafts(self) -> bool:
         """Whether the generation's policy drafts (its ``drafts`` declaration): plain decoding runs no
@@ -102,7 +109,7 @@ class Stats:
             self.accepted_at[i] += 1
         for name, n in r.relaxed.items():
             self.relaxed[name] = self.relaxed.get(name, 0) + n
-        if self.k == "auto":
+        if self.k is not None and self.k.auto:
             self.k_chosen.append(r.k_chosen)
         if r.source is not None:
             counts = self.sources.setdefault(r.source, [0, 0, 0])
@@ -168,8 +175,8 @@ class Stats:
     @property
     def k_label(self) -> str:
         """``5``, or for k=auto ``auto (mean 6.2, K=0 in 10% of rounds)``."""
-        if self.k != "auto" or not self.k_chosen:
-            return str(self.k)
+        if self.k is None or not self.k.auto or not self.k_chosen:
+            return str(self.k or 0)
         n = len(self.k_chosen)
         zero = sum(1 for k in self.k_chosen if k == 0) / n
         return f"auto (mean {sum(self.k_chosen) / n:.1f}, K=0 in {zero:.0%} of rounds)"
@@ -177,6 +184,7 @@ class Stats:
     def to_dict(self) -> dict:
         d = asdict(self)
         d.update(
+            k=0 if self.k is None else self.k.value,
             mean_acceptance_length=self.mean_acceptance_length,
             acceptance_rate=self.acceptance_rate,
             per_position_acceptance=self.per_position_acceptance,

@@ -117,7 +117,7 @@ def cmd_bench(a: argparse.Namespace) -> int:
     dataset = load_dataset(a.dataset, limit, a.data, positions)
     check_structured(dataset, everything)
     planned = len(dataset.samples)
-    env = environment.describe()
+    env = environment.describe(getattr(a, "argv_typed", None))
     stored = run_settings(a, settings, dataset, env)
     if a.report_only:
         out, dataset, records, env, models = report_inputs(a, stored, env, dataset, everything, settings.repeats)

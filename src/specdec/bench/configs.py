@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
 from ..backends import REGISTRY
+from ..draftlength import MAX_K, K
 from ..errors import SpecdecError
-from ..request import DEFAULTS, GENERATION_FIELDS, MAX_K, DecodeConfig, check_k
+from ..request import DEFAULTS, GENERATION_FIELDS, DecodeConfig
 from ..sampling import SamplingParams
 from ..verify import AR
 
@@ -179,9 +180,10 @@ def parse_int(text: Any, what: str, minimum: int = 1) -> int:
 
 
 def parse_k(text: Any, what: str = "--k") -> int | str:
-    """``auto`` or an integer in [1, MAX_K] (:func:`specdec.request.check_k`), the error naming ``what``."""
+    """``auto`` or an integer in [1, MAX_K] (:meth:`specdec.draftlength.K.parse`'s loose value), the error
+    naming ``what``."""
     try:
-        return check_k(str(text))
+        return K.parse(str(text)).value
     except SpecdecError as exc:
         raise SpecdecError(f"{what}: {exc}") from None
 

@@ -54,5 +54,9 @@ def hardware() -> dict:
             "torch_threads": torch.get_num_threads(), "gpu": gpu_name(), "platform": platform.platform()}
 
 
-def describe() -> dict:
-    return {"versions": versions(), "hardware": hardware(), "git": git_commit(), "argv": sys.argv[1:]}
+def describe(argv: list[str] | None = None) -> dict:
+    """The versions, hardware and git commit, and ``argv``: the command (after ``specdec``) as
+    :func:`specdec.cli.main` was given it (``sys.argv[1:]`` when not given: ``main`` called with an
+    argv of its own, as tests and scripts do, ran that command, not the process's)."""
+    return {"versions": versions(), "hardware": hardware(), "git": git_commit(),
+            "argv": list(sys.argv[1:] if argv is None else argv)}

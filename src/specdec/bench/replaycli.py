@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 from ..acceptance import COPY_PRIOR, RUN_EDGES, RunRates, run_bin
-from ..autok import K_MAX, KPolicy
+from ..autok import KPolicy
+from ..draftlength import MAX_K
 from ..errors import SpecdecError
 
 DEFAULT_KS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15)
@@ -215,8 +216,8 @@ def parse_ks(text: str) -> list[int]:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise SpecdecError(f"--k: {text!r} is not a comma list of integers") from None
-    if not ks or ks[0] < 1 or ks[-1] > 31:
-        raise SpecdecError("--k: each K must be in 1..31")
+    if not ks or ks[0] < 1 or ks[-1] > MAX_K - 1:  # K drafts: a pass of K + 1 tokens, the widest measured MAX_K
+        raise SpecdecError(f"--k: each K must be in 1..{MAX_K - 1}")
     return ks
 
 
@@ -396,7 +397,7 @@ class StopBelow(KPolicy):
     a dataset (:data:`THRESHOLDS`) bounds what a controller reading only the draft's own
     probabilities gets there, far tighter than the oracle on prose."""
 
-    def __init__(self, threshold: float, k_max: int = K_MAX):
+    def __init__(self, threshold: float, k_max: int = MAX_K - 1):
         self.threshold, self.k_max = float(threshold), int(k_max)
 
     def budget(self, t: int, room: int, backlog: int, offers=()) -> int:

@@ -50,8 +50,9 @@ from pathlib import Path
 from typing import Any
 
 from ..checks import check_number
+from ..draftlength import K
 from ..errors import SpecdecError
-from ..request import AUTO_K, DEFAULTS
+from ..request import DEFAULTS
 from . import certify
 from . import configs as cfgs
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
@@ -260,7 +261,7 @@ def proxy_config(c, proxy_k: int, settings):
     or, for ``k=auto``, at ``proxy_k`` (at least one more than a FLy window, so the window can act)."""
     from ..verify import make_policy
 
-    if c.k != AUTO_K:
+    if not K.parse(c.k).auto:
         return c
     pol = make_policy(c.policy, c.params)
     k = max(proxy_k, (pol.lookahead + 1) if pol is not None and pol.lookahead else 0)
@@ -473,7 +474,7 @@ def _plan_tune(a: argparse.Namespace) -> _TunePlan:
     out = Path(a.out)
     targets = {p.policy: (Path(a.write) if a.write else out / "config.json") if len(plans) == 1
                else out / f"config-{p.policy}.json" for p in plans}
-    env = environment.describe()
+    env = environment.describe(getattr(a, "argv_typed", None))
     plan = _TunePlan(positions, max_loss, confidence, min_agreement, speed_tie, per_batch, max_confirm, settings, proxy_settings,
                      plans, dataset, proxy_set, validation, overlap, out, targets, env)
     plan.by_id = {c.id: c for p in plans for c in p.settings}

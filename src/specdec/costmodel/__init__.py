@@ -37,7 +37,7 @@ A name is read where it is defined: a test that replaces one (``measure``, ``mac
 from . import cache, decide, fingerprints, table, timing
 from .cache import (CACHE_NAME_CHARS, cache_path, cached_tables, costs_dir, load_cached, mark_stale, read_table,
                     save, table_for)
-from .decide import (DTYPE_K_MAX, FALLBACK_K, MIN_ROUND_SECONDS, PRIOR_ACCEPTANCE, REFERENCE_NEW, REFERENCE_PROMPT,
+from .decide import (FALLBACK_K, MIN_ROUND_SECONDS, PRIOR_ACCEPTANCE, REFERENCE_NEW, REFERENCE_PROMPT,
                      TIE_TOLERANCE, DtypeChoice, best_k, best_k_rate, choose_dtypes, expected_tokens,
                      seconds_per_token, tokens_per_second)
 from .fingerprints import HASH_CHARS, KEY_FLAGS, cpu_flags, cpu_model, fingerprint, model_fingerprint, model_key
@@ -59,7 +59,7 @@ __all__ = [
     "CACHE_NAME_CHARS", "cache_path", "cached_tables", "costs_dir", "load_cached", "mark_stale", "read_table",
     "save", "table_for",
     # decide
-    "DTYPE_K_MAX", "FALLBACK_K", "MIN_ROUND_SECONDS", "PRIOR_ACCEPTANCE", "REFERENCE_NEW", "REFERENCE_PROMPT",
+    "FALLBACK_K", "MIN_ROUND_SECONDS", "PRIOR_ACCEPTANCE", "REFERENCE_NEW", "REFERENCE_PROMPT",
     "TIE_TOLERANCE", "DtypeChoice", "best_k", "best_k_rate", "choose_dtypes", "expected_tokens", "seconds_per_token",
     "tokens_per_second",
 ]

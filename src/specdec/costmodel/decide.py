@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Collection, Mapping, Sequence
 
+from ..draftlength import MAX_K
 from .table import CostTable
 
 #: The request a dtype choice is made for: a typical chat prompt and completion.
@@ -19,8 +20,6 @@ REFERENCE_PROMPT, REFERENCE_NEW = 256, 256
 PRIOR_ACCEPTANCE = 0.75
 #: k=auto without a cost table (a failed measurement): a middling K, as long drafts pay only at high acceptance
 FALLBACK_K = 5
-#: the longest draft a dtype choice considers: the widest measured verify pass (32 tokens) is K + 1
-DTYPE_K_MAX = 31
 #: a longer K must beat a shorter one by more than this share (float noise) to be chosen: ties go to the smaller K
 TIE_TOLERANCE = 1e-9
 #: seconds a round is taken to cost at least: a round of (near) zero cost divides by no zero
@@ -73,9 +72,10 @@ def best_k_rate(verify: Callable[[int], float], draft_step: float, rates: Sequen
 
 
 def seconds_per_token(target: CostTable, draft: CostTable | None, rate: float = PRIOR_ACCEPTANCE,
-                      k_max: int = DTYPE_K_MAX) -> tuple[float, int]:
+                      k_max: int = MAX_K - 1) -> tuple[float, int]:
     """Expected decoding seconds per token with the best K under a constant acceptance ``rate``
-    (plain decoding when there is no draft table), and that K."""
+    (plain decoding when there is no draft table), and that K (at most ``k_max``: K drafts are
+    verified in a pass of K + 1 tokens, and the widest measured is :data:`~specdec.draftlength.MAX_K`)."""
     if draft is None:
         return target.forward(1), 0
     step = draft.forward(1)

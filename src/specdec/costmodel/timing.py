@@ -18,9 +18,12 @@ from typing import Sequence
 
 import torch
 
+from ..draftlength import MAX_K
+
 #: verify passes of K + 1 tokens: every width up to 17 (k=auto picks only measured widths, and CPU
-#: curves are jagged: llama.cpp's 4-bit kernels take rows in fours), then 24 and 32 for long blocks
-WIDTHS = tuple(range(1, 18)) + (24, 32)
+#: curves are jagged: llama.cpp's 4-bit kernels take rows in fours), then 24 and 32 (MAX_K, the one
+#: draft-length limit: :mod:`specdec.draftlength`) for long blocks
+WIDTHS = tuple(range(1, 18)) + (24, MAX_K)
 #: timings per width, in interleaved rounds (a slow spell hits every width alike): two slow ones leave the median
 REPEATS = 5
 #: seconds: a width slower than this is timed MIN_REPEATS times only (noise is small against it; rounds cost seconds)

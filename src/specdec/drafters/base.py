@@ -14,6 +14,8 @@ from typing import Callable, ClassVar, Sequence
 import torch
 
 from ..backends.base import Model, Scores
+from ..checks import check_int, option
+from ..draftlength import MAX_K
 from ..sampling import SamplingParams
 from ..verify import Policy, Round, Verdict
 from ..verify.tree import TreeRound, tree_depth
@@ -171,6 +173,14 @@ def tree_draft(tokens: list[int], parents: list[int], **fields) -> Draft:
     return TreeDraft(tokens, parents=parents, **fields) if tokens else Draft(**fields)
 
 
+def depth_option():
+    """``tree_depth``, every tree drafter's option: the tree's depth limit each round, which a fixed
+    ``k`` also sets for a tree drafter (:meth:`specdec.request.DecodeConfig` takes either; None: k's)."""
+    return option(None, kind=int, check=lambda where, v: v if v is None else check_int(where, v, 1, MAX_K),
+                  help="tree drafters: the tree's depth limit each round, as -k N is for them (default: k's: k=N "
+                       "grows trees to depth N, k=auto as deep as the tree's own limit)")
+
+
 class Drafter(ABC):
     """The drafter contract: everything the registry, the engine, bench and the server use of a
     drafter. A new drafter is one file with a subclass of this, and one entry in
@@ -183,8 +193,9 @@ class Drafter(ABC):
       load one and the engine refuses the request without one; drafters without a model cost ~0
       per draft token to ``k="auto"``;
     - ``grows_trees``: its drafts are token trees (:class:`TreeDraft`), verified in one tree pass by
-      policies that verify trees; ``k`` is then the tree's depth limit, and ``k="auto"`` leaves
-      the depth to the tree's own pruning up to :meth:`depth_limit`;
+      policies that verify trees; its ``Options`` declare ``tree_depth`` (:func:`depth_option`), the
+      tree's depth limit, which a fixed ``k`` also sets (the request holds it as its K), and
+      ``k="auto"`` leaves the depth to the tree's own pruning up to :meth:`depth_limit`;
     - ``reads_history``: it also drafts from earlier requests' text: :meth:`build` gets
       ``history``, the request's view of the engine's cross-request cache, scoped to its caller
       (:class:`specdec.drafters.suffix.CacheScope`);

@@ -60,7 +60,7 @@ import torch
 from ..checks import option, options_of
 from ..errors import SpecdecError
 from ..sampling import SamplingParams
-from .base import Draft, Drafter, tree_draft
+from .base import Draft, Drafter, depth_option, tree_draft
 
 #: the most nodes one lookahead pass may hold (the target scores them all in one pass)
 MAX_NODES = 1024
@@ -74,6 +74,7 @@ class LookaheadOptions:
                                   "(paper: 5)")
     lookahead_guesses: int = option(5, lo=0, hi=64, help="lookahead: G, most pooled n-grams verified per pass, "
                                     "and kept per first token (paper: 15)")
+    tree_depth: int | None = depth_option()
 
 
 def pass_nodes(window: int, ngram: int, guesses: int) -> int:

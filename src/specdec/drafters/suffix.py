@@ -56,7 +56,7 @@ import torch
 
 from ..checks import option
 from ..sampling import SamplingParams
-from .base import Draft, Drafter, Offer, answer_run, tree_draft
+from .base import Draft, Drafter, Offer, answer_run, depth_option, tree_draft
 
 #: the suffix tries' depth: a matched suffix plus its draft fit in this many tokens (vLLM's default)
 DEPTH = 24
@@ -340,6 +340,7 @@ class SuffixOptions:
 @dataclass(frozen=True)
 class SuffixTreeOptions(SuffixOptions):
     tree_nodes: int = option(8, lo=1, hi=256, help="tree: most draft tokens per round (the target scores tree_nodes + 1)")
+    tree_depth: int | None = depth_option()
 
 
 class SuffixDrafter(Drafter):

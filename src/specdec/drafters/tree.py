@@ -34,7 +34,7 @@ from ..checks import option
 from ..errors import SpecdecError
 from ..backends.base import Model, common_prefix
 from ..sampling import SamplingParams, probabilities
-from .base import Draft, Drafter, tree_draft
+from .base import Draft, Drafter, depth_option, tree_draft
 from .model import Windowed, window_option
 
 
@@ -43,6 +43,7 @@ class TreeOptions:
     tree_nodes: int = option(8, lo=1, hi=256, help="tree: most draft tokens per round (the target scores tree_nodes + 1)")
     tree_width: int = option(2, lo=1, hi=64, help="tree: most children per node, and nodes expanded per depth")
     draft_window: int = window_option()
+    tree_depth: int | None = depth_option()
 
 
 @dataclass
@@ -64,7 +65,7 @@ class TreeDrafter(Windowed, Drafter):
     name = "tree"
     needs_model = True
     uses_model = True
-    grows_trees = True  # the engine verifies its drafts as a tree, and k is the depth limit
+    grows_trees = True  # the engine verifies its drafts as a tree, and tree_depth (or a fixed k) is the depth limit
     Options = TreeOptions
 
     def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), tree_nodes: int = 8, tree_width: int = 2,

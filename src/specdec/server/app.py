@@ -28,7 +28,8 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from ..errors import SpecdecError
-from ..request import DEFAULTS, DecodeConfig
+from ..request import DecodeConfig
+from ..settings import layer
 from ..text import tokenizer_call
 from .errors import APIError, error_body
 from .gate import Gate, endpoint_label
@@ -40,18 +41,8 @@ from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, Tokenize
 from .structured import available_kinds, servable
 from .worker import Busy, Job, Worker
 
-__all__ = ["Limits", "create_app", "default_settings"]
+__all__ = ["Limits", "create_app"]
 log = logging.getLogger("specdec.server")
-
-
-def default_settings(pair) -> dict:
-    """The library's defaults (:data:`specdec.request.DEFAULTS`: lossless, k=auto, greedy, 128
-    tokens) under the model's sampling settings (``pair.sampling_defaults``, as OpenAI clients and
-    vLLM serving the same model get them), with the pair's default drafter (the draft model, prompt
-    lookup without one). ``max_new_tokens`` None: an answer may run to the context's end, at most
-    the server's ``max_tokens`` limit (as vLLM and OpenAI do when a request sets no max_tokens)."""
-    return {**DEFAULTS, **getattr(pair, "sampling_defaults", {}), "drafter": pair.default_drafter,
-            "max_new_tokens": None}
 
 
 class SafeJSONResponse(JSONResponse):
@@ -162,12 +153,15 @@ def _validation_error(exc: RequestValidationError) -> SafeJSONResponse:
 def _checked_settings(pair, defaults: dict | None, api_key: str | None,
                       limits: Limits | None) -> tuple[dict, Limits]:
     """The server's request defaults and limits; bad ones (or a bad API key) fail here, at startup,
-    not per request."""
+    not per request. The defaults (:func:`specdec.settings.layer`): ``defaults`` over the model's
+    sampling settings (``pair.sampling_defaults``, as OpenAI clients and vLLM serving the same model
+    get them) over the library's (:data:`specdec.request.DEFAULTS`: lossless, drafter auto, k=auto),
+    but for the budget: with none (or None), an answer may run to the context's end, at most the
+    server's ``max_tokens`` limit (as vLLM and OpenAI do when a request sets no max_tokens)."""
     check_api_key(api_key)
-    defaults = {**default_settings(pair), **(defaults or {})}
     limits = limits or Limits()
-    if defaults["max_new_tokens"] is None:  # to the context's end (the engine stops there), within the limit
-        defaults["max_new_tokens"] = limits.max_tokens
+    given = {k: v for k, v in (defaults or {}).items() if not (k == "max_new_tokens" and v is None)}
+    defaults = layer(given, model=getattr(pair, "sampling_defaults", {}), max_new_tokens=limits.max_tokens)
     DecodeConfig.from_options(**defaults)  # bad server defaults fail here, not per request
     if defaults["max_new_tokens"] > limits.max_tokens:
         raise SpecdecError(f"the default max_new_tokens ({defaults['max_new_tokens']}) is over the "
@@ -195,9 +189,8 @@ class Served:
     def __init__(self, pair, defaults: dict, limits: Limits, name: str, shared_caches: bool = False):
         self.pair, self.defaults, self.limits, self.name = pair, defaults, limits, name
         self.shared_caches = shared_caches
-        k = defaults.get("k", 0)
-        drafts = DecodeConfig.from_options(**defaults).parsed.drafts
-        positions = k if isinstance(k, int) and drafts else 0  # k=auto: series appear as used
+        config = DecodeConfig.from_options(**defaults)
+        positions = config.k.fixed if config.parsed.drafts and not config.k.auto else 0  # k=auto: series appear as used
         self.metrics = Metrics(name, positions=positions)
         self.worker = Worker(pair, limits.max_queue, on_done=self.finished)
         self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenizer")
@@ -487,7 +480,7 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
                model_name: str | None = None, allowed_hosts: list[str] | None = None,
                allow_origins: list[str] = (), prefix_caching: bool = True, shared_caches: bool = False) -> FastAPI:
     """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
-    set them (:meth:`~specdec.request.DecodeConfig.from_options`' names; see :func:`default_settings`); ``api_key``: required as
+    set them (:meth:`~specdec.request.DecodeConfig.from_options`' names; see :func:`_checked_settings`); ``api_key``: required as
     ``Authorization: Bearer <key>`` on every path but ``/health`` and ``/metrics`` when set (an
     empty key is refused); ``model_name``: the served name; ``allowed_hosts``: the names a ``Host``
     header may carry (default: the loopback names; ``"*"``: any); ``allow_origins``: browser

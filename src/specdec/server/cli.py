@@ -72,9 +72,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
     from .params import Limits
     from .run import serve
 
-    kwargs = decode_kwargs(a)  # the requests' defaults: each request's fields are layered over them
-    if not _budget_given(a):  # a request without max_tokens may run to the context's end (the limit caps it)
-        kwargs["max_new_tokens"] = a.max_tokens_limit
+    # the requests' defaults, each request's fields layered over them; a request without max_tokens may
+    # run to the context's end (the limit caps it) unless --max-new-tokens or the --config file sets a budget
+    kwargs = decode_kwargs(a, max_new_tokens=a.max_tokens_limit)
     decode_config(a, kwargs)  # bad flags fail here, before the models load
     if not 0 < a.port < 65536:
         raise SpecdecError(f"--port must be in 1..65535, got {a.port}")
@@ -102,13 +102,3 @@ def cmd_serve(a: argparse.Namespace) -> int:
     serve(app, a.host, a.port, a.log_level)
     return 0
 
-
-def _budget_given(a: argparse.Namespace) -> bool:
-    """Whether --max-new-tokens or the --config file sets the requests' default budget."""
-    if a.max_new_tokens is not None:
-        return True
-    if a.config:
-        from ..configfile import read_config
-
-        return "max_new_tokens" in read_config(a.config)
-    return False

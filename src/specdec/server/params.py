@@ -1,8 +1,8 @@
 """From a request body to the arguments of ``Pair.stream``, validated before the request queues.
 
-Decoding parameters are the server's defaults (the ``specdec serve`` decoding flags, whose own
-defaults are :data:`specdec.request.DEFAULTS`) overlaid with the request's fields
-(:func:`specdec.request.overlay`); :meth:`DecodeConfig.from_options` then validates them exactly as
+Decoding parameters are the request's fields layered over the server's defaults (the ``specdec
+serve`` decoding flags, whose own defaults are :data:`specdec.request.DEFAULTS`) by the one layering
+step, :func:`specdec.settings.layer`; :meth:`DecodeConfig.from_options` then validates them exactly as
 the library does, once, here: the worker hands the :class:`~specdec.request.DecodeConfig` to
 ``Pair.stream`` as is. Structured output (``response_format``, ``structured_outputs``,
 ``guided_*``) becomes the config's constraint through :mod:`.structured`.
@@ -16,9 +16,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..draftlength import K
 from ..errors import SpecdecError
-from ..request import GENERATION_FIELDS, REQUEST_KEYWORDS, DecodeConfig, overlay
+from ..request import GENERATION_FIELDS, REQUEST_KEYWORDS, DecodeConfig
 from ..sampling import SEED_RANGE
+from ..settings import layer
 from ..verify.policy import AR, SCHEDULE_PARAMS
 from .errors import APIError
 from .schemas import MAX_STOP_CHARS, MAX_STOPS, ChatRequest, CompletionRequest
@@ -83,15 +85,9 @@ def _finite(value: Any) -> bool:
     return True
 
 
-def speculative(defaults: dict, given: Any, present: bool) -> dict:
-    """The speculative settings: server defaults (absent), plain decoding (``null``), or the
-    request's object over the defaults. Naming another policy drops the default policy's
-    parameters; naming another drafter drops the default drafter's options."""
-    base = {k: v for k, v in defaults.items() if k not in SAMPLING}
-    if not present:
-        return base
-    if given is None:
-        return {"policy": AR}
+def speculative(given: Any) -> dict:
+    """A request's ``speculative`` object, checked (the aliases renamed, no top-level field, finite
+    numbers, names and ``k`` of the right type) and not yet layered over the server's defaults."""
     given = dict(given)
     for alias, key in ALIASES.items():
         if alias in given:
@@ -103,7 +99,7 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
         if key in SAMPLING or key in _RESERVED:
             raise APIError(400, f"speculative.{key} is a top-level request field; set it there", f"speculative.{key}")
     for key, value in given.items():
-        if not (key == "k" and value == "auto") and not _finite(value):
+        if not _finite(value):
             raise APIError(400, f"speculative.{key} must be a finite number", f"speculative.{key}")
     for key in ("policy", "drafter"):
         if key in given and not isinstance(given[key], str):
@@ -111,9 +107,9 @@ def speculative(defaults: dict, given: Any, present: bool) -> dict:
         if key in given and len(given[key]) > MAX_NAME_CHARS:
             raise APIError(400, f"speculative.{key} has {len(given[key])} characters; a {key} name has at most "
                                 f"{MAX_NAME_CHARS}", f"speculative.{key}")
-    if "k" in given and given["k"] != "auto" and (not isinstance(given["k"], int) or isinstance(given["k"], bool)):
+    if "k" in given and not K.is_json(given["k"]):
         raise APIError(400, "speculative.k must be an integer or \"auto\"", "speculative.k")
-    return overlay(base, given)
+    return given
 
 
 #: vLLM sampling fields -> the value that leaves the output unchanged (anything else is refused)
@@ -253,24 +249,25 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
     max_tokens = _max_tokens(req, chat, limits)
     stop = _stops(req)
     _seed(req)
-    kwargs = {k: v for k, v in defaults.items() if k in SAMPLING}
+    given = {key: getattr(req, name) for name, key in _FIELDS.items() if getattr(req, name) is not None}
     if max_tokens is not None:
-        kwargs["max_new_tokens"] = max_tokens
-    for name, key in _FIELDS.items():
-        if getattr(req, name) is not None:
-            kwargs[key] = getattr(req, name)
+        given["max_new_tokens"] = max_tokens
     spec = req.speculative
     if req.num_speculative_tokens is not None:  # vLLM's top-level name for the draft length
         if spec is None and "speculative" in req.model_fields_set:
             raise APIError(400, "num_speculative_tokens with speculative: null (plain decoding)", "num_speculative_tokens")
         spec = {**(spec or {}), "k": req.num_speculative_tokens}
     present = "speculative" in req.model_fields_set or req.num_speculative_tokens is not None
-    kwargs.update(speculative(defaults, spec, present))
+    base = defaults
+    if present and spec is None:  # plain decoding: none of the server's speculative settings
+        base, given["policy"] = {k: v for k, v in defaults.items() if k in SAMPLING}, AR
+    elif present:
+        given.update(speculative(spec))
     logprobs = _logprobs(req, chat)
     if logprobs is not None:
-        kwargs["logprobs"] = logprobs
+        given["logprobs"] = logprobs
     wanted = requested(req)
-    return GenRequest(prompt=prompt, chat=chat, stop=stop, config=_config(kwargs, wanted),
+    return GenRequest(prompt=prompt, chat=chat, stop=stop, config=_config(layer(given, base=base), wanted),
                       constraint_param=None if wanted is None else wanted.param, echo=not chat and req.echo,
                       n=req.n or 1)
 
