@@ -31,8 +31,8 @@ def main() -> int:
     a = p.parse_args()
     import specdec
     from specdec.bench.replaycli import read_tables, replay_all, replay_portfolio
-    from specdec.replay import Clock
-    from specdec.trace import header, tokenizer_fingerprint, trace_answer, write_traces
+    from specdec.traces.replay import Clock
+    from specdec.traces.trace import header, tokenizer_fingerprint, trace_answer, write_traces
 
     folder = Path(a.folder)
     requests = [json.loads(line) for line in (folder / "requests.jsonl").read_text().splitlines()]

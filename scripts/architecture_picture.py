@@ -1,8 +1,9 @@
-"""Draw the picture of specdec's layers in docs/architecture.md from the code's own imports.
+"""Draw the picture of specdec's folders in docs/architecture.md from the code's own imports.
 
-Each line is one top-level module or package of ``src/specdec``, in its layer, and the others it
-imports (at module level or inside functions). The picture sits in docs/architecture.md between
-the two marker lines; tests/test_docs_commands.py checks it is the one the code gives today.
+Each line is one top-level module or package of ``src/specdec`` (or of one of its folders: core/,
+models/, traces/, frontends/), under its folder, and the others it imports (at module level or inside
+functions). The picture sits in docs/architecture.md between the two marker lines;
+tests/test_docs_commands.py checks it is the one the code gives today.
 
     python scripts/architecture_picture.py           # rewrite the picture in docs/architecture.md
     python scripts/architecture_picture.py --check   # exit 1 when it is out of date
@@ -20,25 +21,39 @@ DOC = ROOT / "docs" / "architecture.md"
 BEGIN = "<!-- layers: drawn by scripts/architecture_picture.py -->"
 END = "<!-- end of layers -->"
 
-#: top to bottom: a room may import its own layer and those below it, never one above (tested)
-LAYERS = [
-    ("commands", ["cli", "__main__"]),
-    ("callers of the engine", ["bench", "server", "vllm"]),
-    ("shared flags", ["cliargs"]),
-    ("the library's face", ["api", "configfile", "genconfig", "settings"]),
-    ("the loop", ["engine", "scopes", "autok", "request", "drafters", "verify", "constrain", "logprobs", "text", "stats"]),
-    ("what runs models", ["draft_formats", "backends", "costmodel", "acceptance", "replay", "trace", "trace_checks", "sources", "bundled",
-                          "cache"]),
+#: the folders that group modules (a room in one is named without it: core/engine.py is ``engine``)
+FOLDERS = ("core", "models", "traces", "frontends")
+#: the modules at the top that every folder may import
+FOUNDATION = ["errors", "checks", "draftlength"]
+#: top to bottom: a folder may import itself and the folders below it (and the foundation), never one
+#: above (tested: tests/test_structure.py); ``None``: the folder's own modules and packages
+SECTIONS = [
+    ("commands (import anything)", ["cli", "__main__"]),
+    ("bench/ (imports all but the commands)", ["bench"]),
+    ("frontends/ (imports traces/, core/, models/, the foundation)", "frontends"),
+    ("traces/ (imports core/, models/, the foundation)", "traces"),
+    ("core/ (imports models/, the foundation)", "core"),
+    ("models/ (imports the foundation)", "models"),
+    ("the foundation (imports only itself)", FOUNDATION),
 ]
 
 
-def room_of(path: Path) -> str:
-    parts = path.relative_to(SRC).with_suffix("").parts
-    return parts[0] if parts[0] != "__init__" else "__init__"
+def room_of(parts: list[str] | tuple[str, ...]) -> str | None:
+    """The room of a module's dotted parts (relative to the package): its top-level name, or inside a
+    folder its name there; ``None`` for a folder itself."""
+    if parts and parts[0] in FOLDERS:
+        return parts[1] if len(parts) > 1 else None
+    return parts[0] if parts else None
+
+
+def folder_rooms(folder: str) -> list[str]:
+    """The modules and packages in one of :data:`FOLDERS`, sorted."""
+    return sorted(p.stem if p.suffix == ".py" else p.name for p in (SRC / folder).iterdir()
+                  if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file())
 
 
 def imported_rooms(path: Path) -> set[str]:
-    """The top-level specdec modules and packages ``path`` imports, anywhere in the file."""
+    """The rooms ``path`` imports, anywhere in the file."""
     rel = path.relative_to(SRC).with_suffix("").parts
     package = list(rel[:-1])
     out = set()
@@ -46,17 +61,26 @@ def imported_rooms(path: Path) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
             dotted = [*base, *(node.module.split(".") if node.module else [])]
-            names = [dotted[0]] if dotted else [a.name for a in node.names]
-            out.update(names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec."):
-            out.add(node.module.split(".")[1])
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "specdec":
+            dotted = node.module.split(".")[1:]
+        elif isinstance(node, ast.Import):
+            out.update(room_of(a.name.split(".")[1:]) or "" for a in node.names if a.name.startswith("specdec."))
+            continue
+        else:
+            continue
+        if not dotted or (len(dotted) == 1 and dotted[0] in FOLDERS):  # from .. import x, from ..core import x
+            out.update(a.name for a in node.names)
+        else:
+            out.add(room_of(dotted))
     return out
 
 
 def graph() -> dict[str, set[str]]:
     rooms: dict[str, set[str]] = {}
     for path in sorted(SRC.rglob("*.py")):
-        room = room_of(path)
+        room = room_of(path.relative_to(SRC).with_suffix("").parts)
+        if room is None or room == "__init__":
+            continue
         rooms.setdefault(room, set()).update(imported_rooms(path))
     known = set(rooms)
     return {room: {d for d in deps if d in known and d != room} for room, deps in rooms.items()}
@@ -64,10 +88,11 @@ def graph() -> dict[str, set[str]]:
 
 def picture() -> str:
     g = graph()
-    placed = {room for _, rooms in LAYERS for room in rooms}
-    rest = sorted(r for r in g if r not in placed and r != "__init__")
+    sections = [(title, folder_rooms(rooms) if isinstance(rooms, str) else rooms) for title, rooms in SECTIONS]
+    placed = {room for _, rooms in sections for room in rooms}
+    rest = sorted(r for r in g if r not in placed)
     lines = []
-    for title, rooms in [*LAYERS, ("the rest (errors, checks, sampling, ...)", rest)]:
+    for title, rooms in [*sections, *([("in no folder", rest)] if rest else [])]:
         lines.append(f"{title}:")
         for room in rooms:
             if room in g:

@@ -124,9 +124,9 @@ def main(argv=None) -> int:
     import openai
 
     import specdec
-    from specdec.bundled import DEFAULT_TARGET
-    from specdec.drafters import SuffixCache
-    from specdec.server import Limits, create_app, serve_in_thread
+    from specdec.models.bundled import DEFAULT_TARGET
+    from specdec.core.drafters import SuffixCache
+    from specdec.frontends.server import Limits, create_app, serve_in_thread
 
     names = [c.strip() for c in a.configs.split(",") if c.strip()]
     unknown = [c for c in names if c not in CONFIGS]

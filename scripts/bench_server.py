@@ -51,9 +51,9 @@ def main(argv=None) -> int:
     import openai
 
     import specdec
-    from specdec.bundled import DEFAULT_TARGET
-    from specdec.server import Limits, create_app, serve_in_thread
-    from specdec.server.worker import pair_lock
+    from specdec.models.bundled import DEFAULT_TARGET
+    from specdec.frontends.server import Limits, create_app, serve_in_thread
+    from specdec.frontends.server.worker import pair_lock
 
     target = a.target or DEFAULT_TARGET
     draft = None if a.draft == "none" else a.draft

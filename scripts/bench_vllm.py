@@ -67,7 +67,7 @@ def samples(a):
 
     from specdec.bench.datasets import load_dataset
     from specdec.bench.prompts import build_prompt
-    from specdec.backends.transformers.load import resolve
+    from specdec.models.backends.transformers.load import resolve
 
     tok = AutoTokenizer.from_pretrained(resolve(a.target)[1])
     data = load_dataset("humaneval", limit=a.limit)
@@ -100,7 +100,7 @@ def spec_counts(output) -> tuple[int | None, int | None]:
 def run_vllm(a, name: str, batch: int, items) -> dict:
     import vllm
 
-    from specdec.vllm import make_llm, rule_stats
+    from specdec.frontends.vllm import make_llm, rule_stats
 
     kind = name.split("-", 1)[1].rsplit("-b", 1)[0]
     if kind == "ar":

@@ -10,8 +10,8 @@ position, draft logits = target logits + N(0, (noise * sharp / 2)^2); 200 rounds
 """
 import torch
 
-from specdec.sampling import SamplingParams
-from specdec.verify import Block, Lossless, Round
+from specdec.core.sampling import SamplingParams
+from specdec.core.verify import Block, Lossless, Round
 
 K, VOCAB, CONTEXTS, ROUNDS = 8, 50, 30, 200
 T1 = SamplingParams(temperature=1.0)

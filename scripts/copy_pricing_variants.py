@@ -23,14 +23,14 @@ import argparse
 import contextlib
 import dataclasses
 
-from specdec.acceptance import AcceptanceEstimate, AcceptancePrior, run_bin
-from specdec.autok import PortfolioK
+from specdec.core.acceptance import AcceptanceEstimate, AcceptancePrior, run_bin
+from specdec.core.autok import PortfolioK
 from specdec.bench.replaycli import read_tables, replay_all
-from specdec.costmodel import best_k_rate
-from specdec.drafters import AutoDrafter, SuffixCache
+from specdec.models.costmodel import best_k_rate
+from specdec.core.drafters import AutoDrafter, SuffixCache
 from specdec.draftlength import MAX_K
-from specdec import replay as replay_mod
-from specdec.trace import read_traces
+from specdec.traces import replay as replay_mod
+from specdec.traces.trace import read_traces
 
 
 class PositionK(PortfolioK):

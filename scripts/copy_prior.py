@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""The copy sources' acceptance by run (``specdec.acceptance.COPY_PRIOR``), measured on traces.
+"""The copy sources' acceptance by run (``specdec.core.acceptance.COPY_PRIOR``), measured on traces.
 
 For every answer position of every trace, the portfolio's copy sources (prompt lookup and suffix,
 as ``drafter="auto"`` runs them, one suffix cache across the traces of a file) are asked for their
 offer; each offered token is scored against the answer up to its first miss (a copy that matches
-to its end says nothing past it). Prints, per run bin of :data:`specdec.acceptance.RUN_EDGES`, how
+to its end says nothing past it). Prints, per run bin of :data:`specdec.core.acceptance.RUN_EDGES`, how
 often a copy's next token was kept, per source and pooled, and the tuple to paste.
 
     python scripts/copy_prior.py benchmarks/replay-avx512bf16/traces-humaneval20-bf16.jsonl \\
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 
-from specdec.acceptance import COPY_PRIOR, RUN_EDGES, run_bin
-from specdec.drafters import AutoDrafter, SuffixCache
-from specdec.replay import LookupSource
-from specdec.trace import read_traces
+from specdec.core.acceptance import COPY_PRIOR, RUN_EDGES, run_bin
+from specdec.core.drafters import AutoDrafter, SuffixCache
+from specdec.traces.replay import LookupSource
+from specdec.traces.trace import read_traces
 
 
 def main() -> int:

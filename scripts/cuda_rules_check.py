@@ -47,7 +47,7 @@ CACHES = {"auto": ("auto", "auto"), "dynamic": ("off", "off"), "static": ("on", 
 
 def build_pair(device: str, dtype: torch.dtype, run):
     """The tiny pair on ``device`` in ``dtype``, each model run as ``run`` says (an ``Execution``)."""
-    from specdec.api import Pair
+    from specdec.frontends.api import Pair
     from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
     target = tiny_model(11)
@@ -98,7 +98,7 @@ def main() -> int:
                          "graphs (static with CUDA graphs; CUDA only)")
     ap.add_argument("--out", default=None, help="also write the lines as JSON here")
     a = ap.parse_args()
-    from specdec.backends.transformers.execution import choose_execution
+    from specdec.models.backends.transformers.execution import choose_execution
     from specdec.errors import SpecdecError
 
     try:

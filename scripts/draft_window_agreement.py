@@ -30,7 +30,7 @@ import torch
 from specdec import load
 from specdec.bench.datasets import load_dataset
 from specdec.bench.prompts import build_prompt
-from specdec.drafters.model import window_start
+from specdec.core.drafters.model import window_start
 
 DATASETS = (("humaneval", 20), ("spec-bench", 2))
 KS = (3, 5, 7)

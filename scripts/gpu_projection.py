@@ -111,7 +111,7 @@ def make_configs(dest: Path) -> None:
     (assembled from the installed chunk packages and checked; nothing dequantized)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from specdec.bundled import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir, gguf_file
+    from specdec.models.bundled import DEFAULT_DRAFT, DEFAULT_TARGET, cache_dir, gguf_file
 
     for role, name in (("target", DEFAULT_TARGET), ("draft", DEFAULT_DRAFT)):
         out = dest / role
@@ -278,10 +278,10 @@ def overheads(out: Path) -> tuple[dict, list[str]]:
     measured generation against its replay on the device's tables (least squares over K)."""
     import numpy as np
 
-    from specdec.autok import Fixed
+    from specdec.core.autok import Fixed
     from specdec.bench.replaycli import read_tables
-    from specdec.replay import Clock, replay
-    from specdec.trace import DraftTrace, Trace
+    from specdec.traces.replay import Clock, replay
+    from specdec.traces.trace import DraftTrace, Trace
 
     costs = json.loads((out / "costs.json").read_text())
     roles = {t["role"]: t["model"] for t in costs["tables"]}
@@ -315,8 +315,8 @@ def overheads(out: Path) -> tuple[dict, list[str]]:
 
 def project(a: argparse.Namespace) -> int:
     from specdec.bench.replaycli import DEFAULT_KS, LOOKUP_DRAFTERS, read_tables, replay_all
-    from specdec.replay import Clock
-    from specdec.trace import read_traces
+    from specdec.traces.replay import Clock
+    from specdec.traces.trace import read_traces
 
     costs = json.loads((a.out / "costs.json").read_text())
     machine = costs.get("machine") or {}

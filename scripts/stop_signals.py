@@ -19,12 +19,12 @@ import json
 
 import numpy as np
 
-from specdec.acceptance import AcceptancePrior
-from specdec.autok import PortfolioK
+from specdec.core.acceptance import AcceptancePrior
+from specdec.core.autok import PortfolioK
 from specdec.bench.replaycli import FittedRates, fitted_copy_rates, read_tables
-from specdec.drafters import AutoDrafter, SuffixCache
-from specdec.replay import Clock, copy_offers, oracle, replay
-from specdec.trace import read_traces
+from specdec.core.drafters import AutoDrafter, SuffixCache
+from specdec.traces.replay import Clock, copy_offers, oracle, replay
+from specdec.traces.trace import read_traces
 
 #: bin edges per signal (entropy in nats; margin: top-1 minus top-2 probability)
 EDGES = {"entropy": (0.01, 0.1, 0.5, 1.5), "margin": (0.3, 0.7, 0.95, 0.99)}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.trace import read_traces
+from specdec.traces.trace import read_traces
 
 
 def signals(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -89,8 +89,8 @@ def _replay(cell: dict) -> dict:
     """The traces replayed with today's k=auto (as ``specdec replay`` does) for one draft."""
     from specdec.bench.replaycli import auto_k, read_tables
     from specdec.bench.summary import ratio_of_sums_ci
-    from specdec.replay import Clock, replay
-    from specdec.trace import read_traces
+    from specdec.traces.replay import Clock, replay
+    from specdec.traces.trace import read_traces
 
     head, traces = read_traces(str(BENCH / cell["replay"]))
     tables = read_tables([str(BENCH / cell["costs"])])

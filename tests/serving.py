@@ -8,13 +8,13 @@ from types import SimpleNamespace
 import openai
 
 from specdec import load
-from specdec.server import Limits, create_app, serve_in_thread
+from specdec.frontends.server import Limits, create_app, serve_in_thread
 
 
 @contextlib.contextmanager
 def tiny_server(target_dir, draft_dir, **limits):
     """The tiny pair loaded from ``save_tiny_pair``'s folders behind the app (defaults k=4, 16 new
-    tokens; ``limits``: :class:`specdec.server.Limits` fields, max_tokens 500 unless given):
+    tokens; ``limits``: :class:`specdec.frontends.server.Limits` fields, max_tokens 500 unless given):
     ``SimpleNamespace(url, pair, client)`` (an ``openai`` client, no retries)."""
     pair = load(str(target_dir), draft=str(draft_dir), dtype="float32", device="cpu", progress=False)
     app = create_app(pair, {"k": 4, "max_new_tokens": 16}, limits=Limits(**{"max_tokens": 500, **limits}),

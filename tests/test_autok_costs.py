@@ -1,4 +1,4 @@
-"""k=auto (specdec.autok.AutoK): when to start reading for a draft (the draft model's window of the
+"""k=auto (specdec.core.autok.AutoK): when to start reading for a draft (the draft model's window of the
 prompt against what drafting saves over the answer's expected length), how long each block runs
 (the draft's own probabilities against the wider pass and the next draft step), only measured
 widths, nothing for drafters without a model to read. Hand-made cost tables; tiny models for the
@@ -10,12 +10,12 @@ import random
 
 import pytest
 
-from specdec.acceptance import AcceptancePrior, Bins
-from specdec.autok import AutoK
-from specdec.costmodel import CostTable
-from specdec.rounds import RoundRecord
-from specdec.engine import DecodeConfig, Engine
-from specdec.backends.transformers.model import HFModel as CausalLM
+from specdec.core.acceptance import AcceptancePrior, Bins
+from specdec.core.autok import AutoK
+from specdec.models.costmodel import CostTable
+from specdec.core.rounds import RoundRecord
+from specdec.core.engine import DecodeConfig, Engine
+from specdec.models.backends.transformers.model import HFModel as CausalLM
 from tinymodels import perturbed_copy, tiny_model
 
 WIDTHS = list(range(1, 18)) + [24, 32]

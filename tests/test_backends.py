@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.backends import REGISTRY, Capabilities, check_backend
-from specdec.backends.transformers.model import HFModel
+from specdec.models.backends import REGISTRY, Capabilities, check_backend
+from specdec.models.backends.transformers.model import HFModel
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
 
@@ -32,7 +32,7 @@ def _hf(request):
 
 
 def _llama(request):
-    from specdec.backends.llamacpp.model import LlamaCppModel
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
 
     return LlamaCppModel(request.getfixturevalue("gguf_path"), "tiny", n_ctx=512, threads=1)
 
@@ -68,7 +68,7 @@ def test_logits_at_every_position_equal_one_token_passes(lm):
 
 
 def test_both_backends_compute_the_same_model(gguf_path):
-    from specdec.backends.llamacpp.model import LlamaCppModel
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
 
     hf, ll = HFModel(tiny_model(0), "tiny"), LlamaCppModel(gguf_path, "tiny", n_ctx=512, threads=1)
     try:
@@ -172,7 +172,7 @@ def test_capabilities_are_opt_in():
 
 
 def test_an_unsupported_capability_is_a_one_line_error_before_any_work():
-    from specdec.engine import DecodeConfig, Engine
+    from specdec.core.engine import DecodeConfig, Engine
 
     target, draft = _NoTrees(tiny_model(0), "t"), _NoTrees(tiny_model(1), "d")
     engine = Engine(target, draft, eos_ids=[258])
@@ -184,7 +184,7 @@ def test_an_unsupported_capability_is_a_one_line_error_before_any_work():
 
 
 def test_tree_width_over_the_llama_cpp_limit_is_refused_up_front():
-    from specdec.engine import DecodeConfig, Engine
+    from specdec.core.engine import DecodeConfig, Engine
 
     class Limited(HFModel):
         capabilities = Capabilities(trees=True, hidden=True, max_tree_leaves=16)
@@ -204,7 +204,7 @@ def test_bad_backend_names_are_one_line_errors(bad):
 
 def test_llama_cpp_without_the_package_names_the_extra(monkeypatch):
     import specdec
-    from specdec.backends.llamacpp.backend import LlamaCppBackend
+    from specdec.models.backends.llamacpp.backend import LlamaCppBackend
 
     monkeypatch.setattr(LlamaCppBackend, "available", lambda self: False)
     with pytest.raises(SpecdecError, match=r"specdec-rules\[llama\]"):
@@ -224,7 +224,7 @@ def test_llama_cpp_refuses_transformers_options_and_non_gguf_models(tmp_path):
 
 
 def test_auto_backend_choice_says_why(tmp_path, monkeypatch):
-    from specdec.backends import REGISTRY, Request
+    from specdec.models.backends import REGISTRY, Request
     from tinymodels import save_tiny_pair
 
     cpu = torch.device("cpu")
@@ -253,8 +253,8 @@ def test_auto_follows_the_measurement_when_both_backends_are_measured(gguf_path,
     """auto picks llama.cpp for a GGUF on a CPU, and says so; when the transformers backend's
     tables for the same models are cached here and predict a faster request, it follows them."""
     import specdec
-    from specdec.backends.transformers.backend import TransformersBackend
-    from specdec.costmodel import DtypeChoice
+    from specdec.models.backends.transformers.backend import TransformersBackend
+    from specdec.models.costmodel import DtypeChoice
 
     pair = specdec.load(str(gguf_path), draft=None, progress=False)
     assert pair.backend == "llama.cpp" and pair.backend_why.startswith("auto: GGUF models on a CPU")
@@ -274,7 +274,7 @@ def test_bad_load_options_are_one_line_errors(gguf_path):
     """A load option no backend declares, and llama.cpp's context_length below its floor, are
     refused before any model loads."""
     import specdec
-    from specdec.backends import REGISTRY, Request
+    from specdec.models.backends import REGISTRY, Request
 
     with pytest.raises(SpecdecError, match=r"unknown load option\(s\) bogus; known: context_length, dtype"):
         REGISTRY.choose("auto", Request(str(gguf_path), None, torch.device("cpu"), {"bogus": 1}))

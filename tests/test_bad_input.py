@@ -37,8 +37,8 @@ def test_bad_request_parameters(tiny_pair, kwargs, message):
 def _number_options() -> list[tuple[dict, str]]:
     """Every rule and drafter option that takes a number, with the policy or drafter naming it."""
     from specdec.checks import options_of
-    from specdec.drafters import DRAFTERS
-    from specdec.verify.policy import RULES
+    from specdec.core.drafters import DRAFTERS
+    from specdec.core.verify.policy import RULES
 
     out = [({"policy": name}, opt) for name, rule in RULES.items()
            for opt, (spec, _) in options_of(rule).items() if spec.kind in (int, float)]
@@ -217,7 +217,7 @@ def test_cli_argparse_errors_exit_2():
 def test_bad_draft_dtype_and_config_with_keywords(tiny_dirs, tiny_pair):
     with pytest.raises(SpecdecError, match="unknown dtype 'int3'"):
         specdec.load(str(tiny_dirs[0]), draft=str(tiny_dirs[1]), draft_dtype="int3", progress=False)
-    config = specdec.api.make_config(k=3)
+    config = specdec.frontends.api.make_config(k=3)
     with pytest.raises(SpecdecError, match=r"pass either config= or decoding keywords, not both \(got \['k'\]\)"):
         tiny_pair.generate("hi", config=config, k=4)
     with pytest.raises(SpecdecError, match=r"config must be a DecodeConfig \(specdec.make_config\(...\)\) or a config "
@@ -236,9 +236,9 @@ def test_options_that_size_a_round_are_bounded():
     """The most work a round can ask for: k <= MAX_K, FLy's window no longer than a draft can be
     (k=auto would draft window + 1 tokens without a cost table), prompt lookup's n-gram."""
     from specdec.checks import options_of
-    from specdec.drafters.lookup import MAX_NGRAM, LookupOptions
-    from specdec.request import MAX_K
-    from specdec.verify.fly import Fly
+    from specdec.core.drafters.lookup import MAX_NGRAM, LookupOptions
+    from specdec.core.request import MAX_K
+    from specdec.core.verify.fly import Fly
 
     assert options_of(Fly)["window"][0].hi <= MAX_K
     assert options_of(LookupOptions)["ngram_max"][0].hi == MAX_NGRAM

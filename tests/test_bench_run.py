@@ -341,9 +341,9 @@ def test_report_only_reports_the_finished_samples_and_generates_nothing(tiny_dir
     run = json.loads(original)
     run["settings"].update(cpu="Another CPU", cpu_flags=["avx2", "avx512_bf16"], torch="9.9")
     (out / "run.json").write_text(json.dumps(run))
-    import specdec.cliargs
+    import specdec.frontends.cliargs
 
-    monkeypatch.setattr(specdec.cliargs, "load_pair", lambda *a, **k: pytest.fail("--report-only loaded a model"))
+    monkeypatch.setattr(specdec.frontends.cliargs, "load_pair", lambda *a, **k: pytest.fail("--report-only loaded a model"))
     assert main([*argv, "--report-only"]) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out.strip().splitlines()[-1])

@@ -20,7 +20,7 @@ from specdec.bench.quality import Scorer  # noqa: E402
 from specdec.bench.report import render_report  # noqa: E402
 from specdec.bench.summary import summarize  # noqa: E402
 from specdec.cli import main  # noqa: E402
-from specdec.constrain import compile_constraint, constraint_from, make_guide  # noqa: E402
+from specdec.core.constrain import compile_constraint, constraint_from, make_guide  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
 from tinymodels import byte_tokenizer  # noqa: E402
 
@@ -236,7 +236,7 @@ def report_summary(s: dict) -> dict:
 def test_configurations_that_cannot_decode_under_a_schema_are_refused_before_any_model():
     constraint = constraint_from(json_schema=SCHEMA)
     # whatever the library refuses with a constraint is refused here, naming the configuration
-    with pytest.raises(SpecdecError, match="configuration ar: constraint must be a specdec.constrain.Constraint"):
+    with pytest.raises(SpecdecError, match="configuration ar: constraint must be a specdec.core.constrain.Constraint"):
         cfgs.check_constrained(cfgs.validate(cfgs.build_configs("ar", "model", "auto")), {"type": "object"})
     with pytest.raises(SpecdecError, match="peer hf-ar cannot decode under the dataset's JSON schema"):
         cfgs.check_constrained(cfgs.build_peers("hf-ar"), constraint)

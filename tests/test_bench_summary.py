@@ -102,8 +102,8 @@ def test_tau_is_one_function_for_stats_summary_and_progress_line():
     """tau (1 + accepted / rounds) comes from stats.tau_of everywhere: a generation's Stats, the
     bench summary over its records and the bench's progress line agree on the same counts."""
     from specdec.bench.runner import Running
-    from specdec.rounds import RoundRecord
-    from specdec.stats import Stats, tau_of
+    from specdec.core.rounds import RoundRecord
+    from specdec.core.stats import Stats, tau_of
 
     stats = Stats(policy="lossless", drafter="model", k=5)
     for drafted, accepted in ((5, 3), (5, 0), (5, 5), (2, 1), (5, 2), (5, 4), (3, 3)):
@@ -446,8 +446,8 @@ def test_agreement_with_ar_is_filled_in_for_a_rule_that_ran_before_ar():
 
 
 def test_the_stats_line_names_what_a_lossy_rule_relaxed_or_none():
-    from specdec.rounds import RoundRecord
-    from specdec.stats import Stats
+    from specdec.core.rounds import RoundRecord
+    from specdec.core.stats import Stats
 
     quiet = Stats(policy="mars", drafter="model", k="auto", lossy=True)
     assert "LOSSY rule (kept drafts the lossless rule would reject: none)" in quiet.summary()

@@ -5,13 +5,13 @@ verification, greedy identity, and bad input."""
 import pytest
 import torch
 
-from specdec.engine import DecodeConfig
+from specdec.core.engine import DecodeConfig
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 from tinymodels import ToyChain, chisquare_joint, engine_sample, table, tiny_engine
-from specdec.verify import Block, Lossless, Round, Verdict, make_policy
-from specdec.verify.block import block_accept, block_residual, block_weights
-from specdec.verify.lossless import point_mass
+from specdec.core.verify import Block, Lossless, Round, Verdict, make_policy
+from specdec.core.verify.block import block_accept, block_residual, block_weights
+from specdec.core.verify.lossless import point_mass
 
 P_MIN = 1e-3  # a correct implementation fails a seeded test with this probability
 T1 = SamplingParams(temperature=1.0)

@@ -5,8 +5,8 @@ import threading
 
 import pytest
 
-from specdec import bundled
-from specdec.cache import MANIFEST, build_atomically, check_folder, specdec_home
+from specdec.models import bundled
+from specdec.models.cache import MANIFEST, build_atomically, check_folder, specdec_home
 
 
 def writer(content=b"weights" * 1000, calls=None):
@@ -140,14 +140,14 @@ def fake_bundle(tmp_path, monkeypatch):
 
 
 def test_gguf_file_is_hashed_once_then_trusted_by_size_and_mtime(fake_bundle, monkeypatch):
-    import specdec.cache
+    import specdec.models.cache
 
     name, whole, parts, assembled = fake_bundle
     path = bundled.gguf_file(name, progress=False)
     assert path.read_bytes() == whole and len(assembled) == 1
     assert bundled._sidecar(path).is_file()
     # a second load: no assembly, no hashing (the sidecar vouches for this size and mtime)
-    monkeypatch.setattr(specdec.cache, "sha256_file", lambda *a, **k: pytest.fail("hashed again"))
+    monkeypatch.setattr(specdec.models.cache, "sha256_file", lambda *a, **k: pytest.fail("hashed again"))
     monkeypatch.setattr(bundled, "part_files", lambda b_: pytest.fail("needs no chunk package"))
     assert bundled.gguf_file(name, progress=False) == path and len(assembled) == 1
 

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import specdec
-from specdec import autok, costmodel
+from specdec.core import autok
+from specdec.models import costmodel
 from specdec.cli import decoding_notes
-from specdec.costmodel import CostTable
-from specdec.rounds import RoundRecord
-from specdec.stats import Stats
+from specdec.models.costmodel import CostTable
+from specdec.core.rounds import RoundRecord
+from specdec.core.stats import Stats
 
 
 def true_cost(w):
@@ -163,7 +164,7 @@ def test_a_table_measured_slow_is_named_in_the_stats_and_the_notes(tiny_dirs, mo
     """A cached table 20x too slow (as a busy first load measured it): the generation's verify passes
     take a twentieth of what it predicts, the stats say so and the note points to 'specdec calibrate';
     decoding writes nothing to the cache (measuring again is calibrate's job)."""
-    from specdec import engine
+    from specdec.core import engine
 
     target, _ = tiny_dirs
     calls = count_measurements(monkeypatch)

@@ -60,10 +60,10 @@ def test_calibrate_explains_only_the_kernels_it_shows(tiny_dirs, tmp_path):
 def test_flags_make_one_request_with_the_drafter_the_pair_will_default_to(tmp_path):
     """The CLI builds its DecodeConfig once, before the models load, with the drafter the loaded
     pair defaults to: the draft model when one is loaded, prompt lookup without one."""
-    from specdec.bundled import DEFAULT_TARGET
+    from specdec.models.bundled import DEFAULT_TARGET
     from specdec.cli import build_parser
-    from specdec.cliargs import decode_config
-    from specdec.request import DEFAULTS
+    from specdec.frontends.cliargs import decode_config
+    from specdec.core.request import DEFAULTS
 
     parser = build_parser()
 

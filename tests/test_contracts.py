@@ -9,20 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from specdec.autok import KPolicy
+from specdec.core.autok import KPolicy
 import torch
 
 import specdec
 from specdec.bench import configs as cfgs
 from specdec.checks import option
-from specdec.costmodel import CostTable
-from specdec.drafters import DRAFTERS, Draft, Drafter, drafter_class
-from specdec.engine import DecodeConfig, Engine
+from specdec.models.costmodel import CostTable
+from specdec.core.drafters import DRAFTERS, Draft, Drafter, drafter_class
+from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
+from specdec.models.backends.transformers.model import HFModel as CausalLM
 from tinymodels import perturbed_copy, tiny_model
-from specdec.verify import RULES, make_policy
-from specdec.verify.tree import TreeRound
+from specdec.core.verify import RULES, make_policy
+from specdec.core.verify.tree import TreeRound
 
 SRC = Path(specdec.__file__).parent
 
@@ -103,8 +103,8 @@ def test_a_window_rule_is_one_registered_class(echo):
     for row, best in enumerate([1, 2, 3, 4, 5]):
         logits[row, best] = 5.0
     drafts = torch.tensor([0, 2, 3, 4])  # 0 is a mismatch, then 2, 3, 4 match
-    from specdec.sampling import SamplingParams
-    from specdec.verify import Round
+    from specdec.core.sampling import SamplingParams
+    from specdec.core.verify import Round
 
     verdict = make_policy("echo").verify(Round(logits, drafts, None, SamplingParams(), None))
     assert verdict.accepted == 4 and verdict.inner == 0 and verdict.relaxed == {"echo": 1}
@@ -188,7 +188,7 @@ def test_no_code_outside_verify_names_a_rule_or_probes_a_capability():
             if any(rule in ident.lower().split("_") or ident.lower() == rule for rule in rules):
                 bad.append(f"{path.relative_to(SRC)}: {ident}")
     assert not bad, bad
-    engine = (SRC / "engine.py").read_text()
+    engine = (SRC / "core" / "engine.py").read_text()
     assert "getattr(" not in engine and '"pld"' not in engine
     assert "policy is None" not in engine  # plain decoding is a policy too (verify.Plain)
 
@@ -204,7 +204,7 @@ def test_plain_decoding_and_trees_are_declared_not_named():
            if not {"verify", "bench"} & set(path.relative_to(SRC).parts)
            for i, line in enumerate(path.read_text().splitlines(), 1) if compares.search(line)]
     assert not bad, bad
-    engine = (SRC / "engine.py").read_text()
+    engine = (SRC / "core" / "engine.py").read_text()
     assert "is_tree" not in engine and "parents" not in engine and "TreeRound" not in engine
 
 
@@ -212,7 +212,7 @@ class Recording(KPolicy):
     """A K policy that keeps every record it is handed (and drafts a fixed ``k``)."""
 
     def __init__(self, k: int):
-        from specdec.autok import Fixed
+        from specdec.core.autok import Fixed
 
         self.fixed, self.records, self.declined = Fixed(k), [], 0
 
@@ -255,7 +255,7 @@ def test_a_round_leaves_one_record_and_the_stats_are_its_sums(drafter, k):
 
 def test_engine_steps_are_short():
     """``Engine.run`` reads as its numbered steps: no function in the engine over 40 lines."""
-    tree = ast.parse((SRC / "engine.py").read_text())
+    tree = ast.parse((SRC / "core" / "engine.py").read_text())
     long = [(n.name, n.end_lineno - n.lineno + 1) for n in ast.walk(tree)
             if isinstance(n, ast.FunctionDef) and n.end_lineno - n.lineno + 1 > 40]
     assert not long, long
@@ -264,7 +264,7 @@ def test_engine_steps_are_short():
 # ------------------------------------------------------------------------------------ backends
 @pytest.fixture
 def toy_backend():
-    from specdec.backends import REGISTRY
+    from specdec.models.backends import REGISTRY
 
     REGISTRY.add("toy", "toybackend:ToyBackend")  # the one registry line
     yield REGISTRY.get("toy")
@@ -314,7 +314,7 @@ def test_the_toy_model_keeps_the_model_contract():
 
 
 def test_every_registered_backend_declares_the_contract():
-    from specdec.backends import REGISTRY, Backend
+    from specdec.models.backends import REGISTRY, Backend
 
     assert REGISTRY.names() == ("llama.cpp", "transformers")  # auto's order of preference
     for backend in REGISTRY:
@@ -324,7 +324,7 @@ def test_every_registered_backend_declares_the_contract():
             assert getattr(type(backend), method) is not getattr(Backend, method), (backend.name, method)
         fp = backend.fingerprint("cpu")
         assert fp["device"] == "cpu" and fp["cpu_flags_sha"]
-    from specdec.backends import Request
+    from specdec.models.backends import Request
 
     anything = Request("no/such/model", None, torch.device("meta"), {})
     assert REGISTRY.get("transformers").auto_refusal(anything) is None  # the last one is the fallback

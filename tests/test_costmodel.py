@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import specdec
-from specdec import costmodel
-from specdec.acceptance import AcceptanceEstimate
-from specdec.costmodel import CostTable, best_k, choose_dtypes, expected_tokens
+from specdec.models import costmodel
+from specdec.core.acceptance import AcceptanceEstimate
+from specdec.models.costmodel import CostTable, best_k, choose_dtypes, expected_tokens
 
 W = [1, 2, 4, 8, 16, 32]
 
@@ -190,8 +190,8 @@ def test_dtype_auto_loads_the_measured_choice(tiny_dirs):
 
 
 def test_kernel_choice_is_recorded_in_the_table_and_rebuilt_from_it(tiny_dirs, counting, monkeypatch):
-    from specdec.backends.transformers import dtypes as calibrate
-    from specdec.backends.transformers.kernels import RowPaddedLinear
+    from specdec.models.backends.transformers import dtypes as calibrate
+    from specdec.models.backends.transformers.kernels import RowPaddedLinear
 
     target, _ = tiny_dirs
     monkeypatch.setattr(calibrate, "choose_kernels", lambda model, lm: calibrate.set_row_padding(model, True) and ["pad1"])

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 from tinymodels import ToyChain, chisquare_joint, engine_sample, table, tiny_engine
-from specdec.verify import Lossless
+from specdec.core.verify import Lossless
 
 pytestmark = pytest.mark.slow
 P_MIN = 1e-3  # a correct implementation fails a seeded test with this probability

@@ -4,13 +4,13 @@ everything generated. Lossless output never depends on it; the draft's reading d
 from __future__ import annotations
 
 import pytest
-from specdec.api import Pair
-from specdec.drafters.model import AUTO_WINDOW, window_start
-from specdec.engine import DecodeConfig, Engine
+from specdec.frontends.api import Pair
+from specdec.core.drafters.model import AUTO_WINDOW, window_start
+from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.request import make_config
-from specdec.sampling import SamplingParams
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.core.request import make_config
+from specdec.core.sampling import SamplingParams
 from tinymodels import byte_tokenizer, chisquare_joint, engine_sample, perturbed_copy, tiny_engine, tiny_model
 
 PROMPT = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef mul(a, b):"

@@ -10,9 +10,9 @@ import os
 import pytest
 
 import specdec
-from specdec import bundled
+from specdec.models import bundled
 from tinymodels import per_rule
-from specdec.verify import RULES
+from specdec.core.verify import RULES
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from specdec.api import Pair
-from specdec.engine import DecodeConfig, Engine, Generation
+from specdec.frontends.api import Pair
+from specdec.core.engine import DecodeConfig, Engine, Generation
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
+from specdec.models.backends.transformers.model import HFModel as CausalLM
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 PROMPTS = ["def hello():", "abc abc abc", "The quick brown fox", "x"]

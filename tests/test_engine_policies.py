@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from specdec.api import Pair
-from specdec.drafters import LookupModelDrafter, ModelDrafter
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.sampling import SamplingParams
-from specdec.verify.policy import SCHEDULE_PARAMS
+from specdec.frontends.api import Pair
+from specdec.core.drafters import LookupModelDrafter, ModelDrafter
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.core.sampling import SamplingParams
+from specdec.core.verify.policy import SCHEDULE_PARAMS
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 POLICIES = ["mars", "dropmatch", "typical", "fuzzy", "fly", "fly+mars", "fly+dropmatch", "fly+fuzzy", "mars+typical",

@@ -1,4 +1,4 @@
-"""A loose policy's relaxation schedule (``exact_prefix``, ``relax_ramp``; specdec.verify.schedule):
+"""A loose policy's relaxation schedule (``exact_prefix``, ``relax_ramp``; specdec.core.verify.schedule):
 the answer's first N tokens are judged by the lossless rule alone.
 
 1. Tables: the chance eta(t) per position; chain and tree rounds that straddle the prefix's end.
@@ -16,10 +16,10 @@ import torch
 from scipy.stats import binomtest
 
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
-from specdec.verify import Round, make_policy
-from specdec.verify.schedule import Schedule, relax_chance
-from specdec.verify.tree import TreeRound
+from specdec.core.sampling import SamplingParams
+from specdec.core.verify import Round, make_policy
+from specdec.core.verify.schedule import Schedule, relax_chance
+from specdec.core.verify.tree import TreeRound
 from tinymodels import byte_tokenizer, chisquare_joint, engine_sample, perturbed_copy, tiny_engine, tiny_model
 
 P_MIN = 1e-3  # a correct implementation fails a seeded test with this probability
@@ -101,8 +101,8 @@ def test_the_ramp_draws_each_position_at_its_chance():
 # ============================================================================ 2. the engine
 @pytest.fixture(scope="module")
 def pair():
-    from specdec.api import Pair
-    from specdec.backends.transformers.model import HFModel as CausalLM
+    from specdec.frontends.api import Pair
+    from specdec.models.backends.transformers.model import HFModel as CausalLM
 
     target = tiny_model(11)
     return Pair(CausalLM(target), byte_tokenizer(), CausalLM(perturbed_copy(target, 0.2, 12)))
@@ -175,7 +175,7 @@ def test_exact_prefix_at_t_above_zero_follows_the_target_law():
     ({"exact_prefx": 2}, "unknown option 'exact_prefx'; did you mean 'exact_prefix'?"),
 ])
 def test_bad_values_are_one_line_errors_naming_the_field(options, message):
-    from specdec.api import make_config
+    from specdec.frontends.api import make_config
 
     with pytest.raises(SpecdecError) as err:
         make_config(policy="mars", **options)
@@ -183,20 +183,20 @@ def test_bad_values_are_one_line_errors_naming_the_field(options, message):
 
 
 def test_exact_policies_take_no_schedule():
-    from specdec.api import make_config
+    from specdec.frontends.api import make_config
 
     with pytest.raises(SpecdecError, match=r"policy 'lossless' takes no parameters, got \['exact_prefix'\]"):
         make_config(policy="lossless", exact_prefix=2)
 
 
 def test_flag_request_field_config_file_tune_grid_and_vllm_keys(tmp_path):
-    from specdec.api import make_config
+    from specdec.frontends.api import make_config
     from specdec.bench import tune
     from specdec.cli import build_parser
-    from specdec.cliargs import decode_config
-    from specdec.configfile import read_config
-    from specdec.vllm import _split_policy_params, engine_config, request_args
-    from specdec.vllm.config import request_selection, selection
+    from specdec.frontends.cliargs import decode_config
+    from specdec.core.configfile import read_config
+    from specdec.frontends.vllm import _split_policy_params, engine_config, request_args
+    from specdec.frontends.vllm.config import request_selection, selection
 
     parser = build_parser()
     for command in ("generate", "serve"):
@@ -231,11 +231,11 @@ def test_flag_request_field_config_file_tune_grid_and_vllm_keys(tmp_path):
 
 def test_vllm_rounds_know_where_each_request_stands():
     """The adapter hands each request's output length so far to its round (vLLM's own sampler state,
-    :func:`specdec.vllm.patch._positions`)."""
+    :func:`specdec.frontends.vllm.patch._positions`)."""
     from types import SimpleNamespace
 
-    from specdec.vllm.patch import _positions
-    from specdec.vllm.ragged import RaggedBatch
+    from specdec.frontends.vllm.patch import _positions
+    from specdec.frontends.vllm.ragged import RaggedBatch
 
     runner = SimpleNamespace(input_batch=SimpleNamespace(req_ids=["a", "b", "c"]),
                              requests={"a": SimpleNamespace(output_token_ids=[5, 6, 7]),

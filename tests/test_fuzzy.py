@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams, probabilities
-from specdec.verify import Lossless, Round, make_policy
-from specdec.verify.divergence import js_divergence, kl_divergence, tv_distance
-from specdec.verify.fuzzy import fuzzy_accept
+from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.verify import Lossless, Round, make_policy
+from specdec.core.verify.divergence import js_divergence, kl_divergence, tv_distance
+from specdec.core.verify.fuzzy import fuzzy_accept
 
 EPS = 1e-6  # well above float32 rounding (~1e-7 here)
 LN = math.log

@@ -8,12 +8,12 @@ import json
 
 import pytest
 
-from specdec import genconfig
-from specdec.api import Pair
+from specdec.models import genconfig
+from specdec.frontends.api import Pair
 from specdec.cli import build_parser
-from specdec.cliargs import decode_kwargs
+from specdec.frontends.cliargs import decode_kwargs
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
+from specdec.models.backends.transformers.model import HFModel as CausalLM
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 QWEN = {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05}
@@ -75,9 +75,9 @@ def test_cli_layers_flags_over_the_models_settings():
 
 
 def test_server_defaults_are_the_models_and_run_to_the_context_end(pair):
-    from specdec.server.app import _checked_settings
-    from specdec.server.params import Limits, build
-    from specdec.server.schemas import CompletionRequest
+    from specdec.frontends.server.app import _checked_settings
+    from specdec.frontends.server.params import Limits, build
+    from specdec.frontends.server.schemas import CompletionRequest
 
     defaults, limits = _checked_settings(pair, None, None, Limits(max_tokens=300))
     req = build(CompletionRequest(prompt="hi"), defaults, limits)

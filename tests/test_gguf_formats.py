@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.sources import FORMATS, split_format
-from specdec.engine import DecodeConfig, Engine
+from specdec.models.sources import FORMATS, split_format
+from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
 
@@ -25,7 +25,7 @@ def test_split_format_table(tmp_path):
             split_format(bad)
         assert "\n" not in str(err.value)
     assert set(FORMATS) == {"bf16", "f16", "q8_0", "q4_0", "iq4_nl"}
-    from specdec.backends.llamacpp.formats import FTYPES
+    from specdec.models.backends.llamacpp.formats import FTYPES
 
     assert tuple(FTYPES) == FORMATS  # every format '@' takes, llama.cpp knows how to make
 
@@ -33,14 +33,14 @@ def test_split_format_table(tmp_path):
 def test_transformers_refuses_a_format_copy():
     import torch
 
-    from specdec.backends import REGISTRY, Request
+    from specdec.models.backends import REGISTRY, Request
 
     with pytest.raises(SpecdecError, match="llama.cpp backend"):
         REGISTRY.choose("transformers", Request("qwen2.5-coder-1.5b@bf16", None, torch.device("cpu"), {}))
 
 
 def test_the_bundled_draft_goes_with_a_copy_of_the_bundled_target():
-    from specdec.sources import resolve_draft
+    from specdec.models.sources import resolve_draft
 
     assert resolve_draft("qwen2.5-coder-1.5b@q8_0", "auto") == "qwen2.5-coder-0.5b"
 
@@ -57,8 +57,8 @@ def tiny_files(tmp_path_factory):
 
 
 def test_copies_are_made_once_and_cached(tiny_files):
-    from specdec.backends.llamacpp.formats import model_file as gguf_path
-    from specdec.backends.llamacpp.model import LlamaCppModel
+    from specdec.models.backends.llamacpp.formats import model_file as gguf_path
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
 
     target, _ = tiny_files
     made = {}
@@ -74,8 +74,8 @@ def test_copies_are_made_once_and_cached(tiny_files):
 
 @pytest.mark.parametrize("target_fmt,draft_fmt", [("bf16", "q4_0"), ("f16", "iq4_nl"), ("q8_0", "q4_0")])
 def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, draft_fmt):
-    from specdec.backends.llamacpp.formats import model_file as gguf_path
-    from specdec.backends.llamacpp.model import LlamaCppModel
+    from specdec.models.backends.llamacpp.formats import model_file as gguf_path
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
 
     t_path, d_path = tiny_files
     target = LlamaCppModel(gguf_path(f"{t_path}@{target_fmt}", progress=False), "t", n_ctx=256, threads=1)
@@ -90,15 +90,15 @@ def test_a_wide_target_with_a_4bit_draft_is_lossless(tiny_files, target_fmt, dra
 
 
 def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, monkeypatch):
-    """``draft="auto"``'s format choice (specdec.draft_formats): every candidate is
+    """``draft="auto"``'s format choice (specdec.frontends.draft_formats): every candidate is
     measured and replayed under k=auto on the reference request with its own agreement and costs; the
     least time wins (a faster draft that agrees much less loses), and the measurements are cached by
     the files' identities."""
-    from specdec import draft_formats
-    from specdec.backends.llamacpp.backend import identity
-    from specdec.backends.llamacpp.formats import model_file
-    from specdec.backends.llamacpp.model import LlamaCppModel
-    from specdec.costmodel import CostTable
+    from specdec.frontends import draft_formats
+    from specdec.models.backends.llamacpp.backend import identity
+    from specdec.models.backends.llamacpp.formats import model_file
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
+    from specdec.models.costmodel import CostTable
 
     t_path, d_path = tiny_files
     target = LlamaCppModel(t_path, "t", n_ctx=512, threads=1)
@@ -135,8 +135,8 @@ def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, mo
 
 
 def test_along_counts_positions_where_both_models_pick_the_same_token(tiny_files):
-    from specdec import draft_formats
-    from specdec.backends.llamacpp.model import LlamaCppModel
+    from specdec.frontends import draft_formats
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
 
     t_path, d_path = tiny_files
     target = LlamaCppModel(t_path, "t", n_ctx=512, threads=1)

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from specdec.backends.transformers.weights import load_lean, read_safetensors, safetensors_files
+from specdec.models.backends.transformers.weights import load_lean, read_safetensors, safetensors_files
 from tinymodels import tiny_config, tiny_model
 
 
@@ -70,7 +70,7 @@ def test_plain_reads_match_the_file(tmp_path):
 def test_cast_on_the_way_in_chunk_by_chunk(tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    import specdec.backends.transformers.weights as hw
+    import specdec.models.backends.transformers.weights as hw
 
     path = _save(tiny_model(8).to(torch.bfloat16), tmp_path / "m")
     (file,) = safetensors_files(path)
@@ -106,7 +106,7 @@ import json, sys
 import torch
 from pathlib import Path
 from transformers import AutoModelForCausalLM
-from specdec.backends.transformers.weights import load_lean
+from specdec.models.backends.transformers.weights import load_lean
 
 folder, how = Path(sys.argv[1]), sys.argv[2]
 def status_mb(key):

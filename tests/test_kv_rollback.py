@@ -5,9 +5,9 @@ import random
 import pytest
 import torch
 
-from specdec.drafters import Draft
-from specdec.engine import DecodeConfig, Engine
-from specdec.backends.transformers.model import HFModel as CausalLM
+from specdec.core.drafters import Draft
+from specdec.core.engine import DecodeConfig, Engine
+from specdec.models.backends.transformers.model import HFModel as CausalLM
 from tinymodels import perturbed_copy, tiny_model
 
 
@@ -68,8 +68,8 @@ def assert_cache_matches(lm: CausalLM):
 
 def static_with_graphs(model):
     """The static KV cache with its passes replayed as graphs would be (eagerly: no GPU here)."""
-    from specdec.backends.transformers.graphs import WidthGraphs, replay_eagerly
-    from specdec.backends.transformers.static import StaticHFModel
+    from specdec.models.backends.transformers.graphs import WidthGraphs, replay_eagerly
+    from specdec.models.backends.transformers.static import StaticHFModel
 
     return StaticHFModel(model, graphs=lambda step, device: WidthGraphs(step, device, capture=replay_eagerly))
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.engine import DecodeConfig, Engine
-from specdec.sampling import SamplingParams
+from specdec.core.engine import DecodeConfig, Engine
+from specdec.core.sampling import SamplingParams
 from tinymodels import byte_tokenizer, chisquare_joint, engine_sample, save_tiny_gguf, tiny_model
 
 pytest.importorskip("llama_cpp")
@@ -27,7 +27,7 @@ def pair_paths(tmp_path_factory):
 def engine_on(paths, vocab_limit=None, eos=(258,)):
     """An engine over the tiny GGUF pair, one thread each (a second thread of a tiny model only
     spins against the other test worker: the sampling test took 6 minutes under -n 2 with two)."""
-    from specdec.backends.llamacpp.model import LlamaCppModel
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
 
     target, draft = (LlamaCppModel(p, f"tiny-{i}", vocab_limit=vocab_limit, n_ctx=256, threads=1)
                      for i, p in enumerate(paths))
@@ -57,7 +57,7 @@ def test_every_rule_runs_on_llama_cpp(pair_paths, policy, temperature):
 
 
 def test_k_auto_runs_from_a_llama_cpp_cost_table(pair_paths):
-    from specdec.costmodel import CostTable, measure
+    from specdec.models.costmodel import CostTable, measure
 
     engine = engine_on(pair_paths)
     widths, seconds, context, prefill = measure(engine.target)
@@ -100,7 +100,7 @@ def test_a_busy_core_is_said_at_startup(monkeypatch):
     llama.cpp runs on fewer threads than the cores."""
     import os
 
-    from specdec.backends.llamacpp import model
+    from specdec.models.backends.llamacpp import model
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     note = model.busy_note(2, [0])

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.api import Pair
+from specdec.frontends.api import Pair
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.request import make_config
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.core.request import make_config
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 TOL = 1e-4

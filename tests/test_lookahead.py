@@ -7,15 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.autok import KPolicy, PassGate
-from specdec.costmodel import CostTable
-from specdec.drafters import LookaheadDrafter
-from specdec.drafters.lookahead import MAX_NODES, pass_nodes
-from specdec.rounds import RoundRecord
-from specdec.engine import DecodeConfig, Engine
+from specdec.core.autok import KPolicy, PassGate
+from specdec.models.costmodel import CostTable
+from specdec.core.drafters import LookaheadDrafter
+from specdec.core.drafters.lookahead import MAX_NODES, pass_nodes
+from specdec.core.rounds import RoundRecord
+from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.sampling import SamplingParams
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.core.sampling import SamplingParams
 from tinymodels import (byte_tokenizer, chisquare_joint, engine_sample, per_rule, save_tiny_gguf, tiny_engine,
                              tiny_model)
 
@@ -197,7 +197,7 @@ def test_greedy_lookahead_is_token_identical_to_plain_decoding(options, k):
 
 def test_greedy_lookahead_equals_plain_decoding_on_llama_cpp(tmp_path):
     pytest.importorskip("llama_cpp")
-    from specdec.backends.llamacpp.model import LlamaCppModel
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
 
     path = save_tiny_gguf(tiny_model(21, layers=1, hidden=16, initializer_range=0.2), byte_tokenizer(),
                           tmp_path / "target.gguf")
@@ -246,8 +246,8 @@ def test_lookahead_stays_inside_a_grammar():
     """Structured output: guesses are cut where the grammar refuses them, and the target's masks
     keep the window's paths out; every committed token is one the grammar allows."""
     pytest.importorskip("llguidance")
-    from specdec.api import Pair, make_config
-    from specdec.constrain import make_guide
+    from specdec.frontends.api import Pair, make_config
+    from specdec.core.constrain import make_guide
 
     tok = byte_tokenizer()
     pair = Pair(CausalLM(tiny_model(5, layers=1, hidden=32, initializer_range=0.2)), tok)
@@ -317,10 +317,10 @@ def test_bad_lookahead_options_are_one_line_errors(options, match):
 
 def test_bench_and_server_take_lookahead_options():
     from specdec.bench.configs import build_configs, needs_draft_model, validate
-    from specdec.request import DEFAULTS
-    from specdec.server.errors import APIError
-    from specdec.server.params import Limits, build
-    from specdec.server.schemas import CompletionRequest
+    from specdec.core.request import DEFAULTS
+    from specdec.frontends.server.errors import APIError
+    from specdec.frontends.server.params import Limits, build
+    from specdec.frontends.server.schemas import CompletionRequest
 
     def served(spec):
         return build(CompletionRequest(prompt="x", speculative=spec), dict(DEFAULTS), Limits()).config

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from specdec.drafters import LookupDrafter, lookup
+from specdec.core.drafters import LookupDrafter, lookup
 from specdec.errors import SpecdecError
 
 

@@ -15,10 +15,10 @@ import pytest
 import torch
 from scipy.stats import binomtest
 
-from specdec.sampling import SamplingParams, probabilities
+from specdec.core.sampling import SamplingParams, probabilities
 from tinymodels import ToyChain, chisquare_joint, engine_sample, per_rule, tiny_engine
-from specdec.verify import Lossless, Round, Verdict, make_policy
-from specdec.verify.dropmatch import js_accept
+from specdec.core.verify import Lossless, Round, Verdict, make_policy
+from specdec.core.verify.dropmatch import js_accept
 
 P_MIN = 1e-3  # a correct implementation fails a seeded test with this probability
 

@@ -4,13 +4,13 @@ DropMatch's paths build no autograd graph."""
 import pytest
 import torch
 
-from specdec.api import Pair
-from specdec.costmodel import CostTable
+from specdec.frontends.api import Pair
+from specdec.models.costmodel import CostTable
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.sampling import SamplingParams, probabilities
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.core.sampling import SamplingParams, probabilities
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
-from specdec.verify import Round, make_policy
+from specdec.core.verify import Round, make_policy
 
 POLICIES = ["mars", "typical", "dropmatch", "fly", "fly+mars", "mars+typical", "fly+dropmatch+mars+typical"]
 
@@ -66,7 +66,7 @@ def test_fly_with_k_auto_keeps_a_window_aware_controller(tiny_dirs):
     p.engine.target_costs = CostTable("t|x", "float32", widths, [0.01] * 6, 32)
     p.engine.draft_costs = CostTable("d|x", "float32", widths, [0.001] * 6, 32)
     p.engine.caches.controllers.clear()
-    from specdec.engine import DecodeConfig
+    from specdec.core.engine import DecodeConfig
 
     ids = p.encode("abc abc abc", chat=False)
     # a caller's controller is kept across its requests (one without a caller starts fresh)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.api import Pair
-from specdec.drafters.base import Draft, TreeDraft
+from specdec.frontends.api import Pair
+from specdec.core.drafters.base import Draft, TreeDraft
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.request import make_config
-from specdec.sampling import SamplingParams, penalize
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.core.request import make_config
+from specdec.core.sampling import SamplingParams, penalize
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 
@@ -59,8 +59,8 @@ def test_bad_values_are_one_line_errors(bad):
 def test_dropmatch_paths_judge_against_the_penalised_law():
     """DropMatch's own LM-head paths get the request's penalties for their verify rows, as the
     target's row does: a draft every path picks is refused once a penalty rules it out there."""
-    from specdec.verify.base import Round
-    from specdec.verify.dropmatch import DropMatch
+    from specdec.core.verify.base import Round
+    from specdec.core.verify.dropmatch import DropMatch
 
     hidden = torch.tensor([[0.0, 0.0, 1.0, 5.0], [0.0, 0.0, 0.0, 0.0]])  # row 0 strongly prefers token 3
     rule = DropMatch(paths=5, p=0.01, criterion="majority")

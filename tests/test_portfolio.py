@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.acceptance import RunRates
-from specdec.autok import PortfolioK
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.costmodel import CostTable
-from specdec.drafters import AutoDrafter, Offer, SuffixCache
-from specdec.engine import DecodeConfig, Engine
+from specdec.core.acceptance import RunRates
+from specdec.core.autok import PortfolioK
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.models.costmodel import CostTable
+from specdec.core.drafters import AutoDrafter, Offer, SuffixCache
+from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.replay import Clock, copy_offers, oracle, replay
-from specdec.rounds import RoundRecord
-from specdec.trace import trace_answer
+from specdec.traces.replay import Clock, copy_offers, oracle, replay
+from specdec.core.rounds import RoundRecord
+from specdec.traces.trace import trace_answer
 from tinymodels import perturbed_copy, tiny_model
 
 WIDTHS = list(range(1, 18)) + [24, 32]
@@ -187,7 +187,7 @@ def test_the_fitted_bound_s_rates_are_the_answers_shares_censored_as_the_portfol
     its end says nothing past it), over every position of every trace; unseen bins keep the prior."""
     import numpy as np
 
-    from specdec.acceptance import COPY_PRIOR, run_bin
+    from specdec.core.acceptance import COPY_PRIOR, run_bin
     from specdec.bench.replaycli import FittedRates, fitted_copy_rates
 
     arr = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
@@ -234,8 +234,8 @@ def test_what_one_caller_taught_k_auto_never_steers_another(models):
 def test_sampled_output_keeps_the_target_s_distribution(with_model):
     """As for every drafter (tests/test_distribution.py): the joint of the first three tokens at T > 0,
     with a prompt whose text repeats; without a draft model every round that drafts copies."""
-    from specdec.engine import Engine
-    from specdec.sampling import SamplingParams
+    from specdec.core.engine import Engine
+    from specdec.core.sampling import SamplingParams
     from tinymodels import chisquare_joint, engine_sample, tiny_engine
 
     engine = tiny_engine()
@@ -250,7 +250,7 @@ def test_sampled_output_keeps_the_target_s_distribution(with_model):
 
 
 def test_the_sources_take_turns_in_one_sampled_answer():
-    from specdec.sampling import SamplingParams
+    from specdec.core.sampling import SamplingParams
     from tinymodels import tiny_engine
 
     engine = tiny_engine()

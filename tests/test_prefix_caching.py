@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.api import Pair
-from specdec.backends.transformers.model import HFModel as CausalLM
+from specdec.frontends.api import Pair
+from specdec.models.backends.transformers.model import HFModel as CausalLM
 from tinymodels import byte_tokenizer, perturbed_copy, tiny_model
 
 
@@ -38,7 +38,7 @@ def test_the_server_reports_cached_prompt_tokens(pair):
     pytest.importorskip("fastapi")
     from fastapi.testclient import TestClient
 
-    from specdec.server import create_app
+    from specdec.frontends.server import create_app
 
     app = create_app(pair, {"max_new_tokens": 6, "temperature": 0.0}, shared_caches=True)  # one user's server
     assert pair.engine.caches.prefix_caching  # the server's default, as vLLM's and llama-server's

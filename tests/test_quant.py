@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.quant import Int8Linear, quantize_int8, resolve_quant
+from specdec.models.backends.transformers.quant import Int8Linear, quantize_int8, resolve_quant
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
@@ -67,7 +67,7 @@ def test_int8_kernel_serves_every_width_on_cpu_without_a_dequantized_copy():
 
 
 def test_packed_float32_linears_compute_the_same_function():
-    from specdec.backends.transformers.kernels import PackedLinear, can_pack, pack_linears
+    from specdec.models.backends.transformers.kernels import PackedLinear, can_pack, pack_linears
 
     if not can_pack(torch.device("cpu")):
         pytest.skip("no oneDNN in this torch")
@@ -82,7 +82,7 @@ def test_packed_float32_linears_compute_the_same_function():
 
 
 def test_int8_prefill_path_computes_the_same_layer():
-    from specdec.backends.transformers.quant import WIDE_ROWS
+    from specdec.models.backends.transformers.quant import WIDE_ROWS
 
     torch.manual_seed(1)
     linear = nn.Linear(64, 48, bias=True).to(torch.bfloat16)
@@ -94,7 +94,7 @@ def test_int8_prefill_path_computes_the_same_layer():
 
 
 def test_row_padded_linear_computes_the_two_row_gemm_and_keeps_its_parameters():
-    from specdec.backends.transformers.kernels import RowPaddedLinear, can_pad_rows, set_row_padding
+    from specdec.models.backends.transformers.kernels import RowPaddedLinear, can_pad_rows, set_row_padding
 
     torch.manual_seed(2)
     model = nn.Sequential(nn.Linear(64, 48).bfloat16(), nn.ReLU(), nn.Linear(48, 16, bias=False).bfloat16(),
@@ -119,8 +119,8 @@ def test_row_padded_linear_computes_the_two_row_gemm_and_keeps_its_parameters():
 
 @pytest.mark.parametrize("padded_faster, expected", [(True, ["pad1"]), (False, [])])
 def test_choose_kernels_keeps_what_was_measured_faster(monkeypatch, padded_faster, expected):
-    from specdec.backends.transformers import dtypes as calibrate
-    from specdec.backends.transformers.kernels import RowPaddedLinear
+    from specdec.models.backends.transformers import dtypes as calibrate
+    from specdec.models.backends.transformers.kernels import RowPaddedLinear
 
     model = nn.Sequential(nn.Linear(8, 8).bfloat16())
 

@@ -74,7 +74,7 @@ def test_the_wheel_carries_the_command_the_licence_and_the_data(wheel):
         names = z.namelist()
         entry = z.read(next(n for n in names if n.endswith(".dist-info/entry_points.txt"))).decode()
     assert "specdec = specdec.cli:main" in entry                  # the command keeps its name
-    assert "specdec = specdec.vllm.plugin:register" in entry      # vLLM's plugin entry point
+    assert "specdec = specdec.frontends.vllm.plugin:register" in entry  # vLLM's plugin entry point
     assert any(re.search(r"\.dist-info/(licenses/)?LICENSE$", n) for n in names), names
     for data in ("specdec/bench/data/spec_bench/question.jsonl", "specdec/bench/data/spec_bench/LICENSE",
                  "specdec/bench/data/json_extraction.json"):

@@ -9,13 +9,13 @@ import json
 
 import pytest
 
-from specdec.autok import AutoK, Fixed
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.costmodel import CostTable
-from specdec.engine import DecodeConfig, Engine
+from specdec.core.autok import AutoK, Fixed
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.models.costmodel import CostTable
+from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.replay import Clock, oracle, replay
-from specdec.trace import DraftTrace, Trace, header, read_traces, trace_answer, write_traces
+from specdec.traces.replay import Clock, oracle, replay
+from specdec.traces.trace import DraftTrace, Trace, header, read_traces, trace_answer, write_traces
 from tinymodels import perturbed_copy, tiny_model
 
 WIDTHS = list(range(1, 18)) + [24, 32]
@@ -91,7 +91,7 @@ def test_replay_runs_drafters_without_a_model_as_the_engine_does(drafter, k):
             assert (row["auto_rounds"], row["auto_drafted"], row["auto_accepted"]) == (
                 out.stats.rounds, out.stats.drafted, out.stats.accepted)
     auto = AutoK(tt, None, needs_model=False)
-    from specdec.drafters import SuffixCache, make_drafter
+    from specdec.core.drafters import SuffixCache, make_drafter
 
     cache = SuffixCache()
     for tr, out in zip(traces, outs):
@@ -102,7 +102,7 @@ def test_replay_runs_drafters_without_a_model_as_the_engine_does(drafter, k):
 
 
 def test_a_drafter_without_a_model_needs_the_prompt_in_the_trace():
-    from specdec.drafters import make_drafter
+    from specdec.core.drafters import make_drafter
 
     trace = hand_trace("1101")
     with pytest.raises(SpecdecError, match="no prompt ids"):

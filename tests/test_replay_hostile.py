@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from specdec.cli import main
-from specdec.trace import header, write_traces
-from specdec.trace_checks import MAX_TOKENS
+from specdec.traces.trace import header, write_traces
+from specdec.traces.trace_checks import MAX_TOKENS
 from test_bench_hostile_folders import with_deadline
 from test_replay import bf16_like, draft_table, hand_trace
 

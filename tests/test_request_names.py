@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from specdec.errors import SpecdecError
-from specdec.request import DEFAULTS, make_config
+from specdec.core.request import DEFAULTS, make_config
 
 
 def test_max_tokens_is_max_new_tokens():
@@ -42,7 +42,7 @@ def test_a_known_parameter_of_another_rule_keeps_its_own_message():
 def test_vllm_flag_names_and_ours_are_one_flag():
     """`vllm serve`'s names (--max-model-len, --allowed-origins) are the flags; ours stay as aliases."""
     from specdec.cli import build_parser
-    from specdec.cliargs import VLLM_NAMES
+    from specdec.frontends.cliargs import VLLM_NAMES
 
     assert VLLM_NAMES == {"--context-length": "--max-model-len", "--allow-origin": "--allowed-origins"}
     p = build_parser()

@@ -4,12 +4,12 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
-from specdec.verify import Lossless, Round, make_policy
-from specdec.verify.dropmatch import dropout_logits, js_accept, js_divergence, majority_accept, naive_accept
-from specdec.verify.fly import fly_flips, topk_entropy
-from specdec.verify.mars import mars_accept
-from specdec.verify.typical import entropy, typical_accept
+from specdec.core.sampling import SamplingParams
+from specdec.core.verify import Lossless, Round, make_policy
+from specdec.core.verify.dropmatch import dropout_logits, js_accept, js_divergence, majority_accept, naive_accept
+from specdec.core.verify.fly import fly_flips, topk_entropy
+from specdec.core.verify.mars import mars_accept
+from specdec.core.verify.typical import entropy, typical_accept
 
 T, F = True, False
 

@@ -4,8 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec.sampling import SamplingParams
-from specdec.verify import Lossless, Round, make_policy
+from specdec.core.sampling import SamplingParams
+from specdec.core.verify import Lossless, Round, make_policy
 
 POLICIES = ["mars", "typical", "dropmatch", "fly", "fly+mars", "mars+typical", "fly+dropmatch",
             "dropmatch+mars+typical"]

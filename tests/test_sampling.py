@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams, make_generator, next_token, probabilities
+from specdec.core.sampling import SamplingParams, make_generator, next_token, probabilities
 
 
 def test_greedy_is_one_hot_argmax():

@@ -1,13 +1,13 @@
-"""The engine's caches, scoped by caller (specdec.scopes): the prefix cache, the suffix cache and
+"""The engine's caches, scoped by caller (specdec.core.scopes): the prefix cache, the suffix cache and
 k=auto's state serve only the caller that left them, and serve that caller again; the server only
 names the caller (its tests: test_server_hostile.py, test_prefix_caching.py)."""
 
 from __future__ import annotations
 
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.costmodel import CostTable
-from specdec.engine import Engine
-from specdec.request import DecodeConfig
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.models.costmodel import CostTable
+from specdec.core.engine import Engine
+from specdec.core.request import DecodeConfig
 from tinymodels import perturbed_copy, tiny_model
 
 ALICE = list(range(3, 40))

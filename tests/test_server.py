@@ -16,8 +16,8 @@ httpx = pytest.importorskip("httpx")
 openai = pytest.importorskip("openai")
 
 from serving import tiny_server  # noqa: E402
-from specdec.server import Limits, create_app, serve_in_thread  # noqa: E402
-from specdec.server.worker import pair_lock  # noqa: E402
+from specdec.frontends.server import Limits, create_app, serve_in_thread  # noqa: E402
+from specdec.frontends.server.worker import pair_lock  # noqa: E402
 
 LONG_PROMPT = "def f(x):"  # the tiny target's greedy continuation runs to the token limit (checked)
 
@@ -184,8 +184,8 @@ def test_speculative_object_overrides_defaults(server):
 
 
 def test_speculative_object_merges_over_defaults():
-    from specdec.server.params import Limits, build
-    from specdec.server.schemas import CompletionRequest
+    from specdec.frontends.server.params import Limits, build
+    from specdec.frontends.server.schemas import CompletionRequest
 
     d = {"policy": "mars", "drafter": "pld", "k": 5, "mars_theta": 0.8, "ngram_max": 4, "max_new_tokens": 9, "seed": 1}
 
@@ -205,7 +205,7 @@ def test_speculative_object_merges_over_defaults():
 
 
 def test_loose_policy_reports_relaxed_counts(server):
-    from specdec.verify import POLICIES
+    from specdec.core.verify import POLICIES
 
     if "mars" not in POLICIES:
         pytest.skip("no mars policy in this build")
@@ -456,7 +456,7 @@ def test_metrics_have_latency_histograms(server):
 
 
 def test_latencies_from_round_times():
-    from specdec.server.metrics import latencies
+    from specdec.frontends.server.metrics import latencies
 
     ttft, itl = latencies([0.5, 0.9, 1.5], [2, 1, 0], queued_s=0.25)
     assert ttft == pytest.approx(0.75) and itl == pytest.approx([0.2, 0.2, 0.6])

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import specdec  # noqa: E402
-from specdec.server import Limits, create_app, serve_in_thread  # noqa: E402
+from specdec.frontends.server import Limits, create_app, serve_in_thread  # noqa: E402
 
 MAX_BODY = 4096
 CHAT = "/v1/chat/completions"
@@ -276,7 +276,7 @@ def test_allowed_hosts_and_origins_are_configurable(tiny_server_pair):
 
 
 def test_default_hosts_follow_the_bound_address():
-    from specdec.server.origins import default_hosts
+    from specdec.frontends.server.origins import default_hosts
 
     assert default_hosts("127.0.0.1") == ["localhost", "127.0.0.1", "::1"]
     assert default_hosts("localhost") == ["localhost", "127.0.0.1", "::1"]
@@ -375,7 +375,7 @@ def test_an_unexpected_error_gets_the_openai_shape(tiny_server_pair):
 
 
 def test_surrogates_in_an_answer_are_escaped():
-    from specdec.server.app import SafeJSONResponse
+    from specdec.frontends.server.app import SafeJSONResponse
 
     body = SafeJSONResponse({"m": "a\ud800", "e": "é"}).body
     assert json.loads(body) == {"m": "a\ud800", "e": "é"}
@@ -383,9 +383,9 @@ def test_surrogates_in_an_answer_are_escaped():
 
 def test_controller_cache_is_bounded(tiny_server_pair):
     """300 distinct theta values kept 301 k=auto controllers."""
-    from specdec.api import make_config
-    from specdec.costmodel import CostTable
-    from specdec.scopes import MAX_CONTROLLERS
+    from specdec.frontends.api import make_config
+    from specdec.models.costmodel import CostTable
+    from specdec.core.scopes import MAX_CONTROLLERS
 
     engine = tiny_server_pair.engine
     saved = engine.target_costs, engine.caches.controllers.copy()

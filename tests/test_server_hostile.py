@@ -16,10 +16,10 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 import specdec  # noqa: E402
-from specdec.drafters.suffix import SuffixCache  # noqa: E402
-from specdec.request import MAX_K  # noqa: E402
-from specdec.server import Limits, create_app, serve_in_thread  # noqa: E402
-from specdec.verify.policy import RULES  # noqa: E402
+from specdec.core.drafters.suffix import SuffixCache  # noqa: E402
+from specdec.core.request import MAX_K  # noqa: E402
+from specdec.frontends.server import Limits, create_app, serve_in_thread  # noqa: E402
+from specdec.core.verify.policy import RULES  # noqa: E402
 
 COMP = "/v1/completions"
 CHAT = "/v1/chat/completions"
@@ -92,7 +92,7 @@ HUGE = b"1" + b"0" * 400  # a JSON number no float holds (Python's json reads it
 def _huge_params() -> list[tuple[str, str, str]]:
     """(where, name, option): every rule and drafter option that takes a number."""
     from specdec.checks import options_of
-    from specdec.drafters import DRAFTERS
+    from specdec.core.drafters import DRAFTERS
 
     out = [("policy", name, opt) for name, rule in RULES.items() for opt, (spec, _) in options_of(rule).items()
            if spec.kind in (int, float)]

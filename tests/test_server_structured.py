@@ -20,9 +20,9 @@ openai = pytest.importorskip("openai")
 jsonschema = pytest.importorskip("jsonschema")
 
 from serving import tiny_server  # noqa: E402
-from specdec.constrain import KINDS, MAX_TEXT  # noqa: E402
-from specdec.server import Limits, create_app, serve_in_thread  # noqa: E402
-from specdec.server.worker import pair_lock  # noqa: E402
+from specdec.core.constrain import KINDS, MAX_TEXT  # noqa: E402
+from specdec.frontends.server import Limits, create_app, serve_in_thread  # noqa: E402
+from specdec.frontends.server.worker import pair_lock  # noqa: E402
 
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"

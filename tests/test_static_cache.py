@@ -10,13 +10,13 @@ import pytest
 import torch
 
 import specdec
-from specdec.backends.transformers.execution import choose_execution, switch
-from specdec.backends.transformers.graphs import WidthGraphs, replay_eagerly
-from specdec.backends.transformers.model import HFModel
-from specdec.backends.transformers.static import StaticHFModel, capacity_for, static_refusal
-from specdec.engine import DecodeConfig, Engine
+from specdec.models.backends.transformers.execution import choose_execution, switch
+from specdec.models.backends.transformers.graphs import WidthGraphs, replay_eagerly
+from specdec.models.backends.transformers.model import HFModel
+from specdec.models.backends.transformers.static import StaticHFModel, capacity_for, static_refusal
+from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams
+from specdec.core.sampling import SamplingParams
 from test_backends import (  # noqa: F401 - the contract's tests, run again here on the static cache
     test_extended_tree_and_kept_path_equal_a_prefill, test_hidden_states_feed_the_lm_head,
     test_logits_at_every_position_equal_one_token_passes, test_rollback_equals_a_fresh_prefill,
@@ -216,7 +216,7 @@ def test_a_table_measured_on_the_static_cache_is_kept_apart(tiny_dirs):
 def test_the_cuda_capture_warms_up_on_a_side_stream_then_records_into_the_shared_pool(monkeypatch):
     """:func:`capture_cuda_graph` against a stand-in of ``torch.cuda`` (no GPU here): its warm-up
     runs, then one recorded run into the pool it was given, and the graph's replay and pool back."""
-    from specdec.backends.transformers import graphs as graphs_module
+    from specdec.models.backends.transformers import graphs as graphs_module
 
     events = []
 
@@ -263,8 +263,8 @@ def test_the_cuda_capture_warms_up_on_a_side_stream_then_records_into_the_shared
 
 def test_the_backend_fingerprint_of_the_defaults_follows_the_device(monkeypatch):
     """``specdec models`` lists the tables of a model loaded with the defaults: on CUDA, the static cache's."""
-    from specdec import costmodel
-    from specdec.backends import REGISTRY
+    from specdec.models import costmodel
+    from specdec.models.backends import REGISTRY
 
     backend = REGISTRY.get("transformers")
     assert "kv_cache" not in backend.fingerprint("cpu")

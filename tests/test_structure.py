@@ -12,9 +12,9 @@ import torch
 import specdec
 from specdec.checks import options_of
 from specdec.cli import build_parser
-from specdec.drafters import ALL_DRAFTER_OPTIONS, DRAFTERS, check_drafter_options
+from specdec.core.drafters import ALL_DRAFTER_OPTIONS, DRAFTERS, check_drafter_options
 from specdec.errors import SpecdecError
-from specdec.verify import RULES, make_policy
+from specdec.core.verify import RULES, make_policy
 
 SRC = Path(specdec.__file__).parent
 #: a module in a layer may import its own layer and the layers below, never one above
@@ -26,10 +26,21 @@ LAYERS = [
 ]
 
 
+#: the folders that group specdec's modules by concern (a module's room is its name inside one)
+FOLDERS = ("core", "models", "traces", "frontends")
+
+
+def room_of(module: str) -> str:
+    """The top-level module or package ``module`` belongs to, its folder left out: ``core.engine``
+    and ``models.backends.base`` are in the rooms ``engine`` and ``backends``."""
+    parts = module.split(".")
+    return parts[1] if parts[0] in FOLDERS and len(parts) > 1 else parts[0]
+
+
 def layer_of(module: str) -> int:
-    if module in ("__init__", "__main__"):  # the package's public API and its entry point sit on top
+    top = room_of(module)
+    if top in ("__init__", "__main__"):  # the package's public API and its entry point sit on top
         return -1
-    top = module.split(".")[0]
     for i, names in enumerate(LAYERS):
         if top in names:
             return i
@@ -60,7 +71,8 @@ def top_level(body: list) -> list:
 def imports_of(path: Path, module_level: bool = False) -> set[str]:
     """The specdec modules ``path`` imports (dotted, relative to the package: ``bench.configs``);
     ``module_level``: only the imports that run when it is imported (not those inside functions).
-    ``from . import x`` names the submodule ``x`` when there is one, else the package."""
+    ``from . import x`` names the submodule ``x`` when there is one, else the package; absolute
+    imports (``from specdec.x import y``, ``from specdec import x``, ``import specdec.x``) count too."""
     rel = path.relative_to(SRC).with_suffix("")
     package = list(rel.parts[:-1])
     out = set()
@@ -72,8 +84,14 @@ def imports_of(path: Path, module_level: bool = False) -> set[str]:
             for alias in node.names:
                 sub = f"{name}.{alias.name}" if name else alias.name
                 out.add(sub if is_module(sub) else name or alias.name)  # "from .. import __version__": as written
+        elif isinstance(node, ast.ImportFrom) and node.module == "specdec":
+            for alias in node.names:
+                out.add(alias.name if is_module(alias.name) else "__init__")
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("specdec."):
-            out.add(node.module[len("specdec."):])
+            name = node.module[len("specdec."):]
+            out.update(f"{name}.{a.name}" if is_module(f"{name}.{a.name}") else name for a in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(a.name[len("specdec."):] for a in node.names if a.name.startswith("specdec."))
     return out
 
 
@@ -148,7 +166,7 @@ def test_no_import_circles():
     assert not circles(import_graph(module_level=True))
     graph = import_graph(module_level=False)
     assert not circles(graph), circles(graph)
-    assert "api" not in graph["configfile"]
+    assert "frontends.api" not in graph["core.configfile"]
 
 
 def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
@@ -165,18 +183,128 @@ def test_the_circle_check_sees_a_circle(tmp_path, monkeypatch):
     assert sorted(map(sorted, circles(import_graph(module_level=False)))) == [["a", "b"], ["pkg.c", "pkg.d"]]
 
 
+#: the foundation: modules at the package's top that every folder may import (and only each other)
+FOUNDATION = {"errors", "checks", "draftlength"}
+#: what each folder of src/specdec may import of specdec besides itself (its README.md says the same);
+#: "package" is specdec/__init__.py (bench reads its __version__); cli.py and __main__.py import anything
+FOLDER_RULES = {
+    "foundation": set(),
+    "models": {"foundation"},
+    "core": {"foundation", "models"},
+    "traces": {"foundation", "models", "core"},
+    "frontends": {"foundation", "models", "core", "traces"},
+    "bench": {"foundation", "models", "core", "traces", "frontends", "package"},
+}
+
+
+def folder_of(module: str) -> str:
+    """The folder a module (dotted, relative to the package) is in: one of :data:`FOLDER_RULES`,
+    ``commands`` (cli, __main__), ``package`` (specdec/__init__.py and the names it holds) or
+    ``loose`` (a module at the top that is not in the foundation)."""
+    top = module.split(".")[0]
+    if top in ("cli", "__main__"):
+        return "commands"
+    if top == "__init__" or not is_module(top):
+        return "package"
+    if top in FOUNDATION:
+        return "foundation"
+    return top if top in FOLDER_RULES else "loose"
+
+
+def folder_breaks() -> list[str]:
+    """Every import (module level or inside a function) of a module of another folder than the
+    rules allow, and every module outside the folders and the foundation."""
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        mine = ".".join(path.relative_to(SRC).with_suffix("").parts)
+        here = folder_of(mine)
+        if here in ("commands", "package"):
+            continue
+        if here == "loose":
+            bad.append(f"{mine} is in no folder")
+            continue
+        for imported in sorted(imports_of(path)):
+            there = folder_of(imported)
+            if there != here and there not in FOLDER_RULES[here]:
+                bad.append(f"{mine} ({here}) imports {imported} ({there})")
+    return bad
+
+
+def test_every_folder_imports_only_the_folders_below_it():
+    """The folders show the architecture: the foundation (errors, checks, draftlength) imports only
+    itself; models/ the foundation; core/ models and the foundation; traces/ the core too; frontends/
+    traces too; bench/ everything but the command line, which (cli.py, __main__.py) imports anything.
+    Imports inside functions count."""
+    assert not folder_breaks(), folder_breaks()
+
+
+def test_the_folder_check_sees_a_break(tmp_path, monkeypatch):
+    """The check above finds an import of a folder above, inside a function or at module level,
+    relative or absolute (``import specdec.x``, ``from specdec import x``), and a module in no folder."""
+    for folder in ("core", "models", "traces", "frontends", "bench"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    for name in ("__init__.py", "cli.py", "__main__.py"):
+        (tmp_path / name).write_text("from .frontends import api\n")
+    (tmp_path / "checks.py").write_text("")
+    (tmp_path / "errors.py").write_text("from .checks import x\ndef f():\n    from .core import engine\n")
+    (tmp_path / "stray.py").write_text("")
+    (tmp_path / "models" / "cache.py").write_text("from ..errors import E\nfrom specdec.core import engine\n")
+    (tmp_path / "core" / "engine.py").write_text("from ..models import cache\nfrom .stats import s\n"
+                                                 "def f():\n    from ..traces.trace import t\n")
+    (tmp_path / "core" / "stats.py").write_text("from .. import errors\n")
+    (tmp_path / "traces" / "trace.py").write_text("from ..core import engine\nimport specdec.frontends.api\n")
+    (tmp_path / "frontends" / "api.py").write_text("from ..traces import trace\nfrom ..core.engine import e\n")
+    (tmp_path / "bench" / "run.py").write_text("from .. import __version__\nfrom ..frontends.api import load\n"
+                                               "def main():\n    from ..cli import main\n")
+    monkeypatch.setitem(globals(), "SRC", tmp_path)
+    assert sorted(folder_breaks()) == [
+        "bench.run (bench) imports cli (commands)",
+        "core.engine (core) imports traces.trace (traces)",
+        "errors (foundation) imports core.engine (core)",
+        "models.cache (models) imports core.engine (core)",
+        "stray is in no folder",
+        "traces.trace (traces) imports frontends.api (frontends)",
+    ]
+
+
+#: the folders whose README.md names each module and package in them
+README_FOLDERS = ("core", "models", "traces", "frontends", "bench")
+
+
+def test_every_folder_has_a_readme_naming_its_modules():
+    """Each folder has a README.md: one line per module (``name.py``) and package (``name/``) in it,
+    and what the folder may import."""
+    missing = []
+    for folder in README_FOLDERS:
+        readme = SRC / folder / "README.md"
+        assert readme.is_file(), f"no {readme.relative_to(SRC)}"
+        text = readme.read_text()
+        assert "May import" in text, f"{folder}/README.md does not say what the folder may import"
+        for child in sorted((SRC / folder).iterdir()):
+            if child.suffix == ".py" and child.name != "__init__.py":
+                name = child.name
+            elif (child / "__init__.py").is_file():
+                name = child.name + "/"
+            else:
+                continue
+            if f"`{name}`" not in text:
+                missing.append(f"{folder}/README.md: {name}")
+    assert not missing, missing
+
+
 def test_k_policies_are_in_one_module_with_one_protocol():
     """Every K policy of the engine is defined in autok.py, which imports no drafter; any class
     elsewhere that answers ``budget`` is a ``KPolicy`` (not a copy of its shape)."""
-    from specdec.autok import Fixed, KPolicy, PassGate, k_policy
-    from specdec.costmodel import CostTable
+    from specdec.core.autok import Fixed, KPolicy, PassGate, k_policy
+    from specdec.models.costmodel import CostTable
     from specdec.draftlength import AUTO
 
-    assert not {m for m in imports_of(SRC / "autok.py") if m.split(".")[0] == "drafters"}
+    assert not {m for m in imports_of(SRC / "core" / "autok.py") if m.startswith("core.drafters")}
     policies = [Fixed(3), k_policy(AUTO, CostTable("t", "float32", [1, 2, 4], [0.01, 0.02, 0.04], 32), None,
                                    needs_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
     assert isinstance(policies[1], PassGate)
-    assert all(isinstance(p, KPolicy) and type(p).__module__ == "specdec.autok" for p in policies)
+    assert all(isinstance(p, KPolicy) and type(p).__module__ == "specdec.core.autok" for p in policies)
     copies = []
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -201,22 +329,22 @@ def _command(parser, name: str):
 
 
 def test_every_entry_point_takes_its_defaults_from_request_defaults():
-    """The request fields' defaults are declared once (specdec.request.DEFAULTS): the request type,
+    """The request fields' defaults are declared once (specdec.core.request.DEFAULTS): the request type,
     make_config, the CLI's flags and help, bench's and tune's flags and settings all show them."""
     import inspect
     from dataclasses import asdict
 
     from specdec.bench.options import parse_settings
     from specdec.bench.runner import Settings
-    from specdec import genconfig
-    from specdec.bundled import DEFAULT_TARGET
-    from specdec.cliargs import decode_kwargs
-    from specdec.request import BENCH_SEED, DEFAULTS, DecodeConfig
+    from specdec.models import genconfig
+    from specdec.models.bundled import DEFAULT_TARGET
+    from specdec.frontends.cliargs import decode_kwargs
+    from specdec.core.request import BENCH_SEED, DEFAULTS, DecodeConfig
 
     cfg = DecodeConfig()
     assert {**{f: getattr(cfg, f) for f in ("policy", "drafter", "k", "max_new_tokens")}, **asdict(cfg.sampling)} \
         == dict(DEFAULTS)
-    assert specdec.make_config == DecodeConfig.from_options == specdec.api.make_config
+    assert specdec.make_config == DecodeConfig.from_options == specdec.frontends.api.make_config
     signature = inspect.signature(DecodeConfig.from_options).parameters
     # structured output, stop token ids and logprobs: none by default
     constraints = ("response_format", "json_schema", "regex", "choice", "grammar", "stop_token_ids", "logprobs")
@@ -249,10 +377,10 @@ def test_server_defaults_come_from_request_defaults():
     pytest.importorskip("fastapi")
     from types import SimpleNamespace
 
-    from specdec.request import DEFAULTS
-    from specdec.server.app import _checked_settings
-    from specdec.server.params import Limits
-    from specdec.server.schemas import CompletionRequest
+    from specdec.core.request import DEFAULTS
+    from specdec.frontends.server.app import _checked_settings
+    from specdec.frontends.server.params import Limits
+    from specdec.frontends.server.schemas import CompletionRequest
 
     # no max_tokens: to the context's end, within the server's limit (as vLLM and OpenAI)
     pair = SimpleNamespace(sampling_defaults={"temperature": 0.5})
@@ -279,18 +407,19 @@ def _calls(name: str) -> set[str]:
 
 def test_one_function_layers_a_requests_settings():
     """A request's settings (built-in defaults, the model's sampling settings, a config file or the
-    server's defaults, the caller's values) are layered in one function, specdec.settings.layer,
+    server's defaults, the caller's values) are layered in one function, specdec.core.settings.layer,
     which the Python API, the CLI and the server all call: no other module overlays options, reads
     a config file to layer it, or fills in DEFAULTS (a bench item read from a config file is no
     layering; vLLM's plugin overlays its engine default under a request's keys, its own knobs)."""
     import inspect
 
     pytest.importorskip("pydantic")
-    from specdec import api, cliargs, settings
-    from specdec.server import app, params
+    from specdec.core import settings
+    from specdec.frontends import api, cliargs
+    from specdec.frontends.server import app, params
 
-    assert _calls("overlay") == {"settings.py", "vllm/config.py"}
-    assert _calls("read_config") == {"settings.py", "bench/configs.py"}
+    assert _calls("overlay") == {"core/settings.py", "frontends/vllm/config.py"}
+    assert _calls("read_config") == {"core/settings.py", "bench/configs.py"}
     filled = set()
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -300,19 +429,19 @@ def test_one_function_layers_a_requests_settings():
                      and node.value.id == "DEFAULTS")
             if unpacked or items:
                 filled.add(path.relative_to(SRC).as_posix())
-    assert filled == {"settings.py"}, filled
+    assert filled == {"core/settings.py"}, filled
     for caller in (api.Pair.stream, cliargs.decode_kwargs, params.build, app._checked_settings):
         assert "layer(" in inspect.getsource(caller), caller.__qualname__
 
 
 def test_one_rule_where_two_layers_meet(tmp_path):
     """Naming another policy drops the lower layer's policy parameters, another drafter its drafter
-    options (specdec.request.overlay, which layer() applies between a config file or the server's
+    options (specdec.core.request.overlay, which layer() applies between a config file or the server's
     defaults and the caller's values); the built-in defaults and the model's settings fill the rest."""
-    from specdec import request
-    from specdec.configfile import write_config
-    from specdec.settings import layer
-    from specdec.vllm import config as vllm_config
+    from specdec.core import request
+    from specdec.core.configfile import write_config
+    from specdec.core.settings import layer
+    from specdec.frontends.vllm import config as vllm_config
 
     base = {"policy": "mars", "mars_theta": 0.8, "drafter": "pld", "ngram_max": 4, "k": 5, "max_new_tokens": 9}
     other_policy = {"policy": "lossless", "drafter": "pld", "ngram_max": 4, "k": 5, "max_new_tokens": 9}
@@ -342,10 +471,12 @@ def test_one_draft_length_limit_and_no_auto_sentinel():
     import dataclasses
     import re
 
-    from specdec import costmodel, draftlength, request
+    from specdec import draftlength
+    from specdec.core import request
+    from specdec.models import costmodel
     from specdec.draftlength import AUTO, MAX_K, K
-    from specdec.stats import Stats
-    from specdec.verify.fly import Fly
+    from specdec.core.stats import Stats
+    from specdec.core.verify.fly import Fly
 
     declared = []
     for path in SRC.rglob("*.py"):
@@ -357,7 +488,7 @@ def test_one_draft_length_limit_and_no_auto_sentinel():
     assert declared == ["draftlength.py:MAX_K"], declared
     assert request.MAX_K is draftlength.MAX_K and costmodel.WIDTHS[-1] == MAX_K
     assert options_of(Fly)["window"][0].hi == MAX_K - 1  # a fixed k must exceed the window
-    for rel in ("autok.py", "stats.py", "engine.py", "request.py", "server/params.py"):
+    for rel in ("core/autok.py", "core/stats.py", "core/engine.py", "core/request.py", "frontends/server/params.py"):
         for node in ast.walk(ast.parse((SRC / rel).read_text())):
             if isinstance(node, ast.Compare):
                 words = [c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)]
@@ -385,7 +516,7 @@ def test_one_draft_length_limit_and_no_auto_sentinel():
     ({"seed": "s"}, "seed must be an integer"),
 ])
 def test_one_validation_for_numbers(kwargs, message):
-    from specdec.api import make_config
+    from specdec.frontends.api import make_config
 
     with pytest.raises(SpecdecError) as err:
         make_config(**kwargs)
@@ -393,7 +524,7 @@ def test_one_validation_for_numbers(kwargs, message):
 
 
 def test_config_parses_the_policy_once():
-    from specdec.api import make_config
+    from specdec.frontends.api import make_config
 
     cfg = make_config(policy="fly+mars", mars_theta=0.8, k=12)
     assert cfg.parsed.params["mars_theta"] == 0.8 and cfg.parsed.window.window == 6
@@ -434,17 +565,16 @@ def test_target_without_a_draft_uses_the_copy_sources_by_default(tiny_dirs):
 
 #: the only modules that import transformers: its backend, the GGUF->folder conversion, the GGUF
 #: tokenizer loader of the llama.cpp backend, and bench's transformers peers and version record
-TRANSFORMERS_IMPORTERS = {"backends/transformers/model.py", "backends/transformers/load.py", "backends/transformers/weights.py",
-                          "backends/transformers/convert.py", "backends/transformers/static.py",
-                          "backends/llamacpp/model.py", "bench/peers.py",
-                          "bench/environment.py"}
+TRANSFORMERS_IMPORTERS = {*(f"models/backends/transformers/{name}.py" for name in
+                            ("model", "load", "weights", "convert", "static")),
+                          "models/backends/llamacpp/model.py", "bench/peers.py", "bench/environment.py"}
 
 
 def test_only_the_backends_import_transformers():
     found = set()
     for path in SRC.rglob("*.py"):
         rel = path.relative_to(SRC).as_posix()
-        if rel.startswith("vllm/"):
+        if rel.startswith("frontends/vllm/"):
             continue  # vLLM's plugin lives in vLLM's process (its own transformers)
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
@@ -455,53 +585,57 @@ def test_only_the_backends_import_transformers():
 
 
 #: what a module outside a backend's package may import of ``backends``: the registry is the door
-BACKEND_DOORS = {"backends", "backends.registry", "backends.base"}
+BACKEND_DOORS = {"models.backends", "models.backends.registry", "models.backends.base"}
 #: the modules above the backends (they use replay, traces, acceptance models, or call a backend)
 ABOVE_BACKENDS = ("replay", "trace", "acceptance", "draft_formats", "bench", "server", "vllm", "cli", "cliargs", "api")
 
 
 def backend_leaks() -> list[str]:
-    """Imports that reach a backend's package from outside it (anything of ``backends`` but
-    :data:`BACKEND_DOORS`), and imports from ``backends/`` of a module above the backends."""
+    """Imports that reach a backend's package from outside it (anything of ``models.backends`` but
+    :data:`BACKEND_DOORS`), and imports from ``models/backends/`` of a module above the backends."""
     bad = []
     for path in sorted(SRC.rglob("*.py")):
         mine = ".".join(path.relative_to(SRC).with_suffix("").parts)
         for imported in imports_of(path):
             parts = imported.split(".")
-            if parts[0] == "backends" and imported not in BACKEND_DOORS and not mine.startswith(".".join(parts[:2]) + "."):
+            if (imported.startswith("models.backends") and imported not in BACKEND_DOORS
+                    and not mine.startswith(".".join(parts[:3]) + ".")):
                 bad.append(f"{mine} imports {imported}")
-            if mine.startswith("backends.") and parts[0] in ABOVE_BACKENDS:
+            if mine.startswith("models.backends.") and room_of(imported) in ABOVE_BACKENDS:
                 bad.append(f"{mine} imports {imported}")
     return bad
 
 
 def test_backends_are_reached_only_through_the_registry():
-    """No module outside ``backends/<name>/`` imports ``backends.<name>`` (only ``backends``,
-    ``backends.registry`` and ``backends.base``): the CLI, the vLLM plug-in and the bench's peers ask
-    a registry entry's hooks. Nothing in ``backends/`` imports replay, trace, acceptance,
+    """No module outside ``models/backends/<name>/`` imports ``models.backends.<name>`` (only
+    ``models.backends``, ``models.backends.registry`` and ``models.backends.base``): the CLI, the vLLM plug-in and the bench's peers ask
+    a registry entry's hooks. Nothing in ``models/backends/`` imports replay, trace, acceptance,
     draft_formats (``draft="auto"``'s choice is reached through ``Request.drafts``) or a front end."""
     assert not backend_leaks(), backend_leaks()
 
 
 def test_the_backend_leak_check_sees_a_leak(tmp_path, monkeypatch):
     """The check above finds an import of a backend's package from outside it, from another backend's
-    package, and an import of a layer above from inside ``backends/``; a backend's own modules pass."""
-    for folder in ("backends/one", "backends/two", "bench"):
+    package, and an import of a layer above from inside ``models/backends/``; a backend's own modules pass."""
+    for folder in ("models/backends/one", "models/backends/two", "traces", "bench"):
         (tmp_path / folder).mkdir(parents=True)
-    for name in ("__init__.py", "trace.py", "backends/__init__.py", "backends/registry.py", "backends/one/__init__.py",
-                 "backends/two/__init__.py", "bench/__init__.py"):
+    for name in ("__init__.py", "models/__init__.py", "traces/__init__.py", "traces/trace.py",
+                 "models/backends/__init__.py", "models/backends/registry.py", "models/backends/one/__init__.py",
+                 "models/backends/two/__init__.py", "bench/__init__.py"):
         (tmp_path / name).write_text("")
-    (tmp_path / "backends/one/model.py").write_text("from ..registry import Backend\nfrom .load import x\n")
-    (tmp_path / "backends/one/load.py").write_text("def f():\n    from ...trace import y\n")
-    (tmp_path / "backends/two/backend.py").write_text("from ..one.model import m\n")
-    (tmp_path / "bench/peers.py").write_text("from ..backends import REGISTRY\nfrom ..backends.one import load\n")
+    (tmp_path / "models/backends/one/model.py").write_text("from ..registry import Backend\nfrom .load import x\n")
+    (tmp_path / "models/backends/one/load.py").write_text("def f():\n    from ....traces.trace import y\n")
+    (tmp_path / "models/backends/two/backend.py").write_text("from ..one.model import m\n")
+    (tmp_path / "bench/peers.py").write_text("from ..models.backends import REGISTRY\n"
+                                             "from ..models.backends.one import load\n")
     monkeypatch.setitem(globals(), "SRC", tmp_path)
-    assert backend_leaks() == ["backends.one.load imports trace", "backends.two.backend imports backends.one.model",
-                               "bench.peers imports backends.one.load"]
+    assert backend_leaks() == ["bench.peers imports models.backends.one.load",
+                               "models.backends.one.load imports traces.trace",
+                               "models.backends.two.backend imports models.backends.one.model"]
 
 
 def _costmodel_names_used() -> set[str]:
-    """Every name src/ and tests/ import from specdec.costmodel, or read off it as an attribute."""
+    """Every name src/ and tests/ import from specdec.models.costmodel, or read off it as an attribute."""
     names = set()
     for path in [*SRC.rglob("*.py"), *Path(__file__).parent.glob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
@@ -516,7 +650,7 @@ def _costmodel_names_used() -> set[str]:
 def test_costmodel_package_reexports_every_name_in_use():
     """costmodel is a package of modules by concern; every name used from it is importable from the
     package itself, and is the object its defining module holds (one definition, no copies)."""
-    from specdec import costmodel
+    from specdec.models import costmodel
 
     used = _costmodel_names_used()
     assert {"CostTable", "best_k", "measure", "load_cached", "fingerprint", "choose_dtypes"} <= used
@@ -540,7 +674,7 @@ def test_nothing_is_hung_on_objects_through_their_dict():
 
 
 def test_tau_is_computed_in_one_place():
-    """``1 + accepted / rounds`` is written once, in :func:`specdec.stats.tau_of`; everything else calls it."""
+    """``1 + accepted / rounds`` is written once, in :func:`specdec.core.stats.tau_of`; everything else calls it."""
     found = []
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -548,7 +682,7 @@ def test_tau_is_computed_in_one_place():
                     and node.left.value == 1 and isinstance(node.right, ast.BinOp)
                     and isinstance(node.right.op, ast.Div) and "accept" in ast.unparse(node.right.left)):
                 found.append(f"{path.relative_to(SRC).as_posix()}: {ast.unparse(node)}")
-    assert found == ["stats.py: 1.0 + accepted / rounds"], found
+    assert found == ["core/stats.py: 1.0 + accepted / rounds"], found
 
 
 #: the longest a function may be, in lines (decorators excluded, docstring included)
@@ -573,10 +707,10 @@ def test_no_function_is_longer_than_the_limit():
 
 def test_drafter_options_and_rule_parameters_never_share_a_name():
     """Request options are one flat namespace: a name a drafter declares goes to the drafter, every
-    other to the policy (specdec.request.split_options). A drafter option named like a rule's
+    other to the policy (specdec.core.request.split_options). A drafter option named like a rule's
     parameter (``theta``, ``mars_theta``, ...) would silently take it, so none may be."""
-    from specdec.drafters import ALL_DRAFTER_OPTIONS
-    from specdec.verify import RULES, rule_params
+    from specdec.core.drafters import ALL_DRAFTER_OPTIONS
+    from specdec.core.verify import RULES, rule_params
 
     rule_names = {n for rule in RULES for p in rule_params(rule) for n in (p, f"{rule}_{p}")}
     assert not set(ALL_DRAFTER_OPTIONS) & rule_names, sorted(set(ALL_DRAFTER_OPTIONS) & rule_names)

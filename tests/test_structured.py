@@ -1,4 +1,4 @@
-"""Structured output (specdec.constrain): every rule, drafter and backend respects the grammar.
+"""Structured output (specdec.core.constrain): every rule, drafter and backend respects the grammar.
 
 Greedy constrained lossless speculation equals constrained plain decoding token for token; no loose
 rule ever commits a token the grammar forbids, even from drafts that ignore it; at T>0 lossless
@@ -18,14 +18,14 @@ import torch
 
 pytest.importorskip("llguidance")
 
-from specdec.api import Pair, make_config  # noqa: E402
-from specdec.constrain import Constraint, Constraints, constraint_from, make_guide  # noqa: E402
-from specdec.drafters import DRAFTERS, Draft, Drafter, ModelDrafter  # noqa: E402
-from specdec.drafters.tree import TreeDrafter  # noqa: E402
-from specdec.engine import DecodeConfig, Engine  # noqa: E402
+from specdec.frontends.api import Pair, make_config  # noqa: E402
+from specdec.core.constrain import Constraint, Constraints, constraint_from, make_guide  # noqa: E402
+from specdec.core.drafters import DRAFTERS, Draft, Drafter, ModelDrafter  # noqa: E402
+from specdec.core.drafters.tree import TreeDrafter  # noqa: E402
+from specdec.core.engine import DecodeConfig, Engine  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402
-from specdec.backends.transformers.model import HFModel as CausalLM  # noqa: E402
-from specdec.sampling import SamplingParams, probabilities  # noqa: E402
+from specdec.models.backends.transformers.model import HFModel as CausalLM  # noqa: E402
+from specdec.core.sampling import SamplingParams, probabilities  # noqa: E402
 from tinymodels import byte_tokenizer, chisquare_joint, joint3, memo_lm, perturbed_copy, tiny_model  # noqa: E402
 
 EOS = 258  # the byte tokenizer's <|im_end|>
@@ -342,7 +342,7 @@ def test_refused_before_any_work(pair, monkeypatch):
         Engine(pair.target, eos_ids=[EOS]).generate([1, 2], make_config(policy="ar", regex="a+"))
     with pytest.raises(SpecdecError, match="end-of-sequence"):
         Engine(pair.target, constraints=Constraints(TOK, pair.target.vocab_limit, [])).generate([1, 2], make_config(policy="ar", regex="a+"))
-    import specdec.constrain as constrain
+    import specdec.core.constrain as constrain
 
     monkeypatch.setitem(constrain.LIMITS, "max_grammar_size", 5)
     with pytest.raises(SpecdecError) as err:
@@ -378,7 +378,7 @@ def test_generate_cli_flags(tiny_dirs, tmp_path):
 
 def test_llama_cpp_backend_respects_the_grammar(tmp_path):
     pytest.importorskip("llama_cpp")
-    from specdec.backends.llamacpp.model import LlamaCppModel
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
     from tinymodels import save_tiny_gguf
 
     kw = dict(layers=1, hidden=16, initializer_range=0.2)

@@ -1,4 +1,4 @@
-"""Suffix decoding (specdec.drafters.suffix): the suffix trie's counts and matches, the
+"""Suffix decoding (specdec.core.drafters.suffix): the suffix trie's counts and matches, the
 frequency-scored drafts, the cross-request cache (bound, eviction order, per-caller isolation,
 opt-out), exactness under every rule, and the drafter through the server and bench."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specdec.drafters import DRAFTERS, SuffixCache, SuffixDrafter, SuffixTreeDrafter
-from specdec.drafters.suffix import DEPTH, SuffixTrie, expand
-from specdec.engine import DecodeConfig, Engine
+from specdec.core.drafters import DRAFTERS, SuffixCache, SuffixDrafter, SuffixTreeDrafter
+from specdec.core.drafters.suffix import DEPTH, SuffixTrie, expand
+from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.sampling import SamplingParams
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.core.sampling import SamplingParams
 from tinymodels import chisquare_joint, engine_sample, per_rule, perturbed_copy, tiny_engine, tiny_model
 
 GREEDY = SamplingParams()
@@ -247,8 +247,8 @@ def test_sampled_suffix_decoding_reproduces_the_target_distribution(policy, draf
 
 def test_structured_output_drafts_only_what_the_grammar_allows():
     pytest.importorskip("llguidance")
-    from specdec.api import Pair
-    from specdec.constrain import constraint_from, make_guide
+    from specdec.frontends.api import Pair
+    from specdec.core.constrain import constraint_from, make_guide
     from tinymodels import byte_tokenizer
 
     tok = byte_tokenizer()
@@ -317,7 +317,7 @@ def test_bad_suffix_options_are_one_line_errors(drafter, options, match):
 
 
 def test_the_caller_is_no_request_option():
-    from specdec.request import make_config
+    from specdec.core.request import make_config
 
     with pytest.raises(SpecdecError, match="unknown option 'caller'"):
         make_config(drafter="suffix", caller="alice")
@@ -360,8 +360,8 @@ def test_server_serves_the_suffix_drafter_and_keeps_each_keys_text_apart(tiny_di
     pytest.importorskip("fastapi")
     openai = pytest.importorskip("openai")
     import specdec
-    from specdec.server import create_app, serve_in_thread
-    from specdec.server.gate import key_id
+    from specdec.frontends.server import create_app, serve_in_thread
+    from specdec.frontends.server.gate import key_id
 
     target, draft = tiny_dirs
     pair = specdec.load(str(target), draft=str(draft), dtype="float32", device="cpu", progress=False)

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tinymodels import byte_tokenizer
-from specdec.text import StopStrings, TextStream
+from specdec.core.text import StopStrings, TextStream
 
 TOK = byte_tokenizer()
 
@@ -81,7 +81,7 @@ def test_holdback_of_a_periodic_stop():
 
 def test_lone_surrogates_are_refused_with_a_clear_error():
     from specdec.errors import SpecdecError
-    from specdec.text import encode_prompt
+    from specdec.core.text import encode_prompt
 
     with pytest.raises(SpecdecError, match=r"stop string 1 holds a lone surrogate \('\\ud800'\)"):
         StopStrings(TOK, ["ok", "x\ud800"])
@@ -93,7 +93,7 @@ def test_lone_surrogates_are_refused_with_a_clear_error():
 
 def test_tokenizer_and_template_errors_become_specdec_errors():
     from specdec.errors import SpecdecError
-    from specdec.text import tokenizer_call
+    from specdec.core.text import tokenizer_call
 
     def template(*a, **k):
         from jinja2.exceptions import TemplateError

@@ -6,13 +6,13 @@ import random
 import pytest
 import torch
 
-from specdec.engine import DecodeConfig, Engine
+from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
-from specdec.backends.transformers.model import HFModel as CausalLM
-from specdec.sampling import SamplingParams
+from specdec.models.backends.transformers.model import HFModel as CausalLM
+from specdec.core.sampling import SamplingParams
 from tinymodels import chisquare_joint, engine_sample, per_rule, perturbed_copy, tiny_engine, tiny_model
-from specdec.verify import Round, make_policy
-from specdec.verify.tree import TreeRound, tree_children, tree_depth, walk_tree
+from specdec.core.verify import Round, make_policy
+from specdec.core.verify.tree import TreeRound, tree_children, tree_depth, walk_tree
 
 from test_kv_rollback import CACHES, assert_cache_matches
 
@@ -207,8 +207,8 @@ def test_tree_depth_is_its_own_option_and_a_fixed_k_still_sets_it():
     """A tree's depth limit is the tree drafters' option ``tree_depth`` (``--tree-depth``); a fixed
     k keeps setting it for them, so both spell one request, and both given unequal are refused."""
     from specdec.cli import build_parser
-    from specdec.cliargs import decode_config
-    from specdec.request import make_config
+    from specdec.frontends.cliargs import decode_config
+    from specdec.core.request import make_config
 
     for drafter in ("tree", "suffix-tree", "lookahead"):
         by_depth = make_config(drafter=drafter, tree_depth=3)
@@ -250,7 +250,7 @@ def test_sampled_tree_decoding_reproduces_the_target_distribution(policy):
 def test_a_wrong_tree_rule_is_caught():
     """Accepting a child with probability p(x) without renormalizing after a rejected sibling
     (a plausible bug) is visibly off the target's law."""
-    import specdec.verify.tree as tree_mod
+    import specdec.core.verify.tree as tree_mod
 
     real = tree_mod.walk_tree
 
@@ -270,7 +270,7 @@ def test_a_wrong_tree_rule_is_caught():
             node = chosen
 
     engine = tiny_engine(vocab=4)
-    import specdec.verify.base as base_mod
+    import specdec.core.verify.base as base_mod
     base_mod.walk_tree, saved = sloppy, base_mod.walk_tree
     try:
         counts, expected, _, _ = engine_sample(engine, 3000, SamplingParams(temperature=1.0),
@@ -329,7 +329,7 @@ def test_server_takes_the_tree_drafter_in_the_speculative_object(tiny_dirs):
     pytest.importorskip("fastapi")
     openai = pytest.importorskip("openai")
     import specdec
-    from specdec.server import create_app, serve_in_thread
+    from specdec.frontends.server import create_app, serve_in_thread
 
     target, draft = tiny_dirs
     pair = specdec.load(str(target), draft=str(draft), dtype="float32", device="cpu", progress=False)

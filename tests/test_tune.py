@@ -10,8 +10,8 @@ from specdec.bench import tune
 from specdec.bench.datasets import load_dataset
 from specdec.bench.prompts import build_prompt
 from specdec.cli import build_parser, main
-from specdec.cliargs import decode_kwargs
-from specdec.configfile import FORMAT, read_config, write_config
+from specdec.frontends.cliargs import decode_kwargs
+from specdec.core.configfile import FORMAT, read_config, write_config
 from specdec.errors import SpecdecError
 
 DATA = Path(__file__).parent / "data"

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from specdec.sampling import SamplingParams
-from specdec.verify import Lossless, Round, finish, lossless_mask
-from specdec.verify.lossless import greedy_accept, leading_true, residual, sampling_accept
+from specdec.core.sampling import SamplingParams
+from specdec.core.verify import Lossless, Round, finish, lossless_mask
+from specdec.core.verify.lossless import greedy_accept, leading_true, residual, sampling_accept
 
 NEG = -1e4
 

@@ -24,11 +24,11 @@ if os.environ.get("SPECDEC_REQUIRE_VLLM") == "1":  # CI's vLLM environment: a mi
 else:
     vllm = pytest.importorskip("vllm", reason="vLLM is not installed (pip install 'specdec-rules[vllm]'): vLLM tests skipped")
 
-from specdec.sampling import SamplingParams as SdParams  # noqa: E402
-from specdec.verify import Round, make_policy  # noqa: E402
-from specdec.vllm import make_llm, request_args, rule_stats  # noqa: E402
-from specdec.vllm.config import Selection  # noqa: E402
-from specdec.vllm.patch import Step, install, sampler_class, supported, vllm_version  # noqa: E402
+from specdec.core.sampling import SamplingParams as SdParams  # noqa: E402
+from specdec.core.verify import Round, make_policy  # noqa: E402
+from specdec.frontends.vllm import make_llm, request_args, rule_stats  # noqa: E402
+from specdec.frontends.vllm.config import Selection  # noqa: E402
+from specdec.frontends.vllm.patch import Step, install, sampler_class, supported, vllm_version  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not supported(vllm_version()),
                                 reason=f"vLLM {vllm_version()} is not a version specdec's plugin supports")
@@ -212,7 +212,7 @@ def test_no_rule_emits_a_token_the_grammar_mask_forbids(samplers, monkeypatch, t
     """vLLM masks every logits row of a structured-output request (draft rows and bonus row) before
     its rejection sampler runs; specdec's rules read those rows and, through ``in_support``, never
     keep a draft at -inf, even where vLLM hands the sampler such a draft."""
-    from specdec.verify import policy as policy_module
+    from specdec.core.verify import policy as policy_module
 
     vllm_rs, ours = samplers
     rules = [("lossless", {}), *LOOSE]
@@ -229,7 +229,7 @@ def test_sampling_constraints_use_each_requests_temperature():
     int64-only and leaves float outputs uninitialized, see patch.sampling_constraints)."""
     from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
 
-    from specdec.vllm.patch import sampling_constraints
+    from specdec.frontends.vllm.patch import sampling_constraints
 
     meta, logits, sm, *_ = _vllm_step(5, KS, temperature=0.8)
     temps = [0.5, 1.0, 2.0, 0.0, 0.7, 1.1, 0.9, 1.3]
@@ -404,11 +404,11 @@ def test_each_rule_inside_vllm_equals_specdecs_engine(engine_outputs, tiny_model
     """Same models (float32), same K, same greedy drafts: vLLM + the rule equals specdec's engine
     + the rule, except possibly in the last round, where specdec's engine drafts fewer than K
     (it never drafts past max_new_tokens) and vLLM may not."""
-    from specdec.engine import DecodeConfig, Engine
-    from specdec.backends.transformers.model import HFModel as CausalLM
+    from specdec.core.engine import DecodeConfig, Engine
+    from specdec.models.backends.transformers.model import HFModel as CausalLM
     from transformers import AutoModelForCausalLM
 
-    from specdec.verify.schedule import Schedule
+    from specdec.core.verify.schedule import Schedule
 
     if name == "dropmatch":
         pytest.skip("dropout masks are drawn from vLLM's and specdec's own generators: same rule, other draws")

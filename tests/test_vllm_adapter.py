@@ -1,4 +1,4 @@
-"""specdec.vllm without vLLM: the ragged-batch adapter, the config keys and the import boundary.
+"""specdec.frontends.vllm without vLLM: the ragged-batch adapter, the config keys and the import boundary.
 
 The adapter's decisions on a batch of ragged rows must equal, row by row, what specdec's own engine
 decides on the same logits (the same ``policy.verify`` on the round the engine would build).
@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from specdec.errors import SpecdecError
-from specdec.sampling import SamplingParams, probabilities
-from specdec.verify import Round, make_policy
-from specdec.vllm.config import (Selection, engine_selection, request_args, request_selection, selection)
-from specdec.vllm.patch import check_engine_args
-from specdec.vllm.ragged import PLACEHOLDER, RaggedBatch, verify_ragged
+from specdec.core.sampling import SamplingParams, probabilities
+from specdec.core.verify import Round, make_policy
+from specdec.frontends.vllm.config import (Selection, engine_selection, request_args, request_selection, selection)
+from specdec.frontends.vllm.patch import check_engine_args
+from specdec.frontends.vllm.ragged import PLACEHOLDER, RaggedBatch, verify_ragged
 
 VOCAB, HIDDEN = 13, 8
 POLICIES = [
@@ -218,8 +218,8 @@ def test_engine_args_check(monkeypatch):
 
 # ------------------------------------------------------------------------------------------ boundaries
 def test_specdec_does_not_import_vllm_and_the_adapter_needs_no_vllm():
-    code = ("import sys, specdec, specdec.cli, specdec.vllm, specdec.vllm.ragged, specdec.vllm.config; "
-            "import specdec.vllm.patch; "
+    code = ("import sys, specdec, specdec.cli, specdec.frontends.vllm, specdec.frontends.vllm.ragged, specdec.frontends.vllm.config; "
+            "import specdec.frontends.vllm.patch; "
             "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -229,7 +229,7 @@ def test_specdec_does_not_import_vllm_and_the_adapter_needs_no_vllm():
 def test_make_llm_without_vllm_is_one_clear_error(monkeypatch):
     import importlib.util
 
-    import specdec.vllm as sv
+    import specdec.frontends.vllm as sv
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "vllm" else real(n, *a))
@@ -242,8 +242,8 @@ def test_lossless_in_make_llm_is_specdecs_rule_and_vllm_names_vllms(monkeypatch)
     engine's additional_config selects it), and ``vllm`` names vLLM's own rule (no selection)."""
     from types import SimpleNamespace
 
-    import specdec.vllm as sv
-    import specdec.vllm.patch as patch
+    import specdec.frontends.vllm as sv
+    import specdec.frontends.vllm.patch as patch
 
     monkeypatch.setattr(sv, "_require_vllm", lambda: SimpleNamespace(LLM=lambda **kw: kw))
     monkeypatch.setattr(sv, "_check_plugin_registered", lambda: None)

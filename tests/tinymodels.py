@@ -276,7 +276,7 @@ class ToyChain:
 
     def target_probs(self, params) -> tuple[torch.Tensor, ...]:
         """The target's sampling distributions under ``params`` (temperature, top-k, top-p)."""
-        from specdec.sampling import probabilities
+        from specdec.core.sampling import probabilities
 
         return tuple(probabilities(z.reshape(-1, self.vocab), params).reshape(z.shape) for z in self.z)
 
@@ -301,7 +301,7 @@ class ToyChain:
         without probabilities); the drafts and the completions are drawn all at once, from a
         generator of their own, the rule draws from the round's. Returns (``[V, V, V]`` counts,
         rejections, total of ``relaxed``)."""
-        from specdec.verify import Round
+        from specdec.core.verify import Round
 
         gen, own = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
         _, p2, p3 = self.target_probs(params)
@@ -356,7 +356,7 @@ def memo_lm(model):
     the time. Each context is run from an empty cache through ``model`` (an ``HFModel``), so the
     KV cache here is bookkeeping only: these tests check the engine's law; the greedy tests check
     the backends' caches."""
-    from specdec.backends.base import Model
+    from specdec.models.backends.base import Model
 
     class MemoLM(Model):
         backend = "memo"
@@ -423,11 +423,11 @@ def memo_lm(model):
 
 
 def tiny_engine(vocab: int = 4, seeds: tuple[int, int] = (21, 22)):
-    """An :class:`~specdec.engine.Engine` over two random one-layer models with ``vocab`` tokens:
+    """An :class:`~specdec.core.engine.Engine` over two random one-layer models with ``vocab`` tokens:
     a target and a draft far enough apart that rounds reject often (no EOS), their logits memoized
     per context (:func:`memo_lm`)."""
-    from specdec.engine import Engine
-    from specdec.backends.transformers.model import HFModel as CausalLM
+    from specdec.core.engine import Engine
+    from specdec.models.backends.transformers.model import HFModel as CausalLM
 
     target, draft = (memo_lm(CausalLM(tiny_model(s, vocab_size=vocab, layers=1, hidden=16, initializer_range=0.2)))
                      for s in seeds)
@@ -435,8 +435,8 @@ def tiny_engine(vocab: int = 4, seeds: tuple[int, int] = (21, 22)):
 
 
 def target_joint(target, prompt: list[int], params, vocab: int) -> torch.Tensor:
-    """``[V, V, V]``: the joint law of a :class:`~specdec.backends.transformers.model.HFModel`'s first three sampled tokens."""
-    from specdec.sampling import probabilities
+    """``[V, V, V]``: the joint law of a :class:`~specdec.models.backends.transformers.model.HFModel`'s first three sampled tokens."""
+    from specdec.core.sampling import probabilities
 
     def dist(context):
         target.reset()
@@ -449,11 +449,11 @@ def target_joint(target, prompt: list[int], params, vocab: int) -> torch.Tensor:
 
 def engine_sample(engine, n: int, params, prompt: tuple[int, ...] = (1, 3, 0, 2), **config):
     """Generate three tokens ``n`` times (seeds ``0 .. n-1``, K = 2, sampling ``params``; ``config``:
-    further :class:`~specdec.engine.DecodeConfig` fields such as ``policy``). Returns (``[V, V, V]``
+    further :class:`~specdec.core.engine.DecodeConfig` fields such as ``policy``). Returns (``[V, V, V]``
     counts, the target's ``[V, V, V]`` joint, the fraction of drafts accepted, drafts relaxed)."""
     from dataclasses import replace
 
-    from specdec.engine import DecodeConfig
+    from specdec.core.engine import DecodeConfig
 
     vocab, prompt = engine.target.vocab_limit, list(prompt)
     counts = torch.zeros(vocab, vocab, vocab)

@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 
-from specdec.backends import Backend, Costs, Loaded, Model, Request
+from specdec.models.backends import Backend, Costs, Loaded, Model, Request
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer
 
@@ -77,7 +77,7 @@ class ToyBackend(Backend):
         return Loaded(target, tokenizer, draft, (req.target, req.draft), costs, why)
 
     def measure(self, lm, remeasure: bool = False, log=None):
-        from specdec.costmodel import load_cached, model_fingerprint, table_for
+        from specdec.models.costmodel import load_cached, model_fingerprint, table_for
 
         key = f"{lm.name}|toy"
         cached = None if remeasure else load_cached(model_fingerprint(lm), key, lm.variant)

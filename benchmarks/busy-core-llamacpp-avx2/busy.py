@@ -1,7 +1,7 @@
 """16 one-token steps of the shipped target on llama.cpp at the given thread count (README.md)."""
 import os, sys, time, json
-from specdec.backends.llamacpp.model import LlamaCppModel
-from specdec.backends.llamacpp.formats import model_file
+from specdec.models.backends.llamacpp.model import LlamaCppModel
+from specdec.models.backends.llamacpp.formats import model_file
 path = model_file("qwen2.5-coder-1.5b", progress=False)
 threads = int(sys.argv[1])
 lm = LlamaCppModel(path, "t", threads=threads)

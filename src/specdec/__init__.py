@@ -8,14 +8,14 @@
 Heavy imports (transformers) happen only when models are loaded.
 """
 
-from .api import Output, Pair, Stream, load, make_config
-from .configfile import read_config, write_config
-from .constrain import Constraint, constraint_from
-from .engine import Engine, Generation
-from .request import DecodeConfig
+from .frontends.api import Output, Pair, Stream, load, make_config
+from .core.configfile import read_config, write_config
+from .core.constrain import Constraint, constraint_from
+from .core.engine import Engine, Generation
+from .core.request import DecodeConfig
 from .errors import SpecdecError
-from .sampling import SamplingParams
-from .stats import Stats
+from .core.sampling import SamplingParams
+from .core.stats import Stats
 
 __version__ = "0.2.0"
 

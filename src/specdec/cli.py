@@ -13,12 +13,13 @@ from typing import Sequence
 
 from .bench.cli import register as register_bench
 from .bench.tune import register as register_tune
-from .bundled import BUNDLED
-from .cliargs import LOW_TAU, add_decode_args, add_model_args, decode_config, decode_kwargs, load_pair, startup_summary
+from .models.bundled import BUNDLED
+from .frontends.cliargs import (
+    LOW_TAU, add_decode_args, add_model_args, decode_config, decode_kwargs, load_pair, startup_summary)
 from .errors import SpecdecError
 from .bench.replaycli import register as register_replay
-from .server.cli import register as register_serve
-from .text import surrogate_at
+from .frontends.server.cli import register as register_serve
+from .core.text import surrogate_at
 
 # ---------------------------------------------------------------------------- commands
 def cmd_generate(a: argparse.Namespace) -> int:
@@ -51,7 +52,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
 
 def add_constraint_args(p: argparse.ArgumentParser) -> None:
-    """``generate``'s structured-output flags (at most one; :mod:`specdec.constrain`)."""
+    """``generate``'s structured-output flags (at most one; :mod:`specdec.core.constrain`)."""
     g = p.add_argument_group("structured output (pip install 'specdec-rules[structured]'; at most one)")
     g.add_argument("--json-schema", default=None, metavar="FILE", help="the text is JSON matching this JSON schema file")
     g.add_argument("--json-object", action="store_true", help="the text is a JSON object")
@@ -91,7 +92,7 @@ def decoding_notes(s, pair) -> list[str]:
     at least half the rounds, nothing was rejected for them, and the note says why (the measured
     costs against the acceptance drafting would need). A cost table the passes drifted far from
     gets a note too."""
-    from .drafters import drafter_class
+    from .core.drafters import drafter_class
 
     lines = []
     zero = sum(1 for k in s.k_chosen if k == 0) if s.k_chosen else 0
@@ -119,9 +120,9 @@ def decoding_notes(s, pair) -> list[str]:
 
 def why_plain_steps(target: CostTable, draft: CostTable | None, needs_model: bool, drafted: int, accepted: int) -> str:
     """Why k=auto chose plain steps (K=0), for people: the measured costs it weighed and the
-    acceptance drafting would need (:func:`specdec.autok.break_even_rate`), against what the drafts
+    acceptance drafting would need (:func:`specdec.core.autok.break_even_rate`), against what the drafts
     tried were kept at."""
-    from .autok import break_even_rate, draft_step
+    from .core.autok import break_even_rate, draft_step
 
     step = draft_step(target, draft, needs_model)
     costs = (f"a plain step {target.forward(1) * 1e3:.0f} ms, a 5-token pass {target.forward(5) * 1e3:.0f} ms, "
@@ -166,9 +167,9 @@ def check_argv(argv: Sequence[str]) -> None:
 
 
 def cmd_models(a: argparse.Namespace) -> int:
-    from . import bundled
-    from .backends import REGISTRY
-    from .cache import specdec_home
+    from .models import bundled
+    from .models.backends import REGISTRY
+    from .models.cache import specdec_home
 
     if a.action == "prepare":
         names = a.names or list(BUNDLED)
@@ -183,7 +184,7 @@ def cmd_models(a: argparse.Namespace) -> int:
     for name, b in BUNDLED.items():
         state = bundled.state(name)
         if a.verify and state == "ready":
-            from .cache import check_folder
+            from .models.cache import check_folder
 
             problem = check_folder(bundled.cache_dir(name), full=True)
             state = "ready (verified)" if problem is None else f"corrupt: {problem}"
@@ -234,7 +235,7 @@ def curve_lines(curves: list) -> list[str]:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
-    from .costmodel import model_fingerprint
+    from .models.costmodel import model_fingerprint
 
     a.recalibrate = True
     pair = load_pair(a, progress=not a.quiet)
@@ -269,7 +270,7 @@ def export_costs(pair, path: str, machine: dict) -> None:
     import dataclasses
     from pathlib import Path
 
-    from .costmodel.timing import context_slope
+    from .models.costmodel.timing import context_slope
 
     tables = []
     for role, lm, used in (("target", pair.target, pair.costs.target), ("draft", pair.draft, pair.costs.draft)):
@@ -292,9 +293,9 @@ def export_costs(pair, path: str, machine: dict) -> None:
 
 
 def print_cost_tables() -> None:
-    from .backends import REGISTRY
-    from .costmodel import cached_tables
-    from .backends import resolve_device
+    from .models.backends import REGISTRY
+    from .models.costmodel import cached_tables
+    from .models.backends import resolve_device
 
     device = resolve_device("auto")
     tables = []

@@ -1,14 +1,14 @@
 """A request's draft length ``k``, parsed once where the request is built, and its one limit.
 
 :class:`K` is a fixed number of draft tokens a round (``K(5)``) or :data:`AUTO` (each round's K
-chosen from the cost model, :mod:`specdec.autok`). Flags, config files, keywords and JSON spell
+chosen from the cost model, :mod:`specdec.core.autok`). Flags, config files, keywords and JSON spell
 auto as the word ``"auto"`` (:data:`AUTO_WORD`); :meth:`K.parse` turns a loose value into a
-:class:`K` once (:class:`~specdec.request.DecodeConfig` does it), and everything after reads
+:class:`K` once (:class:`~specdec.core.request.DecodeConfig` does it), and everything after reads
 ``k.auto`` and ``k.fixed``, never the word. A K compares equal to its loose value (``K(5) == 5``,
 ``AUTO == "auto"``), so code written against the loose values keeps working.
 
 :data:`MAX_K` is the one draft-length limit: the most draft tokens a request may ask for (``k``, a
-tree's depth) and the widest verify pass the cost tables measure (:data:`specdec.costmodel.WIDTHS`
+tree's depth) and the widest verify pass the cost tables measure (:data:`specdec.models.costmodel.WIDTHS`
 ends at it). A chain of K drafts is verified in one pass of K + 1 tokens, so the planners (k=auto,
 the replay's oracle, the dtype choice) plan chains of at most ``MAX_K - 1`` drafts: the passes the
 tables measured.

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from ..errors import SpecdecError
-from ..request import DEFAULTS
+from ..core.request import DEFAULTS
 from . import configs as cfgs
 from .datasets import load_dataset
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
@@ -80,7 +80,7 @@ def register(sub) -> None:
                         "configuration has finished in --out (interim figures of a long run; rerun without it "
                         "to resume)")
     add_execution_args(o)
-    from ..cliargs import add_model_args
+    from ..frontends.cliargs import add_model_args
 
     add_model_args(p)
     p.set_defaults(func=cmd_bench)
@@ -141,7 +141,7 @@ CHANGED_DEFAULTS = (("drafter", "model", "2026-11-27T10:20:22+0000"),)
 
 
 def _read_run(out: Path) -> dict | None:
-    from ..files import read_regular
+    from ..models.files import read_regular
     from .results import RUN_LIMIT
 
     path = Path(out) / "run.json"
@@ -257,7 +257,7 @@ def check_structured(dataset, configs: list) -> None:
 def _bench_locked(a, out, stored, env, configs, peers, everything, settings, dataset) -> tuple[list[dict], dict]:
     """Check or store run.json, load the models and run what is not finished: the records and
     the models' description. The caller holds ``out``'s lock."""
-    from ..cliargs import load_pair, startup_summary
+    from ..frontends.cliargs import load_pair, startup_summary
     from .results import check_run_settings
     from .runner import run
 

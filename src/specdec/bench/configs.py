@@ -7,7 +7,7 @@ policy parameter passed straight to ``Pair.generate`` (``mars:theta=0.8``). Ids:
 ``ar``, ``lossless/model/k5``, ``mars[theta=0.8]/model/k5``, ``hf-assisted``,
 ``hf-pld[prompt_lookup_num_tokens=5]``.
 
-:func:`validate` builds each configuration's :class:`~specdec.request.DecodeConfig` once, before any
+:func:`validate` builds each configuration's :class:`~specdec.core.request.DecodeConfig` once, before any
 model loads, and keeps it on the configuration (``Config.request``); every generation of the run
 uses it (:meth:`Config.request_for`: the run's budget and a seed per repeat), with no validation
 in between.
@@ -20,15 +20,15 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ..backends import REGISTRY
+from ..models.backends import REGISTRY
 from ..draftlength import MAX_K, K
 from ..errors import SpecdecError
-from ..request import DEFAULTS, GENERATION_FIELDS, DecodeConfig
-from ..sampling import SamplingParams
-from ..verify import AR
+from ..core.request import DEFAULTS, GENERATION_FIELDS, DecodeConfig
+from ..core.sampling import SamplingParams
+from ..core.verify import AR
 
 if TYPE_CHECKING:
-    from ..constrain import Constraint
+    from ..core.constrain import Constraint
 
 #: ``ar:dtype=...``: plain decoding with the target loaded in another dtype (the best plain
 #: decoding on a machine may use another dtype than speculation does)
@@ -216,7 +216,7 @@ def parse_positions(text: str, what: str = "--samples") -> tuple[int, int]:
 def config_from_file(path: str) -> Config:
     """The configuration a config file (``specdec tune``'s output) describes, as a bench item.
     Sampling settings in the file are not taken: a bench run has one set for every configuration."""
-    from ..configfile import read_config
+    from ..core.configfile import read_config
 
     decode = read_config(path)
     ignored = sorted(set(GENERATION_FIELDS) & set(decode))
@@ -341,7 +341,7 @@ def check_peer_available(c: Config) -> None:
 def needs_draft_model(c: Config) -> bool:
     """Whether the configuration needs the draft model loaded: the peers that draft with it, and
     every specdec configuration whose drafter class says so (:attr:`Drafter.needs_model`)."""
-    from ..drafters import drafter_class
+    from ..core.drafters import drafter_class
 
     if c.kind == "peer":
         return c.policy in ("hf-assisted", "llama-cpp-spec")

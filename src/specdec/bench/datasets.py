@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cache import sha256_file
+from ..models.cache import sha256_file
 from ..errors import SpecdecError
 
 DATASETS = ("humaneval", "spec-bench", "json-extraction", "edits", "fixture")

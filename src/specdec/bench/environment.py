@@ -47,7 +47,7 @@ def versions() -> dict:
 def hardware() -> dict:
     import torch
 
-    from ..costmodel import KEY_FLAGS, cpu_flags, cpu_model
+    from ..models.costmodel import KEY_FLAGS, cpu_flags, cpu_model
 
     flags = cpu_flags()
     return {"cpu": cpu_model(), "cpu_flags": [f for f in KEY_FLAGS if f in flags], "cpu_cores": os.cpu_count(),

@@ -1,5 +1,5 @@
 """The flags and checks ``specdec bench`` and ``specdec tune`` share: the dataset selection, the
-sampling settings (defaults from :data:`specdec.request.DEFAULTS`), the execution flags, and the
+sampling settings (defaults from :data:`specdec.core.request.DEFAULTS`), the execution flags, and the
 run settings that make a results folder comparable. :mod:`.cli` and :mod:`.tune` import from here
 (neither imports the other)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import SpecdecError
-from ..request import BENCH_SEED, DEFAULTS
+from ..core.request import BENCH_SEED, DEFAULTS
 from . import configs as cfgs
 from .datasets import DATASETS, SPEC_BENCH_CATEGORIES
 from .prompts import FORMAT_VERSION
@@ -35,8 +35,8 @@ def add_dataset_args(g) -> None:
 
 def add_sampling_args(g) -> None:
     """--max-new-tokens, --temperature, --top-p, --top-k, --seed (shared with ``specdec tune``): the
-    library's defaults (:data:`specdec.request.DEFAULTS`), but a fixed base seed
-    (:data:`specdec.request.BENCH_SEED`), so that sampled runs repeat and resume."""
+    library's defaults (:data:`specdec.core.request.DEFAULTS`), but a fixed base seed
+    (:data:`specdec.core.request.BENCH_SEED`), so that sampled runs repeat and resume."""
     d = DEFAULTS
     g.add_argument("--max-new-tokens", default=str(d["max_new_tokens"]), metavar="M",
                    help=f"generation budget (default: {d['max_new_tokens']})")
@@ -105,8 +105,8 @@ def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
     """The settings that make results in one folder comparable (stored in run.json). dtypes are
     stored as asked for (``auto`` is decided at load; the summary records what it chose).
     ``--report-only`` executes nothing, so it needs no --unsafe-exec."""
-    from ..cliargs import draft_of
-    from ..backends import resolve_device
+    from ..frontends.cliargs import draft_of
+    from ..models.backends import resolve_device
 
     device = resolve_device(a.device)
     draft = draft_of(a) or "none"

@@ -17,9 +17,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ..backends import REGISTRY
+from ..models.backends import REGISTRY
 from ..errors import SpecdecError
-from ..text import StopStrings
+from ..core.text import StopStrings
 from .configs import PEERS, Config
 from .loaded import BenchModels
 
@@ -39,8 +39,8 @@ def peer_draft(pair, quant: str, models: BenchModels):
 def gguf_of(source: str) -> str:
     """The GGUF file of a target: a bundled model's (assembled once) or a ``.gguf`` path, either with
     ``@format`` (the copy in that weight format, made by the llama.cpp backend)."""
-    from ..sources import split_format
-    from ..bundled import BUNDLED
+    from ..models.sources import split_format
+    from ..models.bundled import BUNDLED
 
     base = split_format(source)[0]
     if base in BUNDLED or str(base).endswith(".gguf"):

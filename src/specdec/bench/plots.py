@@ -9,7 +9,7 @@ import io
 from collections import defaultdict
 from pathlib import Path
 
-from ..files import write_inside
+from ..models.files import write_inside
 
 
 FILES = ("speedup_vs_quality.png", "tau.png", "acceptance.png", "k_sweep.png")

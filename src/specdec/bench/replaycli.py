@@ -9,8 +9,8 @@ import math
 import sys
 from pathlib import Path
 
-from ..acceptance import COPY_PRIOR, RUN_EDGES, RunRates, run_bin
-from ..autok import KPolicy
+from ..core.acceptance import COPY_PRIOR, RUN_EDGES, RunRates, run_bin
+from ..core.autok import KPolicy
 from ..draftlength import MAX_K
 from ..errors import SpecdecError
 
@@ -67,7 +67,7 @@ def register(sub) -> None:
 # ----------------------------------------------------------------------------------- trace
 def bench_args(folder: Path) -> tuple[argparse.Namespace, dict]:
     """The ``specdec bench`` flags a folder was made with (its run.json's last invocation)."""
-    from ..files import read_regular
+    from ..models.files import read_regular
     from .cli import register as register_bench
     from .results import RUN_LIMIT
 
@@ -100,7 +100,7 @@ def cmd_trace(a: argparse.Namespace) -> int:
     from .datasets import load_dataset
     from .options import parse_selection
     from .prompts import build_prompt
-    from ..trace import header, tokenizer_fingerprint, trace_answer, write_traces
+    from ..traces.trace import header, tokenizer_fingerprint, trace_answer, write_traces
 
     folder = Path(a.folder)
     b, run = bench_args(folder)
@@ -149,9 +149,9 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
     """The run's target (uncalibrated: nothing is timed), each draft source loaded once, the drafts
     to trace by name (model, window, chain length) and each source's acceptance prior on the
     reference text."""
-    from ..api import load
-    from ..draft_formats import REFERENCE
-    from ..trace import draft_name, measure_prior
+    from ..frontends.api import load
+    from ..frontends.draft_formats import REFERENCE
+    from ..traces.trace import draft_name, measure_prior
 
     backend = settings.get("backend", "auto")
     given = {k: settings.get(k) for k in ("dtype", "draft_dtype", "device")}
@@ -177,8 +177,8 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
 # ----------------------------------------------------------------------------------- replay
 def read_tables(paths: list[str]) -> dict[str, object]:
     """Cost tables by model name (before any ``|``), from export files, table files or folders."""
-    from ..costmodel import CostTable
-    from ..files import read_regular
+    from ..models.costmodel import CostTable
+    from ..models.files import read_regular
 
     tables: dict[str, object] = {}
     files: list[Path] = []
@@ -222,7 +222,7 @@ def parse_ks(text: str) -> list[int]:
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from ..trace import read_traces
+    from ..traces.trace import read_traces
 
     head, traces = read_traces(a.traces)
     tables = read_tables(a.costs)
@@ -375,7 +375,7 @@ class FittedRates(RunRates):
 def fitted_copy_rates(offered: list[dict]) -> dict[str, tuple[float, ...]]:
     """The portfolio's realistic bound's rates: per copy source, the share of offered tokens the
     answers kept, per run bin, over every offer at every position of the traces
-    (:func:`specdec.replay.copy_offers`, censored as the portfolio learns: a copy matched to its
+    (:func:`specdec.traces.replay.copy_offers`, censored as the portfolio learns: a copy matched to its
     end says nothing past it), fitted with hindsight; a bin never judged keeps the prior."""
     bins = len(RUN_EDGES) + 1
     counts: dict[str, tuple[list[float], list[float]]] = {}
@@ -416,11 +416,11 @@ LOOKUP_DRAFTERS = ("pld", "suffix")
 
 
 def auto_k(target, draft_table, draft: str, window: int = 0, prior: dict | None = None):
-    """The engine's k=auto controller (:class:`~specdec.autok.AutoK`) as a replay runs it for
+    """The engine's k=auto controller (:class:`~specdec.core.autok.AutoK`) as a replay runs it for
     ``draft`` (a draft of the traces, or a drafter of :data:`LOOKUP_DRAFTERS`): one across the
     traces, warm from one to the next as in one process."""
-    from ..acceptance import AcceptancePrior
-    from ..autok import AutoK
+    from ..core.acceptance import AcceptancePrior
+    from ..core.autok import AutoK
 
     lookup = draft in LOOKUP_DRAFTERS
     return AutoK(target, None if lookup else draft_table, needs_model=not lookup, window=window,
@@ -435,9 +435,9 @@ def replay_all(traces: list, draft: str, target, draft_table,
     per category and in total (seconds; ``fixed`` by K as a string). ``draft``: a draft of the
     traces, or a drafter without a model (:data:`LOOKUP_DRAFTERS`: run on the prompts, with one
     suffix cache across the traces as one engine keeps; no oracle, which plans over a model's trace)."""
-    from ..autok import Fixed
-    from ..drafters import SuffixCache, make_drafter
-    from ..replay import Clock, oracle, replay
+    from ..core.autok import Fixed
+    from ..core.drafters import SuffixCache, make_drafter
+    from ..traces.replay import Clock, oracle, replay
 
     clock = clock or Clock(target, draft_table)
     lookup = draft in LOOKUP_DRAFTERS
@@ -474,10 +474,10 @@ def replay_portfolio(traces: list, draft: str | None, target, draft_table, prior
     ``draft`` among its sources (None: the copy sources only), against plain decoding and the
     portfolio's oracle (the source and K of every round chosen with hindsight): per prompt, per
     category and in total (seconds)."""
-    from ..acceptance import AcceptancePrior
-    from ..autok import PortfolioK
-    from ..drafters import AutoDrafter, SuffixCache
-    from ..replay import Clock, copy_offers, oracle, replay
+    from ..core.acceptance import AcceptancePrior
+    from ..core.autok import PortfolioK
+    from ..core.drafters import AutoDrafter, SuffixCache
+    from ..traces.replay import Clock, copy_offers, oracle, replay
 
     clock = clock or Clock(target, draft_table)
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import SpecdecError
-from ..files import read_regular
+from ..models.files import read_regular
 
 RESULTS = "results.jsonl"
 RUN = "run.json"

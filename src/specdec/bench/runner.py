@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ..errors import SpecdecError
-from ..request import BENCH_SEED, DEFAULTS
-from ..stats import tau_of
+from ..core.request import BENCH_SEED, DEFAULTS
+from ..core.stats import tau_of
 from .configs import Config
 from .datasets import Dataset, Sample
 from .loaded import BenchModels
@@ -192,10 +192,10 @@ def _get_ready(pair, todo: list, prompts: dict[str, Prompt], everything: list[Co
 
 def machine_step_ms(pair) -> float:
     """This machine's speed as the run starts: milliseconds of one plain decoding step of the
-    target (best of a few, :func:`specdec.costmodel.time_step`), stored in every record the run
+    target (best of a few, :func:`specdec.models.costmodel.time_step`), stored in every record the run
     writes as ``step_ms``, so a folder resumed on a slower or faster machine is not timed across
     the two (:func:`specdec.bench.summary.same_speed`). About a second on a CPU."""
-    from ..costmodel import time_step
+    from ..models.costmodel import time_step
 
     return round(1000.0 * time_step(pair.target), 3)
 
@@ -234,12 +234,12 @@ def _add_agreement(rec: dict, ar: dict | None) -> None:
 
 
 def sample_constraints(dataset: Dataset) -> dict[str, Any]:
-    """Sample id -> its structured-output :class:`~specdec.constrain.Constraint` (the sample's
+    """Sample id -> its structured-output :class:`~specdec.core.constrain.Constraint` (the sample's
     ``constraint_schema``), for the samples that carry one; checked here, before any generation."""
     out = {}
     for s in dataset.samples:
         if s.constraint_schema is not None:
-            from ..constrain import constraint_from
+            from ..core.constrain import constraint_from
 
             out[s.id] = constraint_from(json_schema=s.constraint_schema)
     return out
@@ -285,7 +285,7 @@ def pair_for(pair, cfg: Config, models: BenchModels):
     variants = models.variants
     key = (dtype, backend, cfg.is_ar)
     if key not in variants:
-        from ..api import load
+        from ..frontends.api import load
 
         # calibrated (a cached table after the first run): the variant gets this machine's kernel choices
         draft = None if cfg.is_ar else pair.draft_name
@@ -308,7 +308,7 @@ def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, set
     pair = pair_for(pair, cfg, models)
     request = cfg.request_for(settings.max_new_tokens, constraint, **settings.sampling(rep))
     if constraint is not None:  # compiled (and cached) for this pair's tokenizer before the clock starts
-        from ..constrain import compile_constraint
+        from ..core.constrain import compile_constraint
 
         compile_constraint(pair.tokenizer, constraint)
     start = time.perf_counter()

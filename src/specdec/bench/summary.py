@@ -66,7 +66,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..stats import tau_of
+from ..core.stats import tau_of
 
 AR_ID = "ar"
 #: the per-record verdict behind each quality metric
@@ -534,7 +534,7 @@ def vs_lossless(rows: dict[str, dict]) -> dict[str, dict]:
 def best_k_per_policy(rows: dict[str, dict]) -> dict[str, dict]:
     """For each policy (with its parameters) and drafter run at two or more Ks: the K with the
     highest speedup over ar, among the configurations of this run's table (the summary's
-    ``best_k``; not :func:`specdec.costmodel.best_k`, which picks K from measured costs)."""
+    ``best_k``; not :func:`specdec.models.costmodel.best_k`, which picks K from measured costs)."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for cid, row in rows.items():
         if row.get("kind") == "specdec" and row.get("policy") != AR_ID and row.get("speedup_vs_ar") is not None:

@@ -52,7 +52,7 @@ from typing import Any
 from ..checks import check_number
 from ..draftlength import K
 from ..errors import SpecdecError
-from ..request import DEFAULTS
+from ..core.request import DEFAULTS
 from . import certify
 from . import configs as cfgs
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
@@ -130,7 +130,7 @@ def register(sub) -> None:
                    help="the config file to write, with one policy (default: OUT/config.json; OUT/config-POLICY.json "
                         "each with several)")
     add_execution_args(o)
-    from ..cliargs import add_model_args
+    from ..frontends.cliargs import add_model_args
 
     add_model_args(p)
     p.set_defaults(func=cmd_tune)
@@ -166,7 +166,7 @@ def parse_policies(text: str) -> list[str]:
 
 def check_policy(name: str):
     """The policy object of ``name``, refusing ``ar`` (the baseline) and unknown names."""
-    from ..verify import make_policy
+    from ..core.verify import make_policy
 
     if name == "ar":
         raise SpecdecError("policy 'ar' (plain decoding) has nothing to tune; it is the baseline")
@@ -176,7 +176,7 @@ def check_policy(name: str):
 def grid_axes(policy: str, overrides: list[str] | None) -> dict[str, list[Any]]:
     """``{prefixed parameter: values}``: each rule's ``tune_grid``, replaced by ``--grid`` items
     (with several policies, an item applies to each policy that has the parameter)."""
-    from ..verify import RULES
+    from ..core.verify import RULES
 
     pol = check_policy(policy)
     rules = [] if pol is None else sorted(set(policy.split("+")) & set(RULES))
@@ -218,8 +218,8 @@ def grid_for_policies(policies: list[str], overrides: list[str] | None) -> dict[
 
 
 def _prefixed(key: str, rules: list[str], policy: str) -> str:
-    from ..verify import rule_params
-    from ..verify.policy import SCHEDULE_PARAMS
+    from ..core.verify import rule_params
+    from ..core.verify.policy import SCHEDULE_PARAMS
 
     if any(key == f"{r}_{p}" for r in rules for p in rule_params(r)) or (rules and key in SCHEDULE_PARAMS):
         return key  # prefixed already, or the policy's own (its relaxation schedule: never prefixed)
@@ -259,7 +259,7 @@ def grid_configs(policy: str, drafter: str, ks: list, axes: dict[str, list[Any]]
 def proxy_config(c, proxy_k: int, settings):
     """The configuration the proxy stage runs for grid setting ``c``: ``c`` itself at a fixed K,
     or, for ``k=auto``, at ``proxy_k`` (at least one more than a FLy window, so the window can act)."""
-    from ..verify import make_policy
+    from ..core.verify import make_policy
 
     if not K.parse(c.k).auto:
         return c
@@ -505,7 +505,7 @@ def cmd_tune(a: argparse.Namespace) -> int:
     budget at all?), validate, then ``tune.json``, ``report.md`` and a config file per pick
     (module docstring). No policy with a pick is an error (exit 2), as is a split that cannot
     certify the budget."""
-    from ..cliargs import load_pair, startup_summary
+    from ..frontends.cliargs import load_pair, startup_summary
 
     plan = _plan_tune(a)  # everything that needs no model, first
     if a.status:
@@ -700,7 +700,7 @@ def _validate_stage(pair, a, plan: _TunePlan, ar, results: dict[str, PolicyResul
 
 
 def _write_configs(a, plan: _TunePlan, results: dict[str, PolicyResult], record: dict) -> int:
-    from ..configfile import write_config
+    from ..core.configfile import write_config
 
     written = 0
     for r in results.values():

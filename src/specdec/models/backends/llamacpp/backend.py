@@ -1,0 +1,151 @@
+"""The llama.cpp backend's entry in the registry (:mod:`specdec.models.backends.registry`): GGUF models on
+the CPU, run as stored (their own quantization, llama.cpp's kernels) by
+:class:`specdec.models.backends.llamacpp.model.LlamaCppModel`. Importing this module imports no llama.cpp."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ....checks import option
+from ....errors import SpecdecError
+from ..registry import Backend, Costs, Loaded, Log, Request, check_same_vocabulary
+
+
+@dataclass(frozen=True)
+class LlamaCppOptions:
+    context_length: int | None = option(None, kind=int, lo=16, help="KV cache size in tokens (default: the model's "
+                                                                    "trained context, at most 8192)")
+
+
+class LlamaCppBackend(Backend):
+    name = "llama.cpp"
+    aliases = ("llama-cpp", "llamacpp")
+    package = "llama_cpp"
+    install = "pip install 'specdec-rules[llama]' (it builds llama.cpp from source, ~8 minutes on 2 cores)"
+    Options = LlamaCppOptions
+    foreign_options = "llama.cpp runs a GGUF file's weights as stored"
+
+    def auto_refusal(self, req: Request) -> str | None:
+        from .formats import is_gguf
+
+        if req.device.type != "cpu":
+            return f"a {req.device.type} device"
+        if not (is_gguf(req.target) and is_gguf(req.draft)):
+            return "not a GGUF model"
+        refusal = self.options_refusal(req)
+        if refusal:
+            return refusal
+        if not self.available():
+            return ("llama-cpp-python is not installed (pip install 'specdec-rules[llama]' runs GGUF models on llama.cpp's "
+                    "kernels, measured 1.8-2.8x faster end to end on a CPU)")
+        return None
+
+    def auto_reason(self, req: Request) -> str:
+        return "auto: GGUF models on a CPU, llama-cpp-python installed"
+
+    def check(self, req: Request) -> None:
+        from .formats import is_gguf
+
+        self.require()
+        if req.device.type != "cpu":
+            raise SpecdecError("backend 'llama.cpp' runs on the CPU in specdec (llama-cpp-python's CPU build); "
+                               "use --device cpu, or backend 'transformers' on a GPU")
+        self.check_options(req)
+        for source in (req.target, req.draft):
+            if not is_gguf(source):
+                raise SpecdecError(f"backend 'llama.cpp' needs GGUF models, and {source!r} is not one; "
+                                   "use backend 'transformers'")
+
+    def load(self, req: Request, why: str) -> Loaded:
+        """The GGUF models; with ``req.draft_auto`` (the bundled draft chosen by ``draft="auto"``) the
+        draft's weight format is chosen too, by measurement (``req.drafts``: :mod:`specdec.frontends.draft_formats`), when
+        calibrating."""
+        from ...bundled import DEFAULT_DRAFT
+        from ...costmodel import FALLBACK_K
+        from .formats import model_file
+        from .model import LlamaCppModel, busy_cores, busy_note, gguf_tokenizer
+
+        target, draft, log, n_ctx = req.target, req.draft, req.log, req.options.get("context_length")
+        t_path = model_file(target, progress=req.progress)
+        d_path = model_file(draft, progress=req.progress) if draft is not None else None
+        tokenizer = gguf_tokenizer(t_path, progress=req.progress)
+        vocab = len(tokenizer)
+        if d_path is not None:
+            check_same_vocabulary(tokenizer, gguf_tokenizer(d_path, progress=req.progress), target, draft)
+        t = LlamaCppModel(t_path, target, vocab_limit=vocab, n_ctx=n_ctx)
+        note = busy_note(t.threads, busy_cores()) if req.progress else None   # a person is watching
+        if note:
+            log(note)
+        calibrate = req.calibrate or req.recalibrate
+        draft_auto = req.draft_auto and draft == DEFAULT_DRAFT and calibrate and req.drafts is not None
+        d = None
+        if d_path is not None and not draft_auto:
+            d = LlamaCppModel(d_path, draft, vocab_limit=vocab, n_ctx=n_ctx)
+        for m in (t, d):
+            if m is not None and m.vocab_size < vocab:
+                raise SpecdecError(f"{m.name}: the model scores {m.vocab_size} tokens, fewer than the tokenizer's {vocab}")
+        t_table = d_table = prior = None
+        draft_name, draft_why = draft, None  # the chosen copy's name
+        if calibrate:
+            def table(lm):
+                return self.measure(lm, remeasure=req.recalibrate, log=log)
+
+            t_table = table(t)
+            if draft_auto:
+                def load_draft(source: str):
+                    return LlamaCppModel(model_file(source, progress=req.progress), source, vocab_limit=vocab,
+                                         n_ctx=n_ctx)
+
+                choice, d, d_table, prior = req.drafts.choose(t, tokenizer, draft, load_draft, table, log, identity,
+                                                              target_table=t_table)
+                draft_name, draft_why = choice.source, choice.why
+            elif d is not None:
+                d_table = table(d)
+                prior = req.drafts.prior(t, d, tokenizer, identity) if req.drafts is not None else None
+            if t_table is None:
+                log(f"specdec: warning: no cost model, so k=auto is k={FALLBACK_K}")
+        costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}},
+                      draft_why=draft_why, prior=prior)
+        return Loaded(t, tokenizer, d, (target, draft_name), costs, why)
+
+    def measure(self, lm, remeasure: bool = False, log: Log | None = None):
+        """The cost table of a llama.cpp model: cached for this machine, llama.cpp version, threads,
+        file and weight format, else measured now (widths 1..32 as for transformers, each timed
+        ``REPEATS`` times; the bundled pair took 10-30 s on 2 cores when each width was timed twice,
+        and takes longer now)."""
+        from ...costmodel import load_cached, model_fingerprint, table_for
+        from .model import file_key
+
+        key = f"{lm.name}|{file_key(lm.path)}"
+        if not remeasure:
+            cached = load_cached(model_fingerprint(lm), key, lm.variant)
+            if cached is not None:
+                return cached
+        return table_for(lm, key, lm.variant, log=log)
+
+    def prepare(self, source: str, progress: bool = True, verify: bool = False) -> str:
+        """The GGUF file llama.cpp reads for ``source`` (a bundled model's assembled, a ``@format`` copy
+        made, once)."""
+        from .formats import model_file
+
+        return str(model_file(source, progress=progress, verify=verify))
+
+    def threads(self) -> int:
+        from .model import default_threads
+
+        return default_threads()
+
+    def fingerprint(self, device: torch.device | str = "cpu") -> dict:
+        from ...costmodel import fingerprint
+        from .model import BACKEND, default_threads, version
+
+        return fingerprint(device, {"backend": BACKEND, "backend_version": version(), "threads": default_threads()})
+
+
+def identity(lm) -> str:
+    """A llama.cpp model's weights for caches of measurements: its file's key and its weight format."""
+    from .model import file_key
+
+    return f"{file_key(lm.path)}|{lm.variant}"
