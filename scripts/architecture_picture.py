@@ -26,7 +26,7 @@ FOLDERS = ("core", "models", "traces", "frontends")
 #: the modules at the top that every folder may import
 FOUNDATION = ["errors", "checks", "draftlength"]
 #: top to bottom: a folder may import itself and the folders below it (and the foundation), never one
-#: above (tested: tests/test_structure.py); ``None``: the folder's own modules and packages
+#: above (tested: tests/test_structure.py); a folder's name: its own modules and packages
 SECTIONS = [
     ("commands (import anything)", ["cli", "__main__"]),
     ("bench/ (imports all but the commands)", ["bench"]),
@@ -50,6 +50,10 @@ def folder_rooms(folder: str) -> list[str]:
     """The modules and packages in one of :data:`FOLDERS`, sorted."""
     return sorted(p.stem if p.suffix == ".py" else p.name for p in (SRC / folder).iterdir()
                   if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file())
+
+
+#: the sections of the picture, top to bottom, each with its rooms
+LAYERS = [(title, folder_rooms(rooms) if isinstance(rooms, str) else rooms) for title, rooms in SECTIONS]
 
 
 def imported_rooms(path: Path) -> set[str]:
@@ -88,11 +92,10 @@ def graph() -> dict[str, set[str]]:
 
 def picture() -> str:
     g = graph()
-    sections = [(title, folder_rooms(rooms) if isinstance(rooms, str) else rooms) for title, rooms in SECTIONS]
-    placed = {room for _, rooms in sections for room in rooms}
+    placed = {room for _, rooms in LAYERS for room in rooms}
     rest = sorted(r for r in g if r not in placed)
     lines = []
-    for title, rooms in [*sections, *([("in no folder", rest)] if rest else [])]:
+    for title, rooms in [*LAYERS, *([("in no folder", rest)] if rest else [])]:
         lines.append(f"{title}:")
         for room in rooms:
             if room in g:

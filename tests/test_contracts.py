@@ -29,7 +29,7 @@ SRC = Path(specdec.__file__).parent
 
 @dataclasses.dataclass(frozen=True)
 class Echo:
-    """A toy window rule, as a newcomer would write it in verify/echo.py: a mismatch flips when the
+    """A toy window rule, as a newcomer would write it in core/verify/echo.py: a mismatch flips when the
     next ``span`` drafts were all accepted."""
 
     span: int = option(2, lo=1, hi=64, help="drafts after a mismatch that must have been accepted")
