@@ -343,7 +343,8 @@ def test_report_only_reports_the_finished_samples_and_generates_nothing(tiny_dir
     (out / "run.json").write_text(json.dumps(run))
     import specdec.frontends.cliargs
 
-    monkeypatch.setattr(specdec.frontends.cliargs, "load_pair", lambda *a, **k: pytest.fail("--report-only loaded a model"))
+    monkeypatch.setattr(specdec.frontends.cliargs, "load_pair",
+                        lambda *a, **k: pytest.fail("--report-only loaded a model"))
     assert main([*argv, "--report-only"]) == 0
     captured = capsys.readouterr()
     summary = json.loads(captured.out.strip().splitlines()[-1])

@@ -218,7 +218,8 @@ def test_engine_args_check(monkeypatch):
 
 # ------------------------------------------------------------------------------------------ boundaries
 def test_specdec_does_not_import_vllm_and_the_adapter_needs_no_vllm():
-    code = ("import sys, specdec, specdec.cli, specdec.frontends.vllm, specdec.frontends.vllm.ragged, specdec.frontends.vllm.config; "
+    code = ("import sys, specdec, specdec.cli, specdec.frontends.vllm, specdec.frontends.vllm.ragged, "
+            "specdec.frontends.vllm.config; "
             "import specdec.frontends.vllm.patch; "
             "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

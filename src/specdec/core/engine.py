@@ -104,7 +104,8 @@ class _Clock:
 
 
 class Engine:
-    """Speculative and plain decoding over a target (and optionally a draft) :class:`~specdec.models.backends.base.Model`."""
+    """Speculative and plain decoding over a target (and optionally a draft)
+    :class:`~specdec.models.backends.base.Model`."""
 
     def __init__(self, target: Model, draft: Model | None = None, eos_ids: Sequence[int] = (),
                  target_costs: CostTable | None = None, draft_costs: CostTable | None = None,
@@ -133,7 +134,8 @@ class Engine:
 
     def k_policy(self, cfg: DecodeConfig) -> KPolicy:
         """The request's K policy (:func:`specdec.core.autok.k_policy`): ``k=N`` a fixed one; ``k="auto"``
-        the one its caller's requests of this kind (:meth:`_kind`) left (:meth:`specdec.core.scopes.Caches.k_policy`)."""
+        the one its caller's requests of this kind (:meth:`_kind`) left
+        (:meth:`specdec.core.scopes.Caches.k_policy`)."""
         cls = cfg.drafter_type
 
         def make() -> KPolicy:

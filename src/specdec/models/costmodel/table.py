@@ -44,8 +44,8 @@ class CostTable:
     #: a pass's extra seconds per token of context beyond ``context``, as a share of its seconds
     #: (``specdec calibrate --export`` measures it; 0: not measured)
     context_slope: float = 0.0
-    #: on an accelerator, ``[tokens, seconds]`` of a long prefill pass (:data:`specdec.models.costmodel.timing.LONG_READ`):
-    #: a read is then priced on the line from a one-token pass to it (None: in proportion to
+    #: on an accelerator, ``[tokens, seconds]`` of a long prefill pass
+    #: (:data:`specdec.models.costmodel.timing.LONG_READ`): a read is then priced on the line from a one-token pass to it (None: in proportion to
     #: ``prefill_seconds``, as on a CPU)
     long_read: list[float] | None = None
 

@@ -60,8 +60,8 @@ class LlamaCppBackend(Backend):
 
     def load(self, req: Request, why: str) -> Loaded:
         """The GGUF models; with ``req.draft_auto`` (the bundled draft chosen by ``draft="auto"``) the
-        draft's weight format is chosen too, by measurement (``req.drafts``: :mod:`specdec.frontends.draft_formats`), when
-        calibrating."""
+        draft's weight format is chosen too, by measurement (``req.drafts``:
+        :mod:`specdec.frontends.draft_formats`), when calibrating."""
         from ...bundled import DEFAULT_DRAFT
         from ...costmodel import FALLBACK_K
         from .formats import model_file

@@ -12,7 +12,8 @@ on a slower path than over two (measured on a 2-core EPYC with avx512_bf16, 1536
 for 1 row, 0.80 for 2), so a plain decoding step of the 1.5B target took 235 ms as it is and
 197 ms with every one-row linear run as two copies of the row (:class:`RowPaddedLinear`). On an
 AVX2-only CPU the one-row path is the fast one. Whether to pad is therefore measured per machine
-(:mod:`specdec.models.backends.transformers.dtypes`) and recorded in the model's cost table as the kernel choice ``pad1``.
+(:mod:`specdec.models.backends.transformers.dtypes`) and recorded in the model's cost table as the
+kernel choice ``pad1``.
 """
 
 from __future__ import annotations
