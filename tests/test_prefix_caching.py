@@ -24,7 +24,7 @@ PROMPT = list(range(3, 40))
 def test_a_longer_prompt_reads_only_what_the_cache_lacks(pair, kw):
     fresh = [pair.generate(p, max_new_tokens=10, temperature=0, **kw) for p in (PROMPT, PROMPT + [50, 51, 52])]
     assert [o.stats.cached_prompt_tokens for o in fresh] == [0, 0]  # off by default: every prompt read whole
-    pair.engine.caches.prefix_caching = True
+    pair.prefix_caching = True  # the Pair's switch, as the server sets it
     pair.engine.target.reset()
     first = pair.generate(PROMPT, max_new_tokens=10, temperature=0, **kw)
     again = pair.generate(PROMPT + [50, 51, 52], max_new_tokens=10, temperature=0, **kw)
@@ -41,7 +41,7 @@ def test_the_server_reports_cached_prompt_tokens(pair):
     from specdec.frontends.server import create_app
 
     app = create_app(pair, {"max_new_tokens": 6, "temperature": 0.0}, shared_caches=True)  # one user's server
-    assert pair.engine.caches.prefix_caching  # the server's default, as vLLM's and llama-server's
+    assert pair.prefix_caching  # the server's default, as vLLM's and llama-server's
     with TestClient(app, base_url="http://127.0.0.1") as client:
         body = {"model": "x", "prompt": PROMPT, "max_tokens": 6}
         first = client.post("/v1/completions", json=body).json()
@@ -49,4 +49,4 @@ def test_the_server_reports_cached_prompt_tokens(pair):
     assert first["usage"]["prompt_tokens_details"]["cached_tokens"] in (0, len(PROMPT) - 1)
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == len(PROMPT)
     off = create_app(pair, {"max_new_tokens": 6}, prefix_caching=False)
-    assert not pair.engine.caches.prefix_caching and off is not None
+    assert not pair.prefix_caching and off is not None

@@ -373,6 +373,15 @@ def test_every_entry_point_takes_its_defaults_from_request_defaults():
     assert Settings().sampling() == {**{k: DEFAULTS[k] for k in ("temperature", "top_p", "top_k")}, "seed": BENCH_SEED}
 
 
+def test_the_server_names_the_caller_and_reaches_no_cache_state():
+    """Cache state across requests is the engine's (specdec.core.scopes.Caches): the server names a
+    request's caller and sets the Pair's prefix-caching switch, and touches no cache itself."""
+    for path in (SRC / "frontends" / "server").rglob("*.py"):
+        text = path.read_text()
+        for reach in ("caches.", "engine.target", "engine.draft", ".reset()"):
+            assert reach not in text, f"{path.relative_to(SRC)} reaches into the engine's caches ({reach})"
+
+
 def test_server_defaults_come_from_request_defaults():
     pytest.importorskip("fastapi")
     from types import SimpleNamespace

@@ -91,6 +91,17 @@ class Pair:
                              constraints=Constraints(tokenizer, target.vocab_limit, self.eos_ids))
 
     @property
+    def prefix_caching(self) -> bool:
+        """Whether a generation reads only the part of its prompt that the target's cache holds from
+        the same caller's request before (:attr:`specdec.core.scopes.Caches.prefix_caching`; on by
+        default). Set it to False to read every prompt whole."""
+        return self.engine.caches.prefix_caching
+
+    @prefix_caching.setter
+    def prefix_caching(self, on: bool) -> None:
+        self.engine.caches.prefix_caching = bool(on)
+
+    @property
     def draft_quant(self) -> str:
         """The draft's weight quantization, as its backend applied it (``"none"`` without a draft)."""
         return self.draft.quant if self.draft is not None else "none"

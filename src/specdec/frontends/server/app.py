@@ -492,7 +492,7 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     cache with each other (one user's server); by default each request has its own
     (:func:`cache_scope`)."""
     defaults, limits = _checked_settings(pair, defaults, api_key, limits)
-    pair.engine.caches.prefix_caching = prefix_caching
+    pair.prefix_caching = prefix_caching
     served = Served(pair, defaults, limits, model_name or str(pair.target_name), shared_caches)
     app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",
                   lifespan=served.lifespan, docs_url=None, redoc_url=None, default_response_class=SafeJSONResponse)
