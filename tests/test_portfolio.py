@@ -270,3 +270,8 @@ def test_bench_configurations_are_callers_of_their_own():
     built = cfgs.build_configs("ar,lossless", "suffix,auto", "auto")
     callers = [c.request_for(16).caller for c in built]
     assert callers == [c.id for c in built] and len(set(callers)) == len(built)
+
+
+def test_a_bad_suffix_factor_under_auto_is_a_one_line_error():
+    with pytest.raises(SpecdecError, match="suffix_factor must be a number in"):
+        DecodeConfig.from_options(drafter="auto", suffix_factor=0)

@@ -50,3 +50,11 @@ def test_the_server_reports_cached_prompt_tokens(pair):
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == len(PROMPT)
     off = create_app(pair, {"max_new_tokens": 6}, prefix_caching=False)
     assert not pair.prefix_caching and off is not None
+
+
+def test_a_prefix_caching_switch_that_is_not_a_bool_is_refused(pair):
+    from specdec.errors import SpecdecError
+
+    with pytest.raises(SpecdecError, match="prefix_caching must be True or False"):
+        pair.prefix_caching = "no"
+    assert pair.prefix_caching is False

@@ -99,7 +99,9 @@ class Pair:
 
     @prefix_caching.setter
     def prefix_caching(self, on: bool) -> None:
-        self.engine.caches.prefix_caching = bool(on)
+        if not isinstance(on, bool):
+            raise SpecdecError(f"prefix_caching must be True or False, got {on!r}")
+        self.engine.caches.prefix_caching = on
 
     @property
     def draft_quant(self) -> str:

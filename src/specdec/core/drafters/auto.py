@@ -58,7 +58,7 @@ class AutoDrafter(Drafter):
 
     def __init__(self, lm=None, stop_ids: frozenset[int] = frozenset(), history: CacheScope | None = None,
                  **options):
-        options = {"suffix_factor": AutoOptions.suffix_factor, **options}
+        options = {**{k: default for k, (_, default) in options_of(AutoOptions).items()}, **options}  # its own defaults
 
         def of(source: type) -> dict:
             return {k: v for k, v in options.items() if k in options_of(source.Options)}
