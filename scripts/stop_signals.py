@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Does the target's entropy or top-1 margin, free at every verify pass, make the portfolio's copy
 stop rule better? Replays traces under the default (``drafter="auto"``: a copy priced by its run
-alone, learned online) and under the same rule with each copy's rates kept per bin of the signal
+and its situation, learned online) and under the same rule with each copy's rates kept per bin of the signal
 at the last committed token (learned online the same way), beside the realistic bounds (the rates
 fitted with hindsight on the same traces, by run, and by run and signal bin) and the portfolio's
 oracle. Signals: ``scripts/target_signals.py``.
@@ -32,8 +32,8 @@ EDGES = {"entropy": (0.01, 0.1, 0.5, 1.5), "margin": (0.3, 0.7, 0.95, 0.99)}
 
 class SignalPortfolioK(PortfolioK):
     """:class:`PortfolioK` with its copy rates kept per bin of a signal at the last committed token
-    (the first round, which has none, in a bin of its own); ``fitted``: frozen rates per
-    ``(source, bin)`` instead of learned ones."""
+    (the first round, which has none, in a bin of its own); ``fitted``: per bin, frozen rates per
+    source and situation instead of learned ones."""
 
     def __init__(self, *args, edges: tuple, fitted: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -46,17 +46,17 @@ class SignalPortfolioK(PortfolioK):
         b = self.bin_at(t)
         if b not in self.by_bin:
             self.by_bin[b] = {} if self.fitted is None else {
-                s: FittedRates(prior=r) for (s, bb), r in self.fitted.items() if bb == b}
+                key: FittedRates(prior=r) for key, r in self.fitted.get(b, {}).items()}
         self.rates = self.by_bin[b]
         return super().budget(t, room, backlog, offers)
 
 
 def split_by_bin(offers: dict, signal: np.ndarray, edges: tuple) -> dict:
-    """``copy_offers``' arrays split per signal bin of each position: keys ``(source, bin)``."""
+    """``copy_offers``' arrays split per signal bin of each position: ``{bin: {source: arrays}}``."""
     n = len(signal)
     bins = np.array([len(edges) + 1] + [bisect.bisect_left(edges, signal[t - 1]) for t in range(1, n)])
-    return {(source, b): (np.where(bins == b, length, 0), kept, run)
-            for source, (length, kept, run) in offers.items() for b in range(len(edges) + 2)}
+    return {b: {source: (np.where(bins == b, length, 0), kept, run, first)
+                for source, (length, kept, run, first) in offers.items()} for b in range(len(edges) + 2)}
 
 
 def run_file(traces_path: str, signals_path: str, tables: dict) -> dict:
@@ -86,12 +86,13 @@ def run_file(traces_path: str, signals_path: str, tables: dict) -> dict:
     offered = [copy_offers(tr, copies(oracle_cache)) for tr in traces]
     sig = {name: [np.asarray(signals[tr.sample_id][name]) for tr in traces] for name in EDGES}
     fit_run = make()
-    fit_run.rates = {s: FittedRates(prior=r) for s, r in fitted_copy_rates(offered).items()}
+    fit_run.rates = {key: FittedRates(prior=r) for key, r in fitted_copy_rates(offered).items()}
     policies = {"default": make(), "fitted by run": fit_run}
     for name, edges in EDGES.items():
         policies[f"{name}, online"] = make(SignalPortfolioK, edges=edges)
         split = [split_by_bin(o, s, edges) for o, s in zip(offered, sig[name])]
-        policies[f"fitted by run and {name}"] = make(SignalPortfolioK, edges=edges, fitted=fitted_copy_rates(split))
+        fitted = {b: fitted_copy_rates([per[b] for per in split]) for b in range(len(edges) + 2)}
+        policies[f"fitted by run and {name}"] = make(SignalPortfolioK, edges=edges, fitted=fitted)
     caches = {name: SuffixCache() for name in policies}
     seconds = {name: 0.0 for name in [*policies, "plain", "oracle"]}
     for i, tr in enumerate(traces):

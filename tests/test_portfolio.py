@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.core.acceptance import RunRates
+from specdec.core.acceptance import RunRates, copy_situation
 from specdec.core.autok import PortfolioK
 from specdec.models.backends.transformers.model import HFModel as CausalLM
 from specdec.models.costmodel import CostTable
@@ -101,7 +101,7 @@ def test_where_a_wide_pass_is_dear_only_a_long_run_is_drafted():
     policy.begin(256)
     assert policy.budget(0, 200, 0, [offer(run=1)]) == 0 and policy.source is None
     assert policy.budget(0, 200, 0, []) == 0  # nothing offered: a plain step
-    rates = policy.rates["pld"]
+    rates = policy.rates[("pld", "first", False)]  # before the answer's first token, no other offer
     for _ in range(60):  # a copy that keeps going: its long-run bins learn it
         rates.update(40, 16, 16)
     assert policy.budget(0, 200, 0, [offer(run=40)]) > 0 and policy.source == "pld"
@@ -151,9 +151,51 @@ def test_an_offer_is_scored_against_what_the_round_committed():
 
 def test_every_offer_teaches_its_source_even_when_another_drafted():
     policy = PortfolioK(cheap_wide(), has_model=False)
-    before = policy.rates.setdefault("suffix", RunRates()).rate(5)
+    policy.budget(9, 100, 0, [offer(run=5, source="suffix")])
+    rates = policy.rates_of(("suffix", "part", False))
+    before = rates.rate(5)
     policy.observe(RoundRecord(drafted=0, offers=(("suffix", 5, 1, 1),)))
-    assert policy.rates["suffix"].rate(5) > before
+    assert rates.rate(5) > before
+
+
+@pytest.mark.parametrize("run, t, first, others, situation", [
+    (3, 0, 7, [], ("pld", "first", False)),  # before the answer's first token
+    (3, 3, 7, [], ("pld", "whole", False)),  # the match reaches back to the answer's first token
+    (5, 3, 7, [], ("pld", "whole", False)),  # ... and into the prompt
+    (2, 3, 7, [], ("pld", "part", False)),
+    (2, 3, 7, [8, 7], ("pld", "part", True)),  # another offer starts with the same token
+    (2, 3, 7, [8], ("pld", "part", False)),
+])
+def test_a_copy_s_situation(run, t, first, others, situation):
+    assert copy_situation("pld", run, t, first, others) == situation
+
+
+def test_copies_in_different_situations_are_priced_apart():
+    """A short suffix copy that an answer's start always kept (an agent whose answers begin alike)
+    is drafted there, and the same copy mid-answer, where it always missed, is not."""
+    policy = PortfolioK(dear_wide(), has_model=False)
+    policy.begin(256)
+    start, middle = offer(run=1, n=8, source="suffix"), offer(run=1, n=8, source="suffix")
+    for _ in range(40):
+        policy.budget(1, 200, 0, [start])
+        policy.observe(RoundRecord(drafted=0, offers=(("suffix", 1, 8, 8),)))
+        policy.budget(30, 200, 0, [middle])
+        policy.observe(RoundRecord(drafted=0, offers=(("suffix", 1, 1, 0),)))
+    assert policy.budget(1, 200, 0, [start]) > 0 and policy.source == "suffix"
+    assert policy.budget(30, 200, 0, [middle]) == 0
+
+
+def test_copies_that_agree_are_priced_apart_from_copies_that_differ():
+    policy = PortfolioK(dear_wide(), has_model=False)
+    policy.begin(256)
+    pld, same, other = offer(run=2, n=8), offer(run=2, n=8, source="suffix"), Offer("suffix", (7, 8, 9), 2)
+    for _ in range(40):  # where both start alike, prompt lookup was right; where they differ, wrong
+        policy.budget(30, 200, 0, [pld, same])
+        policy.observe(RoundRecord(drafted=0, offers=(("pld", 2, 8, 8), ("suffix", 2, 8, 8))))
+        policy.budget(30, 200, 0, [pld, other])
+        policy.observe(RoundRecord(drafted=0, offers=(("pld", 2, 1, 0), ("suffix", 2, 1, 0))))
+    assert policy.budget(30, 200, 0, [pld, same]) > 0
+    assert policy.budget(30, 200, 0, [pld, other]) == 0
 
 
 # ------------------------------------------------------------------------ replay and oracle
@@ -183,20 +225,27 @@ def test_replay_redoes_the_portfolio_s_rounds_and_sources(models, with_model):
 
 
 def test_the_fitted_bound_s_rates_are_the_answers_shares_censored_as_the_portfolio_learns():
-    """Per copy source and run bin: offered tokens judged up to the first miss (a copy matched to
-    its end says nothing past it), over every position of every trace; unseen bins keep the prior."""
+    """Per copy source, situation and run bin: offered tokens judged up to the first miss (a copy
+    matched to its end says nothing past it), over every position of every trace; unseen bins keep
+    the prior."""
     import numpy as np
 
     from specdec.core.acceptance import COPY_PRIOR, run_bin
     from specdec.bench.replaycli import FittedRates, fitted_copy_rates
 
     arr = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
-    # t=0: 3 offered from run 2, 1 kept (judged: run 2 kept, run 3 missed); t=2: 2 offered from run 5, both kept
-    offered = [{"pld": (arr(3, 0, 2), arr(1, 0, 2), arr(2, 0, 5))}]
-    rates = fitted_copy_rates(offered)["pld"]
+    # t=0: 3 offered from run 2, 1 kept (judged: run 2 kept, run 3 missed); t=2: 2 offered from run 5,
+    # both kept (a match back to the answer's start); t=3: run 2, the first missed; suffix agrees there
+    offered = [{"pld": (arr(3, 0, 2, 4), arr(1, 0, 2, 0), arr(2, 0, 5, 2), arr(9, -1, 9, 9)),
+                "suffix": (arr(0, 0, 0, 1), arr(0, 0, 0, 0), arr(0, 0, 0, 1), arr(-1, -1, -1, 9))}]
+    fitted = fitted_copy_rates(offered)
+    first, whole = fitted[("pld", "first", False)], fitted[("pld", "whole", False)]
+    agreed = fitted[("pld", "part", True)]
     assert run_bin(2) != run_bin(3) and run_bin(5) == run_bin(6)
-    assert rates[run_bin(2)] == 1.0 and rates[run_bin(3)] == 0.0 and rates[run_bin(5)] == 1.0
-    assert rates[run_bin(100)] == COPY_PRIOR[run_bin(100)]
+    assert first[run_bin(2)] == 1.0 and first[run_bin(3)] == 0.0 and whole[run_bin(5)] == 1.0
+    assert agreed[run_bin(2)] == 0.0 and fitted[("suffix", "part", True)][run_bin(1)] == 0.0
+    assert first[run_bin(100)] == COPY_PRIOR[run_bin(100)]
+    rates = first
     frozen = FittedRates(prior=rates)
     before = frozen.rates()
     frozen.update(0, 3, 0)

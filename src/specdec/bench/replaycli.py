@@ -9,7 +9,7 @@ import math
 import sys
 from pathlib import Path
 
-from ..core.acceptance import COPY_PRIOR, RUN_EDGES, RunRates, run_bin
+from ..core.acceptance import COPY_PRIOR, RUN_EDGES, CopyKey, RunRates, copy_situation, run_bin
 from ..core.autok import KPolicy
 from ..draftlength import MAX_K
 from ..errors import SpecdecError
@@ -372,23 +372,27 @@ class FittedRates(RunRates):
         return None
 
 
-def fitted_copy_rates(offered: list[dict]) -> dict[str, tuple[float, ...]]:
-    """The portfolio's realistic bound's rates: per copy source, the share of offered tokens the
-    answers kept, per run bin, over every offer at every position of the traces
+def fitted_copy_rates(offered: list[dict]) -> dict[CopyKey, tuple[float, ...]]:
+    """The portfolio's realistic bound's rates: per copy source and situation (as the portfolio
+    keeps them apart, :func:`~specdec.core.acceptance.copy_situation`), the share of offered tokens
+    the answers kept, per run bin, over every offer at every position of the traces
     (:func:`specdec.traces.replay.copy_offers`, censored as the portfolio learns: a copy matched to its
     end says nothing past it), fitted with hindsight; a bin never judged keeps the prior."""
     bins = len(RUN_EDGES) + 1
-    counts: dict[str, tuple[list[float], list[float]]] = {}
+    counts: dict[CopyKey, tuple[list[float], list[float]]] = {}
     for per_trace in offered:
-        for source, (length, kept, run) in per_trace.items():
-            reached_n, kept_n = counts.setdefault(source, ([0.0] * bins, [0.0] * bins))
+        for source, (length, kept, run, first) in per_trace.items():
+            others = [f for s, (_, _, _, f) in per_trace.items() if s != source]
             for t in length.nonzero()[0]:
+                key = copy_situation(source, int(run[t]), int(t), int(first[t]),
+                                     [int(f[t]) for f in others if f[t] >= 0])
+                reached_n, kept_n = counts.setdefault(key, ([0.0] * bins, [0.0] * bins))
                 for i in range(min(int(kept[t]) + 1, int(length[t]))):
                     b = run_bin(int(run[t]) + i)
                     reached_n[b] += 1
                     kept_n[b] += float(i < kept[t])
-    return {source: tuple(k / r if r else COPY_PRIOR[b] for b, (r, k) in enumerate(zip(reached_n, kept_n)))
-            for source, (reached_n, kept_n) in counts.items()}
+    return {key: tuple(k / r if r else COPY_PRIOR[b] for b, (r, k) in enumerate(zip(reached_n, kept_n)))
+            for key, (reached_n, kept_n) in counts.items()}
 
 
 class StopBelow(KPolicy):
@@ -491,7 +495,7 @@ def replay_portfolio(traces: list, draft: str | None, target, draft_table, prior
     oracle_cache = SuffixCache()
     offered = [copy_offers(tr, copies(oracle_cache)) for tr in traces]
     auto, fit = policy(), policy()
-    fit.rates = {source: FittedRates(prior=rates) for source, rates in fitted_copy_rates(offered).items()}
+    fit.rates = {key: FittedRates(prior=rates) for key, rates in fitted_copy_rates(offered).items()}
     cache, fit_cache = SuffixCache(), SuffixCache()
     rows = []
     for tr, offers in zip(traces, offered):

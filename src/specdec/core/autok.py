@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from .acceptance import MAX_RATE, AcceptanceEstimate, AcceptancePrior, Bins, RunRates
+from .acceptance import MAX_RATE, AcceptanceEstimate, AcceptancePrior, Bins, CopyKey, RunRates, copy_situation
 from ..models.costmodel import (
     FALLBACK_K, TIE_TOLERANCE, CostTable, best_k, best_k_rate, expected_tokens, tokens_per_second)
 from ..draftlength import MAX_K, K
@@ -371,8 +371,10 @@ class PortfolioK(KPolicy):
     second at the target's measured pass costs, or a plain step.
 
     - A copy source's offer (prompt lookup, suffix: free to ask and to propose) is priced by its
-      run (:class:`~specdec.core.acceptance.RunRates`, one per source, learned from every offer scored
-      against what each round committed, drafted or not): its K is the prefix with the most
+      run (:class:`~specdec.core.acceptance.RunRates`, one per source and situation,
+      :func:`~specdec.core.acceptance.copy_situation`: at the answer's start, a match reaching back to
+      it, or neither; whether another offer starts with the same token; learned from every offer
+      scored against what each round committed, drafted or not): its K is the prefix with the most
       expected tokens per second, ``E(K) / pass(K + 1)``, the pass's extra width over a
       one-token pass priced at :data:`WIDTH_PREMIUM` times the table's (:func:`premium`).
     - The draft model is the :class:`AutoK` it would have alone (when reading its backlog pays, the
@@ -393,7 +395,8 @@ class PortfolioK(KPolicy):
         self.model_rate = (prior or AcceptancePrior.assumed()).mean if has_model else 0.0  # k=N: the model's
         self.allowed = allowed_ks(target) if target is not None else frozenset()
         self.window = max(0, int(window))  # a policy's lookahead: a copy drafts more than it, or nothing
-        self.rates: dict[str, RunRates] = {}
+        self.rates: dict[CopyKey, RunRates] = {}
+        self.situations: dict[str, CopyKey] = {}  # this round's offers' situations, by source
         self.limit = 0
 
     def begin(self, max_new_tokens: int) -> None:
@@ -406,15 +409,26 @@ class PortfolioK(KPolicy):
         n = min(len(offer.tokens), room, MAX_K - 1)  # K drafts: a pass of K + 1, the widest measured MAX_K
         if n <= self.window:
             return 0, 0.0
-        chances = self.rates.setdefault(offer.source, RunRates()).kept_chances(offer.run, n)
+        chances = self.rates_of(self.situations.get(offer.source) or (offer.source, "part", False)).kept_chances(
+            offer.run, n)
         if self.fixed is not None or self.target is None:
             k = min(n, self.fixed or n)
             return k, expected_tokens(chances, k)
         return best_k_rate(self.priced.forward, 0.0, chances, n, k_min=self.window + 1, allow_zero=False,
                            allowed=self.allowed)
 
+    def rates_of(self, key: CopyKey) -> RunRates:
+        """The chances per run bin of copies in situation ``key``."""
+        rates = self.rates.get(key)
+        if rates is None:
+            rates = self.rates[key] = RunRates()
+        return rates
+
     def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
         self.source, self.limit = None, 0
+        firsts = {o.source: o.tokens[0] for o in offers if o.tokens}
+        self.situations = {o.source: copy_situation(o.source, o.run, t, firsts.get(o.source, -1),
+                                                    [f for s, f in firsts.items() if s != o.source]) for o in offers}
         if room <= 0:
             return 0
         if self.fixed is not None or self.target is None:
@@ -455,7 +469,7 @@ class PortfolioK(KPolicy):
         if r.source == "model" and self.model is not None:
             self.model.observe(r)
         for source, run, reached, kept in r.offers:
-            self.rates.setdefault(source, RunRates()).update(run, reached, kept)
+            self.rates_of(self.situations.get(source) or (source, "part", False)).update(run, reached, kept)
 
     def end(self, tokens: int, cut: bool = False) -> None:
         if self.model is not None:

@@ -253,20 +253,22 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
 
 def copy_offers(trace: Trace, copies: Sequence, k_max: int = MAX_K - 1) -> dict[str, tuple[np.ndarray, ...]]:
     """Each copy source's offer at every answer position ``t`` (its drafter run on the prompt and
-    ``answer[:t]``, as a portfolio asks it): per source, ``(length[t], kept[t], run[t])``, the
-    offer's length (0: none), how many of its tokens the answer goes on with, and its run."""
+    ``answer[:t]``, as a portfolio asks it): per source, ``(length[t], kept[t], run[t], first[t])``,
+    the offer's length (0: none), how many of its tokens the answer goes on with, its run and its
+    first token (-1: none)."""
     n = len(trace.answer)
     out = {}
     for drafter in copies:
         source = LookupSource(drafter, trace)
         length, kept, run = (np.zeros(n, dtype=np.int64) for _ in range(3))
+        first = np.full(n, -1, dtype=np.int64)
         for t in range(n):
             offer = source.offer(t, k_max)
             if offer is not None:
                 length[t], kept[t] = len(offer.tokens), offer.outcome(trace.answer[t:t + len(offer.tokens)])[1]
-                run[t] = offer.run
+                run[t], first[t] = offer.run, offer.tokens[0]
             source.commit(t, 0, 0)
-        out[drafter.name] = (length, kept, run)
+        out[drafter.name] = (length, kept, run, first)
     return out
 
 
