@@ -138,7 +138,8 @@ def test_real_openvino_on_the_bundled_gguf():
         pytest.skip("the bundled GGUF is assembled by the llama.cpp backend (pip install llama-cpp-python)")
     import specdec
 
-    pair = specdec.load(backend="llama.cpp", progress=False, generation_config="specdec")
+    pair = specdec.load(draft=None, backend="llama.cpp", calibrate=False, progress=False,
+                        generation_config="specdec")
     ids = pair.encode("Write a Python function that returns the sum of two numbers.")
     ar = pair.generate(ids, policy="ar", max_new_tokens=8)
     (cfg,) = build_peers("ov")

@@ -203,25 +203,8 @@ def run_openvino(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[
     pld = peer.policy == "ov-pld"
     pipe = openvino_pipeline(pair, pld, threads, models)
     eos = list(pair.eos_ids)
-    cfg = og.GenerationConfig()
-    cfg.max_new_tokens = int(max_new_tokens)
-    cfg.apply_chat_template = False
-    if eos:
-        cfg.eos_token_id = int(eos[0])
-        cfg.stop_token_ids = {int(t) for t in eos}
-    if stops:
-        cfg.stop_strings = set(stops)
-        cfg.include_stop_str_in_output = True  # cut below, as ours is
-    cfg.do_sample = temperature > 0
-    if temperature > 0:
-        cfg.temperature, cfg.top_p = float(temperature), float(top_p)
-        if top_k > 0:
-            cfg.top_k = int(top_k)
-        if seed is not None:
-            cfg.rng_seed = int(seed)
-    if pld:
-        cfg.num_assistant_tokens = int(params["num_assistant_tokens"])
-        cfg.max_ngram_size = int(params["max_ngram_size"])
+    cfg = _ov_config(og, params if pld else None, eos, stops, max_new_tokens=max_new_tokens,
+                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     ids = np.array([list(prompt_ids)], dtype=np.int64)
     inputs = og.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
     start = time.perf_counter()
@@ -246,6 +229,33 @@ def run_openvino(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[
                           "pipeline": "continuous batching (paged attention, its CPU default), prefix caching off",
                           "prompt": "token ids (TokenizedInputs)", "format": OV_FORMAT},
     }
+
+
+def _ov_config(og, pld: dict | None, eos: list[int], stops: Sequence[str], *, max_new_tokens: int,
+               temperature: float, top_p: float, top_k: int, seed: int | None):
+    """OpenVINO GenAI's ``GenerationConfig`` for a peer: length, no chat template, our EOS ids, the
+    stop strings (kept in its output, to be cut as ours are), greedy or sampling, and ``pld``'s
+    prompt-lookup settings where given."""
+    cfg = og.GenerationConfig()
+    cfg.max_new_tokens = int(max_new_tokens)
+    cfg.apply_chat_template = False
+    if eos:
+        cfg.eos_token_id = int(eos[0])
+        cfg.stop_token_ids = {int(t) for t in eos}
+    if stops:
+        cfg.stop_strings = set(stops)
+        cfg.include_stop_str_in_output = True
+    cfg.do_sample = temperature > 0
+    if temperature > 0:
+        cfg.temperature, cfg.top_p = float(temperature), float(top_p)
+        if top_k > 0:
+            cfg.top_k = int(top_k)
+        if seed is not None:
+            cfg.rng_seed = int(seed)
+    if pld is not None:
+        cfg.num_assistant_tokens = int(pld["num_assistant_tokens"])
+        cfg.max_ngram_size = int(pld["max_ngram_size"])
+    return cfg
 
 
 def _threads() -> int:
