@@ -66,7 +66,9 @@ def register(sub) -> None:
                         "llama-cpp (llama-cpp-python on the target's GGUF, plain decoding), llama-cpp-pld "
                         "(llama-cpp-python's own prompt lookup, num_pred_tokens=10), llama-cpp-spec "
                         "(llama.cpp's own draft-model speculation: llama-speculative-simple, built by "
-                        "scripts/build_llama_tools.sh; draft_max=3 as llama.cpp's default); parameters as items, "
+                        "scripts/build_llama_tools.sh; draft_max=3 as llama.cpp's default), ov (OpenVINO GenAI on the "
+                        "target's GGUF, plain decoding; pip install openvino-genai), ov-pld (its own prompt lookup, "
+                        "num_assistant_tokens=5, max_ngram_size=3); parameters as items, "
                         "e.g. hf-assisted:num_assistant_tokens=5 or llama-cpp-spec:draft_max=8. Policies take "
                         ":backend=transformers|llama.cpp to run on another backend than the run's, in the same process")
     add_sampling_args(g)

@@ -56,6 +56,12 @@ PEERS = {
     # etc. at llama.cpp's own defaults (common.h: n_max 3, n_min 0, p_min 0)
     "llama-cpp-spec": {"keys": ("draft_max", "draft_min", "draft_p_min", "n_threads"),
                        "defaults": {"draft_max": 3, "draft_min": 0, "draft_p_min": 0.0}},
+    # OpenVINO GenAI (`pip install openvino-genai`) on the target's GGUF file, read by its own GGUF
+    # reader: plain greedy decoding (LLMPipeline), and its own prompt lookup (prompt_lookup=True) at
+    # its sample's settings (samples/python/text_generation/prompt_lookup_decoding_lm.py: 5 and 3)
+    "ov": {"keys": ("n_threads",), "defaults": {}},
+    "ov-pld": {"keys": ("num_assistant_tokens", "max_ngram_size", "n_threads"),
+               "defaults": {"num_assistant_tokens": 5, "max_ngram_size": 3}},
 }
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-+.]*$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -336,6 +342,12 @@ def check_peer_available(c: Config) -> None:
         if importlib.util.find_spec("llama_cpp") is None:
             raise SpecdecError(f"peer {c.policy} needs llama-cpp-python: pip install llama-cpp-python "
                                "(it compiles llama.cpp; a few minutes)")
+    if c.kind == "peer" and c.policy in ("ov", "ov-pld"):
+        import importlib.util
+
+        if importlib.util.find_spec("openvino_genai") is None:
+            raise SpecdecError(f"peer {c.policy} needs OpenVINO GenAI: pip install openvino-genai "
+                               "(a wheel; it brings openvino and openvino-tokenizers)")
 
 
 def needs_draft_model(c: Config) -> bool:

@@ -3,8 +3,9 @@
 A run (:func:`specdec.bench.runner.run`) makes one :class:`BenchModels` and hands it to whatever
 loads a model: :func:`specdec.bench.runner.pair_for` (a configuration's pair in another dtype or
 on another backend), :func:`specdec.bench.peers.peer_draft` (a peer's copy of the draft in
-another quantization) and :func:`specdec.bench.peers.llama_model` (llama.cpp's model of the
-target's GGUF file). A caller that runs several times on one pair may pass the same one to each
+another quantization), :func:`specdec.bench.peers.llama_model` (llama.cpp's model of the
+target's GGUF file) and :func:`specdec.bench.peers.openvino_pipeline` (OpenVINO GenAI's pipeline
+on that file). A caller that runs several times on one pair may pass the same one to each
 run, so those models load once in all.
 """
 
@@ -24,3 +25,5 @@ class BenchModels:
     peer_drafts: dict[str, Any] = field(default_factory=dict)
     #: llama.cpp settings -> the target's ``llama_cpp.Llama`` (:func:`specdec.bench.peers.llama_model`)
     llama: dict[tuple, Any] = field(default_factory=dict)
+    #: OpenVINO GenAI settings -> the target's ``openvino_genai.LLMPipeline`` (:func:`specdec.bench.peers.openvino_pipeline`)
+    openvino: dict[tuple, Any] = field(default_factory=dict)

@@ -8,6 +8,9 @@ Greedy at temperature 0, sampling otherwise; EOS ids and stop strings as ours (t
 ``StopStringCriteria``, what ``stop_strings`` + ``tokenizer`` build), and the output is cut the way ours is (through the first EOS, before the first
 stop string). transformers reports no acceptance counts, so tau here is measured: new tokens per
 target forward pass, counted by a forward pre-hook on the target model.
+
+The llama.cpp peers (``llama-cpp``, ``llama-cpp-pld``, ``llama-cpp-spec``) and the OpenVINO GenAI
+peers (``ov``, ``ov-pld``) run the target's GGUF file in those runtimes, on the same prompt ids.
 """
 
 from __future__ import annotations
@@ -150,6 +153,110 @@ def run_llama_spec(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequenc
                           "tool_tokens_per_second": res.get("tokens_per_second")},
     }
 
+#: what OpenVINO GenAI runs the GGUF file as (its legacy GGUF reader, read from the model it saves with
+#: ``enable_save_ov_model``; the plugin's settings from compiling that model on the CPU plugin), openvino 2026.4.1
+OV_FORMAT = ("GGUF read by OpenVINO GenAI's (legacy) GGUF reader into an OpenVINO model: Q4_K tensors as u4 "
+             "weights with an f16 scale and a u4 zero point per 32 weights (Q4_K's 6-bit min rounded to an integer "
+             "zero point), Q6_K tensors as u8 weights with an f16 scale and a u8 zero point per 16, decompressed "
+             "inside the matmuls; CPU plugin defaults: f32 inference precision, int8 dynamic quantization of the "
+             "activations in groups of 32, u8 KV cache")
+
+
+def openvino_pipeline(pair, prompt_lookup: bool, threads: int, models: BenchModels):
+    """OpenVINO GenAI's ``LLMPipeline`` on the target's GGUF file, loaded once per run (kept in
+    ``models``): ``INFERENCE_NUM_THREADS`` as given, and its default paged-attention (continuous
+    batching) pipeline with prefix caching off, so that each request starts from an empty cache as
+    ours does (its default turns it on, and a request would reuse the warm-up's or the previous
+    prompt's shared prefix)."""
+    key = (("prompt_lookup", bool(prompt_lookup)), ("threads", int(threads)))
+    cache = models.openvino
+    if key not in cache:
+        import openvino_genai as og
+
+        scheduler = og.SchedulerConfig()
+        scheduler.enable_prefix_caching = False
+        scheduler.max_num_batched_tokens = 2**63 - 1  # as its latency-oriented default: the prompt in one pass
+        kwargs: dict[str, Any] = {"scheduler_config": scheduler, "INFERENCE_NUM_THREADS": int(threads)}
+        if prompt_lookup:
+            kwargs["prompt_lookup"] = True
+        cache[key] = og.LLMPipeline(gguf_of(pair.target_name), "CPU", **kwargs)
+    return cache[key]
+
+
+def run_openvino(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 models: BenchModels) -> dict[str, Any]:
+    """OpenVINO GenAI on the target's GGUF file: ``ov`` plain decoding, ``ov-pld`` its own prompt
+    lookup (``num_assistant_tokens``, ``max_ngram_size``). The prompt goes in as our token ids
+    (``TokenizedInputs``: no tokenization, no chat template), greedy at T=0; EOS ids as ours
+    (``stop_token_ids``), the stop strings given to the pipeline (kept in its output) and the output
+    cut as ours is (through the first EOS, before the first stop string). ``seconds``: wall time of
+    ``generate`` (prefill included). tau: 1.0 for ``ov``; for ``ov-pld`` produced tokens per target
+    step, the steps counted by the pipeline's own metrics (``raw_metrics.m_batch_sizes``: one entry
+    per step that produced tokens, the prefill's included), None where it reports none."""
+    import numpy as np
+    import openvino as ov
+    import openvino_genai as og
+
+    params = {**PEERS[peer.policy]["defaults"], **peer.params}
+    threads = int(params.get("n_threads") or _threads())
+    pld = peer.policy == "ov-pld"
+    pipe = openvino_pipeline(pair, pld, threads, models)
+    eos = list(pair.eos_ids)
+    cfg = _ov_config(og, params if pld else None, eos, stops, max_new_tokens=max_new_tokens,
+                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    ids = np.array([list(prompt_ids)], dtype=np.int64)
+    inputs = og.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids)))
+    start = time.perf_counter()
+    res = pipe.generate(inputs, cfg)
+    seconds = time.perf_counter() - start
+    new = [int(t) for t in res.tokens[0]]
+    produced = len(new)
+    if pld:
+        steps = list(res.perf_metrics.raw_metrics.m_batch_sizes)
+        forwards = len(steps) if steps else None
+    else:
+        forwards = produced
+    new, finish, text = _cut_tokens(pair, new, eos, stops)
+    if finish == "length" and stops and produced < max_new_tokens:
+        finish = "stop"  # the pipeline stopped early on a stop string (it matches them on its own text)
+    return {
+        "text": text, "token_ids": new, "finish_reason": finish, "prompt_tokens": len(prompt_ids),
+        "new_tokens": len(new), "produced_tokens": produced, "seconds": seconds, "target_forwards": forwards,
+        "tau": (produced / forwards if forwards else None) if pld else 1.0,
+        "peer_settings": {**params, "n_threads": threads, "gguf": gguf_of(pair.target_name).rsplit("/", 1)[-1],
+                          "openvino_genai": getattr(og, "__version__", None), "device": "CPU",
+                          "pipeline": "continuous batching (paged attention, its CPU default), prefix caching off",
+                          "prompt": "token ids (TokenizedInputs)", "format": OV_FORMAT},
+    }
+
+
+def _ov_config(og, pld: dict | None, eos: list[int], stops: Sequence[str], *, max_new_tokens: int,
+               temperature: float, top_p: float, top_k: int, seed: int | None):
+    """OpenVINO GenAI's ``GenerationConfig`` for a peer: length, no chat template, our EOS ids, the
+    stop strings (kept in its output, to be cut as ours are), greedy or sampling, and ``pld``'s
+    prompt-lookup settings where given."""
+    cfg = og.GenerationConfig()
+    cfg.max_new_tokens = int(max_new_tokens)
+    cfg.apply_chat_template = False
+    if eos:
+        cfg.eos_token_id = int(eos[0])
+        cfg.stop_token_ids = {int(t) for t in eos}
+    if stops:
+        cfg.stop_strings = set(stops)
+        cfg.include_stop_str_in_output = True
+    cfg.do_sample = temperature > 0
+    if temperature > 0:
+        cfg.temperature, cfg.top_p = float(temperature), float(top_p)
+        if top_k > 0:
+            cfg.top_k = int(top_k)
+        if seed is not None:
+            cfg.rng_seed = int(seed)
+    if pld is not None:
+        cfg.num_assistant_tokens = int(pld["num_assistant_tokens"])
+        cfg.max_ngram_size = int(pld["max_ngram_size"])
+    return cfg
+
 
 def _threads() -> int:
     """The threads specdec's llama.cpp backend runs with by default."""
@@ -169,6 +276,9 @@ def run_peer(
     if peer.policy == "llama-cpp-spec":
         return run_llama_spec(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed)
+    if peer.policy in ("ov", "ov-pld"):
+        return run_openvino(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p, top_k=top_k, seed=seed, models=models)
     if peer.policy in ("llama-cpp", "llama-cpp-pld"):
         return run_llama(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                          top_p=top_p, top_k=top_k, seed=seed, models=models)
@@ -277,6 +387,13 @@ def _cut_output(pair, out, prompt_ids: Sequence[int], eos: list[int],
     seq = out.sequences if hasattr(out, "sequences") else out
     new = [int(t) for t in seq[0, len(prompt_ids):].tolist()]
     produced = len(new)  # before our cuts: what the target's forward passes paid for
+    new, finish, text = _cut_tokens(pair, new, eos, stops)
+    return new, produced, finish, text
+
+
+def _cut_tokens(pair, new: list[int], eos: Sequence[int], stops: Sequence[str]) -> tuple[list[int], str, str]:
+    """New tokens cut as ours are (through the first EOS, before the first stop string):
+    ``(token_ids, finish_reason, text)``."""
     finish = "length"
     eos_set = set(eos)
     for i, t in enumerate(new):
@@ -288,4 +405,4 @@ def _cut_output(pair, out, prompt_ids: Sequence[int], eos: list[int],
         keep = checker(new, len(new))
         if keep is not None:
             new, finish = new[:keep], "stop"
-    return new, produced, finish, checker.final_text(new)
+    return new, finish, checker.final_text(new)

@@ -134,7 +134,9 @@ def _results(summary: dict) -> list[str]:
               if r.get("draft_share") is not None else "–")
         name = f"**{cid}**" if cid in front else cid
         if r.get("kind") == "peer":
-            name += " (llama.cpp)" if str(r.get("policy")).startswith("llama-cpp") else " (transformers)"
+            policy = str(r.get("policy"))
+            name += (" (llama.cpp)" if policy.startswith("llama-cpp") else
+                     " (OpenVINO GenAI)" if policy in ("ov", "ov-pld") else " (transformers)")
         lines.append(
             f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {tv} | {_pct(r.get('quality'))} | {rec} | "
             f"{_pct(ag.get('exact_match'))} | {_pct(ag.get('token_agreement'))} | {_pct(r.get('zero_accept_share'))} | "
