@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The default drafter (the portfolio, drafter auto) against plain decoding and each of its copy
 # sources alone, on the llama.cpp backend, shipped Q4_K_M pair (or FORMAT=bf16: the @bf16 copy of the
-# target), greedy: the edit workload (with llama-cpp-python's plain decoding and its own prompt
-# lookup as peers), HumanEval's first 20, Spec-Bench 2 per category, and the agent loop. One folder
+# target), greedy: the edit workload (with llama-cpp-python's and OpenVINO GenAI's plain decoding and
+# their own prompt lookup as peers: pip install llama-cpp-python openvino-genai), HumanEval's first 20,
+# Spec-Bench 2 per category, and the agent loop. One folder
 # per workload under benchmarks/, named with KIND (this machine's kind: avx2, avx512bf16, xeon-amx);
 # rerunning resumes. Nothing else may run on the machine meanwhile (speed figures).
 #
@@ -19,7 +20,7 @@ POLICIES="ar,lossless,lossless:drafter=pld,lossless:drafter=suffix"
 for w in $WORKLOADS; do
   case $w in
     edits) specdec bench --dataset edits --limit 20 --max-new-tokens 512 --policies "$POLICIES" \
-             --peers llama-cpp,llama-cpp-pld --target "$TARGET" --out "benchmarks/edits20-512-$FORMAT-$KIND" ;;
+             --peers llama-cpp,llama-cpp-pld,ov,ov-pld --target "$TARGET" --out "benchmarks/edits20-512-$FORMAT-$KIND" ;;
     humaneval) specdec bench --dataset humaneval --limit 20 --max-new-tokens 256 --policies ar,lossless \
              --target "$TARGET" --out "benchmarks/free-drafts-humaneval20-256-$FORMAT-$KIND" ;;
     spec-bench) specdec bench --dataset spec-bench --limit 2 --max-new-tokens 256 --policies ar,lossless \

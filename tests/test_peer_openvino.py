@@ -81,6 +81,25 @@ def test_keys_defaults_and_missing_library(monkeypatch):
             check_peer_available(Config(name, kind="peer"))
 
 
+def test_a_folder_with_ov_peers_re_reports_without_openvino(monkeypatch, tmp_path):
+    """``--report-only`` runs no peer, so a machine without OpenVINO GenAI (CI's) re-reports a folder
+    that ran them; a run that would run them fails first, naming the install."""
+    import argparse
+
+    from specdec.bench import cli as bench_cli
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "openvino_genai" else real(name, *a))
+    parser = argparse.ArgumentParser(prog="specdec")
+    bench_cli.register(parser.add_subparsers(dest="command"))
+    argv = ["bench", "--dataset", "edits", "--policies", "ar", "--peers", "ov,ov-pld", "--out", str(tmp_path)]
+    _, peers, _, _ = bench_cli.parse_args(parser.parse_args([*argv, "--report-only"]))
+    assert [c.policy for c in peers] == ["ov", "ov-pld"]
+    with pytest.raises(SpecdecError, match="pip install openvino-genai"):
+        bench_cli.parse_args(parser.parse_args(argv))
+
+
 def test_plain_ids_eos_stops_and_one_pipeline(tiny_pair, fake_ov):
     eos = min(tiny_pair.eos_ids)
     models = BenchModels()

@@ -97,7 +97,7 @@ def parse_args(a: argparse.Namespace):
     configs = cfgs.build_configs(a.policies, a.drafter, k, sweep)
     configs = cfgs.dedupe([*configs, *(cfgs.config_from_file(f) for f in a.config or [])])
     peers = cfgs.build_peers(a.peers)
-    for c in peers:
+    for c in peers if not getattr(a, "report_only", False) else ():  # re-reporting runs no peer
         cfgs.check_peer_available(c)
     configs = cfgs.validate(configs, max_new_tokens=settings.max_new_tokens, **settings.sampling())
     if a.draft == "none":
