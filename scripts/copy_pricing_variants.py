@@ -2,7 +2,7 @@
 """Other ways to price the portfolio's copies, replayed beside the default and each copy source alone
 at k=auto (docs/free-drafts.md, the agent loop). The variants:
 
-- ``run``: the default (a copy's chance per run bin, learned from every offer: ``RunRates``);
+- ``run``: the default (a copy's chance per run bin and situation, learned from every offer: ``RunRates``);
 - ``position``: per draft position, learned from every offer (as a copy source alone prices its drafts);
 - ``better``: the better of ``run`` and each source's own rounds priced per position (as alone);
 - ``last-round``: ``run``, its rates kept apart by the last round's outcome (plain, all kept, a miss).
