@@ -4,6 +4,7 @@ per run with prefix caching off) with fake ``openvino``/``openvino_genai`` modul
 the real library on the bundled GGUF where it is installed."""
 
 import importlib.util
+import re
 import sys
 import types
 
@@ -79,6 +80,19 @@ def test_keys_defaults_and_missing_library(monkeypatch):
     for name in ("ov", "ov-pld"):
         with pytest.raises(SpecdecError, match="pip install openvino-genai"):
             check_peer_available(Config(name, kind="peer"))
+
+
+@pytest.mark.parametrize("item, message", [
+    ("ov:n_threads=abc", "peer 'ov': n_threads must be an integer >= 0, got 'abc'"),
+    ("ov-pld:num_assistant_tokens=0", "peer 'ov-pld': num_assistant_tokens must be an integer >= 1, got 0"),
+    ("ov-pld:max_ngram_size=2.5", "peer 'ov-pld': max_ngram_size must be an integer >= 1, got 2.5"),
+    ("llama-cpp:n_batch=-3", "peer 'llama-cpp': n_batch must be an integer >= 0, got -3"),
+    ("llama-cpp-spec:draft_max=x", "peer 'llama-cpp-spec': draft_max must be an integer >= 1, got 'x'"),
+])
+def test_a_peer_s_bad_integer_is_a_one_line_error_before_any_model_loads(item, message):
+    with pytest.raises(SpecdecError, match=re.escape(message)):
+        build_peers(item)
+    assert build_peers("ov:n_threads=0")[0].params == {"n_threads": 0}  # 0: the backend's default
 
 
 def test_a_folder_with_ov_peers_re_reports_without_openvino(monkeypatch, tmp_path):

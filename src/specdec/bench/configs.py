@@ -63,6 +63,18 @@ PEERS = {
     "ov-pld": {"keys": ("num_assistant_tokens", "max_ngram_size", "n_threads"),
                "defaults": {"num_assistant_tokens": 5, "max_ngram_size": 3}},
 }
+#: the peers' integer parameters and their least values (0 for the thread and batch counts: the default)
+PEER_INTS = {"n_threads": 0, "n_batch": 0, "num_pred_tokens": 1, "max_ngram_size": 1, "num_assistant_tokens": 1,
+             "draft_max": 1, "draft_min": 0, "prompt_lookup_num_tokens": 1, "max_matching_ngram_size": 1}
+#: the library each peer runs on: (module, install hint), checked before any model loads
+PEER_LIBRARIES = {
+    **dict.fromkeys(("llama-cpp", "llama-cpp-pld"),
+                    ("llama_cpp", "llama-cpp-python: pip install llama-cpp-python (it compiles llama.cpp; "
+                                  "a few minutes)")),
+    **dict.fromkeys(("ov", "ov-pld"),
+                    ("openvino_genai", "OpenVINO GenAI: pip install openvino-genai (a wheel; it brings openvino and "
+                                       "openvino-tokenizers)")),
+}
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_\-+.]*$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -291,6 +303,8 @@ def build_peers(peers: str | None) -> list[Config]:
             raise SpecdecError(f"peer {name!r} takes {', '.join(PEERS[name]['keys'])}; got {sorted(unknown)}")
         if params.get("draft_quant", "none") not in ("none", "int8"):
             raise SpecdecError(f"peer {name!r}: draft_quant must be none or int8, got {params['draft_quant']!r}")
+        for key in set(params) & set(PEER_INTS):
+            params[key] = parse_int(params[key], f"peer {name!r}: {key}", PEER_INTS[key])
         out.append(Config(name, None, 0, params, kind="peer"))
     return dedupe(out)
 
@@ -335,19 +349,13 @@ def check_constrained(configs: list[Config], constraint: Constraint) -> None:
 
 
 def check_peer_available(c: Config) -> None:
-    """Fail before any model loads when a peer's library is missing."""
-    if c.kind == "peer" and c.policy in ("llama-cpp", "llama-cpp-pld"):
+    """Fail before any model loads when a peer's library (:data:`PEER_LIBRARIES`) is missing."""
+    if c.kind == "peer" and c.policy in PEER_LIBRARIES:
         import importlib.util
 
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise SpecdecError(f"peer {c.policy} needs llama-cpp-python: pip install llama-cpp-python "
-                               "(it compiles llama.cpp; a few minutes)")
-    if c.kind == "peer" and c.policy in ("ov", "ov-pld"):
-        import importlib.util
-
-        if importlib.util.find_spec("openvino_genai") is None:
-            raise SpecdecError(f"peer {c.policy} needs OpenVINO GenAI: pip install openvino-genai "
-                               "(a wheel; it brings openvino and openvino-tokenizers)")
+        module, hint = PEER_LIBRARIES[c.policy]
+        if importlib.util.find_spec(module) is None:
+            raise SpecdecError(f"peer {c.policy} needs {hint}")
 
 
 def needs_draft_model(c: Config) -> bool:
