@@ -152,7 +152,8 @@ def test_an_offer_is_scored_against_what_the_round_committed():
 def test_every_offer_teaches_its_source_even_when_another_drafted():
     policy = PortfolioK(cheap_wide(), has_model=False)
     policy.budget(9, 100, 0, [offer(run=5, source="suffix")])
-    rates = policy.rates_of(("suffix", "part", False))
+    assert policy.situations["suffix"] == ("suffix", "part", False)
+    rates = policy.rates_of("suffix")
     before = rates.rate(5)
     policy.observe(RoundRecord(drafted=0, offers=(("suffix", 5, 1, 1),)))
     assert rates.rate(5) > before

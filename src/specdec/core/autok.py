@@ -409,16 +409,17 @@ class PortfolioK(KPolicy):
         n = min(len(offer.tokens), room, MAX_K - 1)  # K drafts: a pass of K + 1, the widest measured MAX_K
         if n <= self.window:
             return 0, 0.0
-        chances = self.rates_of(self.situations.get(offer.source) or (offer.source, "part", False)).kept_chances(
-            offer.run, n)
+        chances = self.rates_of(offer.source).kept_chances(offer.run, n)
         if self.fixed is not None or self.target is None:
             k = min(n, self.fixed or n)
             return k, expected_tokens(chances, k)
         return best_k_rate(self.priced.forward, 0.0, chances, n, k_min=self.window + 1, allow_zero=False,
                            allowed=self.allowed)
 
-    def rates_of(self, key: CopyKey) -> RunRates:
-        """The chances per run bin of copies in situation ``key``."""
+    def rates_of(self, source: str) -> RunRates:
+        """The chances per run bin of ``source``'s copies in this round's situation (:meth:`budget`
+        sets it; a source it has not seen counts as mid-answer, alone)."""
+        key = self.situations.get(source) or (source, "part", False)
         rates = self.rates.get(key)
         if rates is None:
             rates = self.rates[key] = RunRates()
@@ -469,7 +470,7 @@ class PortfolioK(KPolicy):
         if r.source == "model" and self.model is not None:
             self.model.observe(r)
         for source, run, reached, kept in r.offers:
-            self.rates_of(self.situations.get(source) or (source, "part", False)).update(run, reached, kept)
+            self.rates_of(source).update(run, reached, kept)
 
     def end(self, tokens: int, cut: bool = False) -> None:
         if self.model is not None:
