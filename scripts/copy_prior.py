@@ -35,7 +35,7 @@ def main() -> int:
                                                                 cache.scope("")).copies.values()]
             for t in range(len(tr.answer)):
                 for src in sources:
-                    offer = src.offer(t, 31)
+                    offer = src.offer(t, 127)
                     if offer is not None:
                         reached, kept = offer.outcome(tr.answer[t:t + len(offer.tokens)])
                         r, k = counts.setdefault(offer.source, ([0] * bins, [0] * bins))

@@ -217,3 +217,32 @@ def test_a_cached_table_of_an_older_format_is_measured_again(tiny_dirs, counting
     path.write_text(json.dumps(old))
     specdec.load(str(target), draft=None, dtype="float32", progress=False)
     assert len(counting) == 2 and json.loads(path.read_text())["format"] == costmodel.FORMAT
+
+
+# ------------------------------------------------------------------------ wide passes at a long context
+def test_wide_passes_are_measured_after_a_long_context_and_kept_in_the_stored_table():
+    from specdec.models.backends.transformers.model import HFModel
+    from specdec.models.costmodel.timing import _wide
+    from tinymodels import tiny_model
+
+    lm = HFModel(tiny_model(3))
+    wide = _wide(lm, 8, context=40, widths=(1, 4, 16))
+    assert wide["wide_context"] == 40 and wide["wide_widths"] == [1, 4, 16]
+    assert all(b >= a > 0 for a, b in zip(wide["wide_seconds"], wide["wide_seconds"][1:]))
+    assert lm.tokens == []  # the cache is left empty
+    assert _wide(lm, 8, context=10 ** 6) is None  # longer than the model's context: not measured
+    table = costmodel.CostTable("m", "float32", [1, 2, 4], [0.01, 0.015, 0.02], 8, **wide)
+    again = costmodel.CostTable.from_dict(json.loads(json.dumps(table.to_dict())))
+    assert again.wide_widths == [1, 4, 16] and again.widest == 16
+
+
+def test_a_stored_table_of_the_older_format_reads_without_wide_passes_and_bad_wide_fields_are_refused():
+    d = costmodel.CostTable("m", "float32", [1, 2], [0.01, 0.02], 32).to_dict()
+    old = {k: v for k, v in d.items() if not k.startswith("wide_")} | {"format": 4}
+    table = costmodel.CostTable.from_dict(old)
+    assert table.wide_widths == [] and table.at_context(5000) is table and table.format == 4
+    for bad in ({"wide_widths": [1, 64], "wide_seconds": [0.1], "wide_context": 1024},
+                {"wide_widths": [1, 64], "wide_seconds": [0.1, 0.5], "wide_context": 16},
+                {"wide_widths": [1, 64], "wide_seconds": [0.1, float("nan")], "wide_context": 1024}):
+        with pytest.raises(ValueError, match="wide_"):
+            costmodel.CostTable.from_dict(d | bad)

@@ -325,3 +325,64 @@ def test_bench_configurations_are_callers_of_their_own():
 def test_a_bad_suffix_factor_under_auto_is_a_one_line_error():
     with pytest.raises(SpecdecError, match="suffix_factor must be a number in"):
         DecodeConfig.from_options(drafter="auto", suffix_factor=0)
+
+
+def wide_table(short_per_token: float, long_per_token: float, step=0.040, long_step=0.048) -> CostTable:
+    """A target with wide passes measured after 1024 tokens of context: ``*_per_token`` of a step
+    per token beyond the first, at the short and at the long context."""
+    wide = [1, 16, 32, 64, 128]
+    return CostTable("t", "q4", WIDTHS, [step * (1 + short_per_token * (w - 1)) for w in WIDTHS], context=32,
+                     prefill_seconds=0.45, wide_context=1024, wide_widths=wide,
+                     wide_seconds=[long_step * (1 + long_per_token * (w - 1)) for w in wide])
+
+
+def long_copy_k(table: CostTable, prompt: int = 600, t: int = 200, run: int = 200) -> int:
+    """The K the portfolio drafts for a 127-token prompt-lookup copy that has matched ``run`` tokens."""
+    policy = PortfolioK(table, has_model=False)
+    policy.begin(512, prompt_tokens=prompt)
+    offer = Offer("pld", tuple(range(3, 130)), run)
+    return policy.budget(t, 300, 0, [offer])
+
+
+def test_a_copy_kept_whole_is_drafted_long_where_a_wide_pass_is_cheap_per_token_and_not_where_it_is_dear():
+    cheap = long_copy_k(wide_table(0.08, 0.1))  # a 128-token pass: ~15 steps
+    assert cheap > 32  # past the request's k limit: the copy limit follows the measured widths
+    assert source_of(wide_table(0.08, 0.1)) == "pld"
+    assert long_copy_k(wide_table(0.08, 0.1), run=3) < 8  # a short match is not trusted that far
+    dear = long_copy_k(wide_table(0.9, 1.1))  # every extra token costs about a step: nothing pays
+    assert dear == 0
+
+
+def source_of(table: CostTable) -> str | None:
+    policy = PortfolioK(table, has_model=False)
+    policy.begin(512, prompt_tokens=600)
+    policy.budget(200, 300, 0, [Offer("pld", tuple(range(3, 130)), 200)])
+    return policy.source
+
+
+def test_a_round_is_priced_at_its_context():
+    table = wide_table(0.08, 0.3)
+    short, long = table.at_context(32), table.at_context(1024)
+    assert short.forward(16) == pytest.approx(table.forward(16))
+    assert long.forward(16) == pytest.approx(0.048 * (1 + 0.3 * 15))
+    assert long.forward(128) == pytest.approx(0.048 * (1 + 0.3 * 127))
+    middle = table.at_context(528)
+    assert short.forward(64) < middle.forward(64) < long.forward(64)
+    assert table.at_context(2016).forward(64) > long.forward(64)  # beyond, along the same line
+    # the same copy is drafted shorter deep into a long context, where wide passes cost more
+    assert long_copy_k(table, prompt=3000) <= long_copy_k(table, prompt=100)
+
+
+def test_a_new_caller_s_first_answer_drafts_a_long_copy_once_the_copy_has_run_long():
+    """No cold-start deadlock: with nothing learned, a copy whose match runs back 100 tokens is
+    drafted long on a table where that pays (the prior of long runs: what edit answers kept)."""
+    assert long_copy_k(wide_table(0.08, 0.1), t=100, run=100) > 32
+    assert long_copy_k(wide_table(0.45, 0.5), t=100, run=100) >= 16  # on a 4-bit CPU's prices: still long
+
+
+def test_a_table_without_wide_passes_prices_copies_as_before():
+    from specdec.core.autok import premium, priced_at
+
+    table = dear_wide()
+    assert priced_at(table, 5000).seconds == premium(table).seconds
+    assert long_copy_k(cheap_wide()) <= 31  # its widest pass is 32: no copy past it

@@ -62,15 +62,25 @@ PEERS = {
     "ov": {"keys": ("n_threads",), "defaults": {}},
     "ov-pld": {"keys": ("num_assistant_tokens", "max_ngram_size", "n_threads"),
                "defaults": {"num_assistant_tokens": 5, "max_ngram_size": 3}},
+    # llama.cpp's own server (`pip install xllamacpp`, a prebuilt wheel) on the target's GGUF file:
+    # plain decoding and its speculative modes at llama.cpp's own defaults (ngram-mod: drafts of 48 to
+    # 64 tokens; the draft model: the pair's draft GGUF), n_max/n_min its draft length limits
+    "llama-server": {"keys": ("n_threads",), "defaults": {}},
+    **{f"llama-server-{mode}": {"keys": ("n_max", "n_min", "n_threads"), "defaults": {}}
+       for mode in ("ngram-mod", "ngram-simple", "ngram-map-k", "draft")},
 }
 #: the peers' integer parameters and their least values (0 for the thread and batch counts: the default)
-PEER_INTS = {"n_threads": 0, "n_batch": 0, "num_pred_tokens": 1, "max_ngram_size": 1, "num_assistant_tokens": 1,
+PEER_INTS = {"n_threads": 0, "n_batch": 0, "n_max": 1, "n_min": 0, "num_pred_tokens": 1, "max_ngram_size": 1, "num_assistant_tokens": 1,
              "draft_max": 1, "draft_min": 0, "prompt_lookup_num_tokens": 1, "max_matching_ngram_size": 1}
 #: the library each peer runs on: (module, install hint), checked before any model loads
 PEER_LIBRARIES = {
     **dict.fromkeys(("llama-cpp", "llama-cpp-pld"),
                     ("llama_cpp", "llama-cpp-python: pip install llama-cpp-python (it compiles llama.cpp; "
                                   "a few minutes)")),
+    **dict.fromkeys(("llama-server", "llama-server-ngram-mod", "llama-server-ngram-simple", "llama-server-ngram-map-k",
+                     "llama-server-draft"),
+                    ("xllamacpp", "xllamacpp: pip install xllamacpp (a prebuilt wheel of llama.cpp's server; no "
+                                  "compiler)")),
     **dict.fromkeys(("ov", "ov-pld"),
                     ("openvino_genai", "OpenVINO GenAI: pip install openvino-genai (a wheel; it brings openvino and "
                                        "openvino-tokenizers)")),
@@ -364,5 +374,5 @@ def needs_draft_model(c: Config) -> bool:
     from ..core.drafters import drafter_class
 
     if c.kind == "peer":
-        return c.policy in ("hf-assisted", "llama-cpp-spec")
+        return c.policy in ("hf-assisted", "llama-cpp-spec", "llama-server-draft")
     return not c.is_ar and drafter_class(str(c.drafter)).needs_model

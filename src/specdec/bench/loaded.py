@@ -4,8 +4,8 @@ A run (:func:`specdec.bench.runner.run`) makes one :class:`BenchModels` and hand
 loads a model: :func:`specdec.bench.runner.pair_for` (a configuration's pair in another dtype or
 on another backend), :func:`specdec.bench.peers.peer_draft` (a peer's copy of the draft in
 another quantization), :func:`specdec.bench.peers.llama_model` (llama.cpp's model of the
-target's GGUF file) and :func:`specdec.bench.peers.openvino_pipeline` (OpenVINO GenAI's pipeline
-on that file). A caller that runs several times on one pair may pass the same one to each
+target's GGUF file), :func:`specdec.bench.peers.openvino_pipeline` (OpenVINO GenAI's pipeline
+on that file) and :func:`specdec.bench.llama_server.server_for` (llama.cpp's own server on it). A caller that runs several times on one pair may pass the same one to each
 run, so those models load once in all.
 """
 
@@ -27,3 +27,5 @@ class BenchModels:
     llama: dict[tuple, Any] = field(default_factory=dict)
     #: OpenVINO GenAI settings -> the target's ``openvino_genai.LLMPipeline`` (:func:`specdec.bench.peers.openvino_pipeline`)
     openvino: dict[tuple, Any] = field(default_factory=dict)
+    #: mode and settings -> llama.cpp's running server (:func:`specdec.bench.llama_server.server_for`)
+    servers: dict[tuple, Any] = field(default_factory=dict)

@@ -9,8 +9,9 @@ Greedy at temperature 0, sampling otherwise; EOS ids and stop strings as ours (t
 stop string). transformers reports no acceptance counts, so tau here is measured: new tokens per
 target forward pass, counted by a forward pre-hook on the target model.
 
-The llama.cpp peers (``llama-cpp``, ``llama-cpp-pld``, ``llama-cpp-spec``) and the OpenVINO GenAI
-peers (``ov``, ``ov-pld``) run the target's GGUF file in those runtimes, on the same prompt ids.
+The llama.cpp peers (``llama-cpp``, ``llama-cpp-pld``, ``llama-cpp-spec``), llama.cpp's own server
+(``llama-server`` and its speculative modes, :mod:`specdec.bench.llama_server`) and the OpenVINO
+GenAI peers (``ov``, ``ov-pld``) run the target's GGUF file in those runtimes, on the same prompt ids.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from ..models.backends import REGISTRY
 from ..errors import SpecdecError
 from ..core.text import StopStrings
 from .configs import PEERS, Config
+from .llama_server import MODES, run_llama_server
 from .loaded import BenchModels
 
 
@@ -273,6 +275,10 @@ def run_peer(
     (:class:`specdec.bench.loaded.BenchModels`), where a peer's own models are kept between
     generations; without it they are loaded for this generation only."""
     models = BenchModels() if models is None else models
+    if peer.policy in MODES:
+        return run_llama_server(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_p=top_p, top_k=top_k, seed=seed, models=models, threads=_threads(),
+                                defaults=PEERS[peer.policy]["defaults"])
     if peer.policy == "llama-cpp-spec":
         return run_llama_spec(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed)

@@ -143,13 +143,18 @@ class AcceptanceEstimate:
 
 #: run bins of the copy sources' acceptance model (right edges): how many tokens a copy has matched
 #: before a draft token (the context's matched suffix, then the drafts before it)
-RUN_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+RUN_EDGES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 #: the chance a copy's next token is kept, per run bin (the last bin: every longer run), before any
-#: round is observed: measured on the 16-bit target's greedy traces of HumanEval 20 and Spec-Bench 26
-#: (``benchmarks/replay-avx512bf16``; prompt lookup and suffix offers at every answer position,
-#: 19,770 judged tokens, pooled over both sources: ``scripts/copy_prior.py``), made non-decreasing
-#: (adjacent bins that fall are pooled)
-COPY_PRIOR = (0.22, 0.40, 0.54, 0.55, 0.70, 0.82, 0.82, 0.87, 0.87, 0.96, 0.96, 0.96, 0.96)
+#: round is observed: up to a run of 48 measured on the 16-bit target's greedy traces of HumanEval 20
+#: and Spec-Bench 26 (``benchmarks/replay-avx512bf16``; prompt lookup and suffix offers at every
+#: answer position, 19,770 judged tokens, pooled over both sources: ``scripts/copy_prior.py``), made
+#: non-decreasing (adjacent bins that fall are pooled); runs of 49 and more (which those answers
+#: almost never reach) from the 4-bit target's edit traces (``benchmarks/free-drafts-avx2``, 132,000
+#: judged tokens past a run of 48: 0.99-1.00 kept), rounded down
+COPY_PRIOR = (0.22, 0.40, 0.54, 0.55, 0.70, 0.82, 0.82, 0.87, 0.87, 0.96, 0.96, 0.99, 0.99, 0.995, 0.995, 0.995, 0.995)
+#: no chance of keeping a copy's token is taken above this (a copy of 100 tokens at this rate
+#: expects 79 kept): copies that have matched hundreds of tokens are kept nearly whole
+COPY_MAX_RATE = 0.995
 #: pseudo-rounds of the copy prior per run bin, and the forgetting per round observed
 COPY_PRIOR_WEIGHT, COPY_DECAY = 4.0, 0.98
 
@@ -180,7 +185,7 @@ class RunRates:
     def rates(self) -> list[float]:
         """The chance per run bin."""
         if self._rates is None:
-            self._rates = [min(MAX_RATE, (k + COPY_PRIOR_WEIGHT * p) / (r + COPY_PRIOR_WEIGHT))
+            self._rates = [min(COPY_MAX_RATE, (k + COPY_PRIOR_WEIGHT * p) / (r + COPY_PRIOR_WEIGHT))
                            for k, r, p in zip(self.kept, self.reached, self.prior)]
         return self._rates
 

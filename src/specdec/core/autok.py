@@ -121,7 +121,7 @@ class KPolicy:
     #: a portfolio's source this round (:class:`PortfolioK`); None otherwise
     source: str | None = None
 
-    def begin(self, max_new_tokens: int) -> None:
+    def begin(self, max_new_tokens: int, prompt_tokens: int = 0) -> None:
         self.declined = 0
 
     def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
@@ -178,6 +178,12 @@ class AutoK(KPolicy):
         self.kept_p = 1.0  # the chance every draft of this round so far is kept
         self.limit = 0  # this round's budget
 
+    def retable(self, target: CostTable) -> None:
+        """Plan on ``target`` from now on (the portfolio prices each request at its prompt's context)."""
+        if target is not self.target:
+            self.target, self.allowed = target, allowed_ks(target)
+            self._plans.clear()
+
     # ------------------------------------------------------------------ estimates
     def plan(self, rate: float | None = None) -> tuple[int, float]:
         """The best block at a constant acceptance ``rate`` (the pooled one by default) and its
@@ -215,7 +221,7 @@ class AutoK(KPolicy):
         return best
 
     # ------------------------------------------------------------------ the protocol
-    def begin(self, max_new_tokens: int) -> None:
+    def begin(self, max_new_tokens: int, prompt_tokens: int = 0) -> None:
         self.declined = 0
         self.max_new = max_new_tokens
         self.planned_backlog = -1
@@ -356,13 +362,16 @@ def _clamp(ratio: float) -> float:
     return min(max(ratio, 0.1), 10.0)
 
 
-#: a copy round's wider pass is priced at this times the extra seconds the table gives it over a
-#: one-token pass: the tables are measured over a 32-token cache, and at the contexts answers run at
-#: (hundreds of tokens) a wide pass's extra cost was 1.26-1.43x the table's (AVX2-only EPYC, 4-bit
-#: target, rounds of the edit workload and Spec-Bench), so a copy that pays only at the table's
-#: price loses at the real one; 1.5 did best of 1.0-1.8 replayed on those traces with passes priced
-#: at 1.35x (docs/free-drafts.md)
+#: where the target's table has no wide passes measured (an older table, a folder's), a round that
+#: drafts prices its pass's extra width over a one-token pass at this times the table's: the tables'
+#: own passes run over a 32-token cache, and at the contexts answers run at (hundreds of tokens) a wide
+#: pass's extra cost was 1.26-1.43x the table's (AVX2-only EPYC, 4-bit target, rounds of the edit
+#: workload and Spec-Bench); 1.5 did best of 1.0-1.8 replayed on those traces (docs/free-drafts.md).
+#: A table with wide passes (:attr:`~specdec.models.costmodel.CostTable.wide_widths`) is priced at each
+#: round's context instead (:func:`priced_at`)
 WIDTH_PREMIUM = 1.5
+#: the portfolio prices a round at its context rounded down to a multiple of this (tables made once per step)
+CONTEXT_STEP = 64
 
 
 class PortfolioK(KPolicy):
@@ -370,16 +379,19 @@ class PortfolioK(KPolicy):
     :mod:`specdec.core.drafters.auto`): each round, the source and K with the most expected tokens per
     second at the target's measured pass costs, or a plain step.
 
+    - Every pass is priced at the round's context (the prompt and the answer so far,
+      :func:`priced_at`): on the target's table at that context where its wide passes were measured,
+      else with the pass's extra width at :data:`WIDTH_PREMIUM` times the table's.
     - A copy source's offer (prompt lookup, suffix: free to ask and to propose) is priced by its
       run (:class:`~specdec.core.acceptance.RunRates`, one per source and situation,
       :func:`~specdec.core.acceptance.copy_situation`: at the answer's start, a match reaching back to
       it, or neither; whether another offer starts with the same token; learned from every offer
       scored against what each round committed, drafted or not): its K is the prefix with the most
-      expected tokens per second, ``E(K) / pass(K + 1)``, the pass's extra width over a
-      one-token pass priced at :data:`WIDTH_PREMIUM` times the table's (:func:`premium`).
+      expected tokens per second, ``E(K) / pass(K + 1)``, up to the widest pass the table measured
+      (:func:`copy_ks`: a copy of 127 tokens where passes of 128 were measured).
     - The draft model is the :class:`AutoK` it would have alone (when reading its backlog pays, the
-      block at the pooled acceptance, after each draft whether to go on), its passes' extra width
-      priced with the same premium; its rate is its plan's.
+      block at the pooled acceptance, after each draft whether to go on), its passes priced at the
+      prompt's context; its rate is its plan's.
     - A plain step yields one token per one-token pass. Ties go to the free sources, then to plain.
 
     ``k=N`` (``fixed``), or no cost table: every round drafts N from the source with the most
@@ -388,33 +400,47 @@ class PortfolioK(KPolicy):
     def __init__(self, target: CostTable | None, draft: CostTable | None = None, *, has_model: bool,
                  prior: AcceptancePrior | None = None, window: int = 0, fixed: int | None = None):
         self.target, self.fixed = target, None if fixed is None else max(0, int(fixed))
-        #: the target's passes as this policy prices a round that drafts (:func:`premium`)
-        self.priced = premium(target) if target is not None else None
-        self.model = AutoK(self.priced, draft, True, window, prior) \
+        self.prompt = 0  # this request's prompt tokens: a round's context is the prompt and the answer so far
+        self._priced: dict[int, tuple[CostTable, frozenset[int]]] = {}  # per context step: the table and its Ks
+        self.model = AutoK(self.priced_at(0)[0], draft, True, window, prior) \
             if has_model and target is not None and fixed is None else None
         self.model_rate = (prior or AcceptancePrior.assumed()).mean if has_model else 0.0  # k=N: the model's
-        self.allowed = allowed_ks(target) if target is not None else frozenset()
         self.window = max(0, int(window))  # a policy's lookahead: a copy drafts more than it, or nothing
         self.rates: dict[CopyKey, RunRates] = {}
         self.situations: dict[str, CopyKey] = {}  # this round's offers' situations, by source
         self.limit = 0
 
-    def begin(self, max_new_tokens: int) -> None:
+    def begin(self, max_new_tokens: int, prompt_tokens: int = 0) -> None:
         self.declined = 0
+        self.prompt = max(0, int(prompt_tokens))
         if self.model is not None:
+            self.model.retable(self.priced_at(self.prompt)[0])
             self.model.begin(max_new_tokens)
 
-    def _copy(self, offer, room: int) -> tuple[int, float]:
-        """``(K, expected tokens per second)`` of the offer's best prefix (``(0, 0)``: none)."""
-        n = min(len(offer.tokens), room, MAX_K - 1)  # K drafts: a pass of K + 1, the widest measured MAX_K
+    def priced_at(self, context: int) -> tuple[CostTable, frozenset[int]]:
+        """The target's passes as a round at ``context`` tokens is priced (:func:`priced_at`, per
+        :data:`CONTEXT_STEP`) and the Ks a copy may draft on them (:func:`copy_ks`)."""
+        step = max(0, int(context)) // CONTEXT_STEP * CONTEXT_STEP
+        if step not in self._priced:
+            if len(self._priced) > 256:
+                self._priced.clear()
+            table = priced_at(self.target, step)
+            self._priced[step] = (table, copy_ks(table))
+        return self._priced[step]
+
+    def _copy(self, offer, room: int, table: CostTable | None = None,
+              ks: frozenset[int] = frozenset()) -> tuple[int, float]:
+        """``(K, expected tokens per second)`` of the offer's best prefix on ``table`` (``(0, 0)``:
+        none); with ``k=N`` or no table, ``(K, expected kept tokens)``."""
+        widest = table.widest if table is not None else MAX_K
+        n = min(len(offer.tokens), room, widest - 1)  # K drafts: a pass of K + 1, the widest the table measured
         if n <= self.window:
             return 0, 0.0
         chances = self.rates_of(offer.source).kept_chances(offer.run, n)
-        if self.fixed is not None or self.target is None:
+        if self.fixed is not None or table is None:
             k = min(n, self.fixed or n)
             return k, expected_tokens(chances, k)
-        return best_k_rate(self.priced.forward, 0.0, chances, n, k_min=self.window + 1, allow_zero=False,
-                           allowed=self.allowed)
+        return best_k_rate(table.forward, 0.0, chances, n, k_min=self.window + 1, allow_zero=False, allowed=ks)
 
     def rates_of(self, source: str) -> RunRates:
         """The chances per run bin of ``source``'s copies in this round's situation (:meth:`budget`
@@ -434,9 +460,10 @@ class PortfolioK(KPolicy):
             return 0
         if self.fixed is not None or self.target is None:
             return self._fixed(room, offers)
-        best, choice = 1.0 / self.target.forward(1), (None, 0)
+        table, ks = self.priced_at(self.prompt + t)
+        best, choice = 1.0 / table.forward(1), (None, 0)
         for offer in offers:
-            k, rate = self._copy(offer, room)
+            k, rate = self._copy(offer, room, table, ks)
             if k and rate > best * (1 + TIE_TOLERANCE):
                 best, choice = rate, (offer.source, k)
         if self.model is not None:
@@ -479,11 +506,25 @@ class PortfolioK(KPolicy):
 
 def premium(table: CostTable) -> CostTable:
     """``table`` with every pass's extra width over a one-token pass at :data:`WIDTH_PREMIUM` times
-    its price (what :class:`PortfolioK` plans the draft model's rounds with)."""
+    its price (how :class:`PortfolioK` prices a table without wide passes)."""
     import dataclasses
 
     one = table.forward(1)
     return dataclasses.replace(table, seconds=[one + WIDTH_PREMIUM * (s - one) for s in table.seconds])
+
+
+def priced_at(table: CostTable, context: int) -> CostTable:
+    """``table``'s passes after ``context`` tokens as :class:`PortfolioK` prices them: measured at
+    that context where the table has wide passes (:meth:`CostTable.at_context`), else at
+    :data:`WIDTH_PREMIUM` (:func:`premium`)."""
+    return table.at_context(context) if table.wide_widths else premium(table)
+
+
+def copy_ks(table: CostTable) -> frozenset[int]:
+    """The Ks a copy may draft on ``table``: those whose pass the short-context curve measured
+    (it is jagged there: 4-bit kernels take rows in fours), and every K up to the widest pass beyond
+    it (wide passes cost about in proportion to their width, read between the measured ones)."""
+    return allowed_ks(table) | frozenset(range(MAX_K, table.widest))
 
 
 def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,

@@ -283,7 +283,7 @@ class Engine:
         drafter = self.make_drafter(cfg) if policy.drafts else None  # plain decoding runs none
         kpolicy = self.k_policy(cfg) if policy.drafts else None
         if kpolicy is not None:
-            kpolicy.begin(cfg.max_new_tokens)
+            kpolicy.begin(cfg.max_new_tokens, prompt_tokens=len(prompt_ids))
         out.stats = Stats(
             policy=cfg.policy, drafter=cfg.drafter if policy.drafts else None, k=cfg.k if policy.drafts else None,
             lossy=policy.lossy, prompt_tokens=len(prompt_ids), params={**policy.params, **cfg.drafter_params},

@@ -50,12 +50,22 @@ class Clock:
     step_overhead: float = 0.0
     round_overhead: float = 0.0
     token_overhead: float = 0.0
+    _at: dict = field(default_factory=dict, repr=False, compare=False)  # the target's table per context step
 
     @staticmethod
     def _scale(table: CostTable, context: int) -> float:
         return 1.0 + getattr(table, "context_slope", 0.0) * max(0, context - table.context)
 
     def verify(self, width: int, context: int) -> float:
+        """A verify pass of ``width`` tokens after ``context``: on the target's table at that context
+        where its wide passes were measured (:meth:`CostTable.at_context`, per 64 tokens of context),
+        else scaled by its ``context_slope``."""
+        if self.target.wide_widths:
+            step = context // 64 * 64
+            table = self._at.get(step)
+            if table is None:
+                table = self._at[step] = self.target.at_context(step)
+            return table.forward(width)
         return self.target.forward(width) * self._scale(self.target, context)
 
     def prefill(self, tokens: int) -> float:
@@ -208,7 +218,7 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
         model = ModelSource(trace.drafts[draft], trace) if draft is not None else None
         lookup = LookupSource(drafter, trace) if drafter is not None else None
         sources = [LookupSource(d, trace) for d in copies]
-        policy.begin(trace.max_new_tokens)
+        policy.begin(trace.max_new_tokens, prompt_tokens=prompt)
     t = 0
     while t < n:
         room = trace.max_new_tokens - t

@@ -21,7 +21,7 @@ MAX_NGRAM = 64
 
 
 #: the longest run a copy's offer measures (tokens of the context its match extends back over)
-RUN_MAX = 64
+RUN_MAX = 256
 
 
 def _find(tokens: np.ndarray, ngram_max: int, ngram_min: int) -> tuple[int, int]:

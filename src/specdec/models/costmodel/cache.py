@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Sequence
 from . import timing
 from .decide import FALLBACK_K
 from .fingerprints import model_fingerprint
-from .table import CostTable
+from .table import FORMAT, CostTable
 
 #: sha256 hex digits of (fingerprint, model, dtype) naming a table's file (96 bits); changing it orphans every table
 CACHE_NAME_CHARS = 24
@@ -55,6 +55,8 @@ def load_cached(fp: Mapping, model: str, dtype: str) -> CostTable | None:
     another machine: the fingerprint inside must match too)."""
     table = read_table(cache_path(fp, model, dtype))
     if table is None or table.fingerprint != dict(fp) or table.model != model or table.dtype != dtype:
+        return None
+    if table.format != FORMAT:  # an older format (no wide passes): measure again
         return None
     if table.stale:  # observed passes drifted far from it: measure again
         return None
@@ -114,7 +116,7 @@ def table_for(lm, model: str, dtype: str, log: Callable[[str], None] | None = No
         noisy = "; ".join(x for x in (busy, report.get("noisy")) if x)
         table = CostTable(model, dtype, widths, seconds, context, fp, time.strftime("%Y-%m-%dT%H:%M:%S"),
                           prefill_seconds=prefill, kernels=list(kernels), spread=list(report.get("spread") or []),
-                          noisy=noisy, long_read=report.get("long_read"))
+                          noisy=noisy, long_read=report.get("long_read"), **(report.get("wide") or {}))
         if noisy and log:
             log(f"specdec: warning: this machine looks busy ({noisy}); the timings of {model.split('|')[0]} in "
                 f"{dtype} may be off, so the choice of dtype and K may be too: they are measured again at a "

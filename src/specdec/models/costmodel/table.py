@@ -13,8 +13,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Mapping, Sequence
 
 #: bumped when tables change meaning, so older ones are measured again (2: logits everywhere + prefill; 3: kernels;
-#: 4: every width 1..17, as k=auto now picks only measured widths)
-FORMAT = 4
+#: 4: every width 1..17, as k=auto now picks only measured widths; 5: wide passes at a long context)
+FORMAT = 5
+#: the formats a stored table may be read in (a committed benchmark folder's); the cache measures again below FORMAT
+READABLE = (4, 5)
 
 
 @dataclass
@@ -48,26 +50,55 @@ class CostTable:
     #: (:data:`specdec.models.costmodel.timing.LONG_READ`): a read is then priced on the line from a one-token pass to it (None: in proportion to
     #: ``prefill_seconds``, as on a CPU)
     long_read: list[float] | None = None
+    #: passes over ``wide_widths`` tokens after a KV cache of ``wide_context`` tokens (``wide_seconds``):
+    #: what a pass costs at the contexts answers run at, and how wide a copy may be drafted
+    #: (:meth:`at_context`); 0 / empty: not measured
+    wide_context: int = 0
+    wide_widths: list[int] = field(default_factory=list)
+    wide_seconds: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        ok = (len(self.widths) == len(self.seconds) >= 1 and self.widths[0] == 1
-              and all(b > a for a, b in zip(self.widths, self.widths[1:]))
-              and all(isinstance(s, (int, float)) and s > 0 and s == s for s in self.seconds))
+        ok = _curve(self.widths, self.seconds) and (
+            not self.wide_widths or (_curve(self.wide_widths, self.wide_seconds) and self.wide_context > self.context))
         if not ok:
             raise ValueError("a cost table needs increasing widths from 1 and positive seconds")
+
+    @property
+    def widest(self) -> int:
+        """The widest pass measured (at either context)."""
+        return max(self.widths[-1], self.wide_widths[-1] if self.wide_widths else 0)
+
+    def at_context(self, context: int) -> "CostTable":
+        """This table's passes after a KV cache of ``context`` tokens, every measured width of either
+        context: each width's seconds on the line through its short-context price (``context``) and
+        its long-context one (``wide_context``), beyond them along it; a width measured at the long
+        context only is priced at the short one by the long curve's shape from the widest width both
+        measured. Without wide passes measured: this table."""
+        if not self.wide_widths:
+            return self
+        lo, hi = self.context, self.wide_context
+        f = max(0.0, (int(context) - lo) / (hi - lo))
+        short, long = self.forward, self._wide
+        top = self.widths[-1]
+        widths = sorted(set(self.widths) | {w for w in self.wide_widths if w > top})
+
+        def at_short(w: int) -> float:
+            return short(w) if w <= top else short(top) * long(w) / long(top)
+
+        seconds = [max(at_short(w) + f * (long(w) - at_short(w)), 1e-9) for w in widths]
+        seconds = [max(seconds[: i + 1]) for i in range(len(seconds))]  # a wider pass never costs less
+        import dataclasses
+
+        return dataclasses.replace(self, widths=widths, seconds=seconds, context=max(int(context), lo),
+                                   wide_context=0, wide_widths=[], wide_seconds=[])
+
+    def _wide(self, width: int) -> float:
+        return _interpolate(self.wide_widths, self.wide_seconds, width)
 
     def forward(self, width: int) -> float:
         """Seconds for a pass over ``width`` tokens: linear between measured widths, and beyond the
         widest one along the slope of the last two (at least flat)."""
-        w, s = self.widths, self.seconds
-        if width <= w[0]:
-            return s[0]
-        for i in range(1, len(w)):
-            if width <= w[i]:
-                f = (width - w[i - 1]) / (w[i] - w[i - 1])
-                return s[i - 1] + f * (s[i] - s[i - 1])
-        slope = max(0.0, (s[-1] - s[-2]) / (w[-1] - w[-2])) if len(w) > 1 else s[-1]
-        return s[-1] + slope * (width - w[-1])
+        return _interpolate(self.widths, self.seconds, width)
 
     def prefill(self, tokens: int) -> float:
         """Seconds to prefill ``tokens``, at the measured prefill pass's cost per token (the widest
@@ -102,8 +133,9 @@ class CostTable:
     @classmethod
     def from_dict(cls, d: Mapping) -> "CostTable":
         """A table as stored (the cache, ``specdec calibrate --export``, a file anyone may send):
-        its shape, types and ranges checked (:func:`check_stored`), ValueError naming the field."""
-        if not isinstance(d, Mapping) or d.get("format") != FORMAT:
+        its shape, types and ranges checked (:func:`check_stored`), ValueError naming the field.
+        A table of an older :data:`READABLE` format reads as it was (without wide passes)."""
+        if not isinstance(d, Mapping) or d.get("format") not in READABLE:
             raise ValueError("unknown cost table format")
         check_stored(d)
         return cls(model=str(d["model"]), dtype=str(d["dtype"]), widths=[int(w) for w in d["widths"]],
@@ -113,7 +145,28 @@ class CostTable:
                    kernels=[str(k) for k in d.get("kernels") or []],
                    spread=[float(x) for x in d.get("spread") or []], noisy=str(d.get("noisy") or ""),
                    stale=str(d.get("stale") or ""), context_slope=float(d.get("context_slope") or 0.0),
-                   long_read=_long_read(d.get("long_read")))
+                   long_read=_long_read(d.get("long_read")), format=int(d["format"]),
+                   wide_context=int(d.get("wide_context") or 0), wide_widths=[int(w) for w in d.get("wide_widths") or []],
+                   wide_seconds=[float(x) for x in d.get("wide_seconds") or []])
+
+
+def _curve(widths: Sequence[int], seconds: Sequence[float]) -> bool:
+    """Increasing widths from 1 with one positive number of seconds each."""
+    return (len(widths) == len(seconds) >= 1 and widths[0] == 1 and all(b > a for a, b in zip(widths, widths[1:]))
+            and all(isinstance(s, (int, float)) and s > 0 and s == s for s in seconds))
+
+
+def _interpolate(w: Sequence[int], s: Sequence[float], width: int) -> float:
+    """Seconds at ``width`` on a measured curve: linear between widths, beyond the widest along the
+    slope of the last two (at least flat)."""
+    if width <= w[0]:
+        return s[0]
+    for i in range(1, len(w)):
+        if width <= w[i]:
+            f = (width - w[i - 1]) / (w[i] - w[i - 1])
+            return s[i - 1] + f * (s[i] - s[i - 1])
+    slope = max(0.0, (s[-1] - s[-2]) / (w[-1] - w[-2])) if len(w) > 1 else s[-1]
+    return s[-1] + slope * (width - w[-1])
 
 
 def _long_read(value) -> list[float] | None:
@@ -171,6 +224,13 @@ def check_stored(d: Mapping) -> None:
         raise ValueError("'spread' must be a list of numbers >= 0")
     if not isinstance(d.get("fingerprint") or {}, dict) or not isinstance(d.get("kernels") or [], list):
         raise ValueError("'fingerprint' must be an object and 'kernels' a list")
+    wide = d.get("wide_widths") or []
+    if wide and not (isinstance(wide, list) and all(_whole(w) and 1 <= w <= MAX_WIDTH for w in wide)
+                     and isinstance(d.get("wide_seconds"), list) and len(d["wide_seconds"]) == len(wide)
+                     and all(_positive(x, MAX_PASS_SECONDS) for x in d["wide_seconds"])
+                     and _whole(d.get("wide_context")) and context < d["wide_context"] <= MAX_CONTEXT):
+        raise ValueError("'wide_widths', 'wide_seconds' and 'wide_context' must be widths in [1, "
+                         f"{MAX_WIDTH}], one number of seconds each, and a context above 'context'")
     long_read = d.get("long_read")
     if long_read and not (isinstance(long_read, (list, tuple)) and len(long_read) == 2 and _whole(long_read[0])
                           and 1 < long_read[0] <= MAX_CONTEXT and _positive(long_read[1], MAX_PASS_SECONDS)):

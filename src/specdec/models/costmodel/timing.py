@@ -24,6 +24,11 @@ from ...draftlength import MAX_K
 #: curves are jagged: llama.cpp's 4-bit kernels take rows in fours), then 24 and 32 (MAX_K, the one
 #: draft-length limit: :mod:`specdec.draftlength`) for long blocks
 WIDTHS = tuple(range(1, 18)) + (24, MAX_K)
+#: wide passes (:func:`_wide`): after a KV cache of WIDE_CONTEXT tokens (the contexts answers and
+#: agent turns run at: a wide pass's attention there costs more than over the tables' 32 tokens) over
+#: these widths, up to the widest copy a round may draft (a copy of 127 tokens is verified in 128)
+WIDE_CONTEXT = 1024
+WIDE_WIDTHS = (1, 16, 32, 64, 128)
 #: timings per width, in interleaved rounds (a slow spell hits every width alike): two slow ones leave the median
 REPEATS = 5
 #: seconds: a width slower than this is timed MIN_REPEATS times only (noise is small against it; rounds cost seconds)
@@ -143,7 +148,36 @@ def measure(lm, widths: Sequence[int] | None = None, repeats: int = REPEATS) -> 
     lm.reset()
     out = _measured(widths, samples, suspects, remeasured, context, prefill)
     out.report["long_read"] = long_read
+    out.report["wide"] = _wide(lm, context)
     return out
+
+
+def _wide(lm, short_context: int, context: int = WIDE_CONTEXT, widths: Sequence[int] = WIDE_WIDTHS) -> dict | None:
+    """The wide passes (:data:`WIDE_WIDTHS`, logits at every position) after a KV cache of
+    ``context`` tokens, ``MIN_REPEATS`` interleaved rounds, medians made non-decreasing, as the
+    table's ``wide_*`` fields; None when the model's context is too short for them (or no longer
+    than the tables' own). Leaves the cache empty."""
+    limit = getattr(lm, "max_length", None)
+    if context <= short_context or (limit is not None and context + max(widths) > limit):
+        return None
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, lm.vocab_limit, (context + max(widths),), generator=g).tolist()
+    lm.reset()
+    lm.forward(ids[:context])
+
+    def timed(w: int) -> float:
+        t0 = time.perf_counter()
+        lm.forward(ids[context:context + w], num_logits=w)
+        _sync(lm.device)
+        dt = time.perf_counter() - t0
+        lm.truncate(context)
+        return max(dt, MIN_SECONDS)
+
+    samples = _timed_rounds(list(widths), MIN_REPEATS, timed)
+    lm.reset()
+    med = [statistics.median(samples[w]) for w in widths]
+    return {"wide_context": context, "wide_widths": list(widths),
+            "wide_seconds": [max(med[: i + 1]) for i in range(len(med))]}
 
 
 def _long_read(lm, tokens: int = LONG_READ) -> list[float] | None:
