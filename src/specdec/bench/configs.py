@@ -67,15 +67,6 @@ PEERS = {
 #: the peers' integer parameters and their least values (0 for the thread and batch counts: the default)
 PEER_INTS = {"n_threads": 0, "n_batch": 0, "num_pred_tokens": 1, "max_ngram_size": 1, "num_assistant_tokens": 1,
              "draft_max": 1, "draft_min": 0, "prompt_lookup_num_tokens": 1, "max_matching_ngram_size": 1}
-#: the most each integer parameter takes (else :data:`PEER_INT_MOST_DEFAULT`): a draft length or n-gram
-#: size past a few hundred, a thread count past 1024 or a batch past the peers' 4096-token context only
-#: loads the models to fail or crawl
-PEER_INT_MOST = {"n_threads": 1024, "n_batch": 4096}
-PEER_INT_MOST_DEFAULT = 256
-#: the peers' other parameters: numbers in a range, words from a list
-PEER_NUMBERS = {"draft_p_min": (0.0, 1.0), "assistant_confidence_threshold": (0.0, 1.0)}
-PEER_CHOICES = {"draft_quant": ("none", "int8"),
-                "num_assistant_tokens_schedule": ("constant", "heuristic", "heuristic_transient")}
 #: the library each peer runs on: (module, install hint), checked before any model loads
 PEER_LIBRARIES = {
     **dict.fromkeys(("llama-cpp", "llama-cpp-pld"),
@@ -301,6 +292,17 @@ def build_configs(policies: str, drafters: str, k: int | str, k_sweep: Iterable[
             for kk in item_ks:
                 out.append(Config(name, d, kk, dict(params), backend=backend))
     return dedupe(out)
+
+
+#: the most each integer parameter takes (else :data:`PEER_INT_MOST_DEFAULT`): a draft length or n-gram
+#: size past a few hundred, a thread count past 1024 or a batch past the peers' 4096-token context only
+#: loads the models to fail or crawl
+PEER_INT_MOST = {"n_threads": 1024, "n_batch": 4096}
+PEER_INT_MOST_DEFAULT = 256
+#: the peers' other parameters: numbers in a range, words from a list
+PEER_NUMBERS = {"draft_p_min": (0.0, 1.0), "assistant_confidence_threshold": (0.0, 1.0)}
+PEER_CHOICES = {"draft_quant": ("none", "int8"),
+                "num_assistant_tokens_schedule": ("constant", "heuristic", "heuristic_transient")}
 
 
 def build_peers(peers: str | None) -> list[Config]:
