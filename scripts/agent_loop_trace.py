@@ -22,12 +22,13 @@ from pathlib import Path
 
 
 def main() -> int:
+    from specdec.checks import number_arg
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folder", help="an agent-loop run folder (requests.jsonl, records.jsonl)")
     p.add_argument("--out", required=True, help="the trace file to write")
     p.add_argument("--costs", action="append", required=True, help="cost tables to replay on")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--max-tokens", type=int, default=96, help="the run's max_tokens")
+    p.add_argument("--max-tokens", type=number_arg(int, 1, 1 << 16), default=96, help="the run's max_tokens")
     a = p.parse_args()
     import specdec
     from specdec.bench.replaycli import read_tables, replay_all, replay_portfolio

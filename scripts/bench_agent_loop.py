@@ -107,14 +107,15 @@ CONFIGS = {
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from specdec.checks import number_arg
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None, help="target model (default: the bundled target)")
     p.add_argument("--backend", default="auto")
     p.add_argument("--configs", default="ar,auto,pld,suffix", help=f"comma-separated, of: {', '.join(CONFIGS)}")
     p.add_argument("--draft", default="auto", help="draft model for the configurations that use one (auto, model): "
                                                    "auto (the bundled draft, its format chosen by measurement) or none")
-    p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--limit", type=int, default=len(TASKS), help="requests (default: all 20)")
+    p.add_argument("--max-tokens", type=number_arg(int, 1, 1 << 16), default=96)
+    p.add_argument("--limit", type=number_arg(int, 1, len(TASKS)), default=len(TASKS), help="requests (default: all 20)")
     p.add_argument("--out", required=True, help="output folder")
     return p.parse_args(argv)
 

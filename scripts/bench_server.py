@@ -24,17 +24,21 @@ INSTRUCTION = "Complete the following Python function. Reply with the whole func
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from specdec.checks import number_arg
+    from specdec.draftlength import MAX_K
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--limit", type=int, default=10, help="HumanEval problems (default: 10)")
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens per request (default: 128)")
-    p.add_argument("--clients", type=int, default=16, help="concurrent clients in the last run (default: 16)")
+    p.add_argument("--limit", type=number_arg(int, 1, 164), default=10, help="HumanEval problems (default: 10)")
+    p.add_argument("--max-tokens", type=number_arg(int, 1, 1 << 16),
+                   default=128, help="tokens per request (default: 128)")
+    p.add_argument("--clients", type=number_arg(int, 1, 1024),
+                   default=16, help="concurrent clients in the last run (default: 16)")
     p.add_argument("--target", default=None, help="target model (default: the bundled target)")
     p.add_argument("--draft", default="auto", help="draft model; 'none' for none (default: auto)")
     p.add_argument("--dtype", default="auto", help="auto | bfloat16 | float16 | float32 (default: auto)")
     p.add_argument("--device", default="auto")
     p.add_argument("--policy", default="lossless")
     p.add_argument("--drafter", default="model")
-    p.add_argument("-k", "--k", type=int, default=5)
+    p.add_argument("-k", "--k", type=number_arg(int, 1, MAX_K), default=5)
     return p.parse_args(argv)
 
 

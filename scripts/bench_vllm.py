@@ -210,18 +210,21 @@ def summary(a) -> int:
 
 
 def main(argv=None) -> int:
+    from specdec.checks import number_arg
+    from specdec.draftlength import MAX_K
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/vllm-humaneval10-64-avx2")
     p.add_argument("--target", default=TARGET)
     p.add_argument("--draft", default=DRAFT)
-    p.add_argument("--limit", type=int, default=10, help="first N HumanEval problems")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--k", type=int, default=8, help="num_speculative_tokens (FLy needs more than its window, 6)")
+    p.add_argument("--limit", type=number_arg(int, 1, 164), default=10, help="first N HumanEval problems")
+    p.add_argument("--max-tokens", type=number_arg(int, 1, 1 << 16), default=128)
+    p.add_argument("--k", type=number_arg(int, 1, MAX_K),
+                   default=8, help="num_speculative_tokens (FLy needs more than its window, 6)")
     p.add_argument("--loose", default="fly+mars", help="the loose rule, e.g. fly+mars or mars:theta=0.8")
-    p.add_argument("--batches", default="1,8", type=lambda s: [int(x) for x in s.split(",")])
+    p.add_argument("--batches", default="1,8", type=lambda s: [number_arg(int, 1, 1024)(x) for x in s.split(",")])
     p.add_argument("--dtype", default="float32",
                    help="vLLM's dtype (float32: 2.2x bfloat16's speed on the AVX2-only CPU measured here)")
-    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--max-model-len", type=number_arg(int, 1, 1 << 20), default=1024)
     p.add_argument("--no-specdec", action="store_true", help="skip specdec's own engine")
     p.add_argument("--only", help="comma-separated configuration names")
     p.add_argument("--summary", action="store_true", help="print the table from the result files")

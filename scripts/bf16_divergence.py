@@ -29,10 +29,12 @@ def top2(row: torch.Tensor) -> list[tuple[int, float]]:
 
 
 def main() -> None:
+    from specdec.checks import number_arg
+    from specdec.draftlength import MAX_K
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--limit", type=int, default=10)
-    ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--limit", type=number_arg(int, 1, 164), default=10)
+    ap.add_argument("--k", type=number_arg(int, 1, MAX_K), default=5)
+    ap.add_argument("--max-new-tokens", type=number_arg(int, 1, 1 << 16), default=128)
     ap.add_argument("--dtype", default="bfloat16")
     a = ap.parse_args()
     pair = specdec.load(dtype=a.dtype, progress=False)

@@ -121,10 +121,12 @@ def counting_short_runs(alone: list[int]):
 
 
 def main() -> int:
+    from specdec.checks import number_arg
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("traces", nargs="+")
     p.add_argument("--costs", action="append", required=True)
-    p.add_argument("--clock-premium", type=float, default=1.0)
+    p.add_argument("--clock-premium", type=number_arg(float, 0, 100), default=1.0,
+                   help="P in [0, 100] (default 1)")
     p.add_argument("--decode", action="store_true", help="leave the prefill out")
     a = p.parse_args()
     tables = read_tables(a.costs)

@@ -55,9 +55,10 @@ def read(path: Path) -> list[dict]:
 
 
 def main(argv=None) -> int:
+    from specdec.checks import number_arg
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True)
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=number_arg(int, 1, 1 << 16), default=256)
     p.add_argument("--windows", default="16,32,64,128,256,512,all")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b")

@@ -556,6 +556,7 @@ def measure(a: argparse.Namespace) -> int:
 
 
 def main() -> int:
+    from specdec.checks import number_arg
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name in ("all", "measure", "stage"):
@@ -565,13 +566,17 @@ def main() -> int:
         m.add_argument("configs", type=Path)
         m.add_argument("out", type=Path)
         m.add_argument("--device", default="cuda")
-        m.add_argument("--tokens", type=int, default=128, help="new tokens per generation (default 128)")
+        m.add_argument("--tokens", type=number_arg(int, 1, 1 << 16),
+                       default=128, help="new tokens per generation (default 128)")
         m.add_argument("--work", type=Path, default=Path("/tmp/specdec-projection"),
                        help="where the random models and the cost cache go")
-        m.add_argument("--repeats", type=int, default=30, help="timed passes per width (default 30)")
+        m.add_argument("--repeats", type=number_arg(int, 1, 10_000),
+                       default=30, help="timed passes per width (default 30)")
         if name == "all":
-            m.add_argument("--budget", type=float, default=470, help="seconds for everything (default 470)")
-            m.add_argument("--reserve", type=float, default=10, help="seconds kept back for the summary")
+            m.add_argument("--budget", type=number_arg(float, 0, 86_400, lo_open=True),
+                           default=470, help="seconds for everything (default 470)")
+            m.add_argument("--reserve", type=number_arg(float, 0, 86_400),
+                           default=10, help="seconds kept back for the summary")
             m.add_argument("--stages", default=",".join(STAGES),
                            type=lambda s: [x for x in s.split(",") if x],
                            help=f"which stages, in their order (default all: {','.join(STAGES)})")

@@ -36,11 +36,12 @@ def signals(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def main() -> int:
+    from specdec.checks import number_arg
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("traces", help="a trace file with prompt ids ('specdec trace')")
     p.add_argument("--out", required=True, help="the signals file (JSON) to write")
     p.add_argument("--target", default="qwen2.5-coder-1.5b", help="the target: a bundled name or a .gguf file")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=number_arg(int, 1, 1024), default=2)
     a = p.parse_args()
     from llama_cpp import Llama
 

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -246,3 +247,42 @@ def test_options_that_size_a_round_are_bounded():
                     {"k": MAX_K + 1}):
         with pytest.raises(SpecdecError):
             specdec.make_config(**options)
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e308", "1" * 5000])
+def test_a_script_s_numeric_flag_is_checked_as_the_cli_s(value):
+    """``copy_pricing_variants.py --clock-premium -1|nan|inf`` ended in a 14-line traceback, and
+    ``1e308`` printed 0.000x for everything: now argparse's usage error, status 2."""
+    res = subprocess.run([sys.executable, str(SCRIPTS / "copy_pricing_variants.py"), "--costs", "none.json",
+                          "--clock-premium", value, "none.jsonl"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("copy_pricing_variants.py: error: argument --clock-premium: the value must be a number")
+    assert len(last) < 200, last
+
+
+def test_every_numeric_flag_of_the_scripts_is_checked():
+    """Each argparse flag of scripts/*.py that takes a number goes through specdec.checks.number_arg
+    (its range checked, NaN and infinities refused), not a bare int or float."""
+    import re
+
+    bare = [f"{path.name}:{i}" for path in sorted(SCRIPTS.glob("*.py"))
+            for i, line in enumerate(path.read_text().splitlines(), 1)
+            if re.search(r"type=(int|float)\b|\[(int|float)\(x\) for x in", line)]
+    assert not bare, bare
+
+
+def test_number_arg_bounds():
+    import argparse
+
+    from specdec.checks import number_arg
+
+    assert number_arg(int, 1, 8)("8") == 8 and number_arg(float, 0, 1)("0.5") == 0.5
+    for parse, text in ((number_arg(int, 1, 8), "9"), (number_arg(int, 1, 8), "2.5"), (number_arg(float, 0, 1), "nan"),
+                        (number_arg(float, 0, 1, lo_open=True), "0"), (number_arg(int, 1), "9" * 5000)):
+        with pytest.raises(argparse.ArgumentTypeError) as err:
+            parse(text)
+        assert len(str(err.value)) < 200

@@ -532,6 +532,39 @@ def test_the_caller_s_sys_path_folders_are_not_bound_in(tmp_path, monkeypatch):
     assert str(secret.parent) not in sandbox.interpreter_folders()
 
 
+def _linked_environment(tmp_path: Path) -> Path:
+    """The python of this environment reached through a symbolic link to its folder (a virtual
+    environment; outside one, a new one over this installation's packages), the link under /tmp,
+    a folder the sandbox covers."""
+    real = Path(sys.prefix)
+    if sys.prefix == sys.base_prefix:
+        real = tmp_path / "real"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(real)], check=True,
+                       timeout=120)
+    link = tmp_path / "link"
+    link.symlink_to(real, target_is_directory=True)
+    return next(link / "bin" / name for name in ("python", "python3") if (link / "bin" / name).exists())
+
+
+@isolated
+def test_a_virtual_environment_reached_through_a_link_runs_programs(tmp_path):
+    """With the interpreter's folder a link to the real one, every program was refused ("cannot
+    isolate model-written code here (bwrap: execvp ...: No such file or directory)"): the sandbox
+    bound the real folder and executed the linked path."""
+    python = _linked_environment(tmp_path)
+    tmp_path.chmod(0o755)
+    src = str(Path(sandbox.__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
+    code = ("import sys\nfrom specdec.bench.sandbox import run_program\nprint(sys.executable)\n"
+            "ok, bad = run_program('assert sum([1, 2]) == 3'), run_program('assert 1 == 2')\n"
+            "print(ok.passed, ok.status)\nprint(bad.passed, bad.status)\n")
+    res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    executable, ok, bad = res.stdout.strip().splitlines()[-3:]
+    assert executable.startswith(str(tmp_path / "link")), executable  # the linked path, as a user's would be
+    assert ok == "True passed" and bad == "False failed: AssertionError", res.stdout
+
+
 @pytest.fixture
 def unix_listener():
     """A unix socket anyone may connect to, in a world-readable folder the sandbox binds read-only

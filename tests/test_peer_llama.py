@@ -1,6 +1,8 @@
 """The llama-cpp peer's logic (stop at EOS, stop strings, budget, timing fields, an empty KV cache
 per request) with a fake ``llama_cpp`` module, so it runs without building llama.cpp."""
 
+import re
+import subprocess
 import sys
 import types
 
@@ -84,3 +86,47 @@ def test_missing_library_and_non_gguf_target(monkeypatch, tiny_pair):
         peers.gguf_of("/some/folder")
     with pytest.raises(SpecdecError, match="takes n_threads, n_batch"):
         build_peers("llama-cpp:threads=2")
+
+
+@pytest.mark.parametrize("peers, message", [
+    ("hf-assisted:num_assistant_tokens=99999999999999999999999",
+     "peer 'hf-assisted': num_assistant_tokens must be an integer <= 256, got an integer of about 24 digits"),
+    ("llama-cpp:n_threads=100000", "peer 'llama-cpp': n_threads must be an integer <= 1024"),
+    ("llama-cpp:n_batch=5000", "peer 'llama-cpp': n_batch must be an integer <= 4096"),
+    ("llama-cpp-spec:draft_p_min=2", "peer 'llama-cpp-spec': draft_p_min must be a number in [0.0, 1.0], got 2"),
+    ("llama-cpp-spec:draft_p_min=low", "peer 'llama-cpp-spec': draft_p_min must be a number, got 'low'"),
+    ("hf-assisted:num_assistant_tokens_schedule=fast",
+     "num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient, got 'fast'"),
+    ("llama-cpp,llama-cpp", "peer llama-cpp is given twice in --peers"),
+    ("hf-pld:prompt_lookup_num_tokens=5,hf-pld:prompt_lookup_num_tokens=5", "is given twice in --peers"),
+    ("", "--peers is empty"),
+    ("  ", "--peers is empty"),
+    (",", "empty item"),
+])
+def test_peers_are_checked_whole_before_any_model_loads(peers, message):
+    """Upper limits, duplicates and an empty list were accepted (the models loaded for 17 s before
+    ``num_assistant_tokens=99999999999999999999999`` failed); each is now one line from the parser."""
+    with pytest.raises(SpecdecError, match=re.escape(message)) as err:
+        build_peers(peers)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300
+    assert build_peers(None) == []
+    assert len(build_peers("hf-pld,hf-pld:prompt_lookup_num_tokens=5")) == 2  # two configurations, not one twice
+
+
+@pytest.mark.parametrize("peers", ["x" * 10_000, "llama-cpp:" + "n" * 10_000, "llama-cpp:n_threads=" + "9" * 10_000,
+                                   "llama-cpp:" + "k" * 10_000 + "=1", "hf-pld," + "," * 10_000, "ß" * 10_000])
+def test_a_long_peer_item_is_cut_in_the_error_line(peers):
+    with pytest.raises(SpecdecError) as err:
+        build_peers(peers)
+    assert "\n" not in str(err.value) and len(str(err.value)) < 300, str(err.value)[:400]
+
+
+def test_the_cli_refuses_bad_peers_before_loading_anything(tmp_path):
+    """``--peers ''`` and a duplicated peer loaded the models; now a one-line error, status 2, with
+    a target that does not exist (so nothing could have loaded)."""
+    for value, message in (("", "--peers is empty"), ("hf-ar,hf-ar", "peer hf-ar is given twice")):
+        res = subprocess.run([sys.executable, "-m", "specdec", "bench", "--target", str(tmp_path / "none"),
+                              "--peers", value, "--out", str(tmp_path / "run")],
+                             capture_output=True, text=True, timeout=300)
+        assert res.returncode == 2 and message in res.stderr, res.stderr[-2000:]
+        assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1

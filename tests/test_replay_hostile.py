@@ -211,3 +211,61 @@ def test_trace_of_a_folder_whose_run_json_is_a_fifo_is_one_line(tmp_path, capsys
     os.mkfifo(tmp_path / "run.json")
     rc = with_deadline(lambda: main(["trace", str(tmp_path)]))
     refused(rc, capsys.readouterr().err, "not a 'specdec bench' folder")
+
+
+# ---------------------------------------------------------------- headers and records a replay cannot use
+@pytest.mark.parametrize("drafts, word", [
+    ({"d": {"source": 5, "window": -3}}, "'source'"),
+    ({"d|w-3": {"source": "d", "window": -3}}, "'window'"),
+    ({"d|wall": {"source": "d", "window": "wide"}}, "'window'"),
+    ({"d": {"window": 8}}, "'source'"),
+    ({"d": [1]}, "the header's draft 'd'"),
+    ({"e|w8": {"source": "d", "window": 8}}, "another source or window"),
+], ids=["source a number, window negative", "window negative", "window text", "no source", "a list", "misnamed"])
+def test_a_header_whose_drafts_are_unsound_is_refused(files, capsys, drafts, word):
+    """``"drafts": {D: {"source": 5, "window": -3}}`` replayed as if sound."""
+    traces, costs = files
+    _edit_trace(traces, 0, _set("drafts", value=drafts))
+    rc, _, err = replay(traces, costs, capsys)
+    refused(rc, err, "line 1", word)
+
+
+def test_a_header_naming_other_drafts_than_its_traces_is_refused(files, capsys):
+    traces, costs = files
+    _edit_trace(traces, 0, _set("drafts", value={"m|w8": {"source": "m", "window": 8}}))
+    rc, _, err = replay(traces, costs, capsys)
+    refused(rc, err, "line 1", "the header names the drafts 'm|w8', its traces hold 'd'")
+
+
+def _with_prompts(traces: Path) -> None:
+    for line in (1, 2):
+        _edit_trace(traces, line, lambda d: d.update(prompt=list(range(3, 3 + d["prompt_tokens"]))))
+
+
+def test_a_record_without_the_prompt_others_hold_is_refused(files, capsys):
+    """One record without ``"prompt"`` silently dropped the portfolio, pld and suffix parts of the
+    report (3 lines instead of 10); now the line is named, and what it lacks."""
+    traces, costs = files
+    _with_prompts(traces)
+    rc, out, err = replay(traces, costs, capsys)
+    assert rc == 0 and "portfolio" in out and "| pld |" in out, err
+    _edit_trace(traces, 2, lambda d: d.pop("prompt"))
+    rc, _, err = replay(traces, costs, capsys)
+    refused(rc, err, "line 3 has no 'prompt'", "line 2 has", "specdec trace")
+    _with_prompts(traces)
+    _edit_trace(traces, 1, lambda d: d.update(prompt=None))
+    rc, _, err = replay(traces, costs, capsys)
+    refused(rc, err, "line 3 has a 'prompt'", "where line 2 has none")
+
+
+def test_a_record_without_a_draft_the_others_hold_is_refused(files, capsys):
+    traces, costs = files
+    _edit_trace(traces, 2, lambda d: d["drafts"].update(e=d["drafts"]["d"]))
+    rc, _, err = replay(traces, costs, capsys)
+    refused(rc, err, "line 3 holds the drafts 'd', 'e' where line 2 holds 'd'")
+
+
+def test_traces_without_prompts_say_what_the_report_leaves_out(files, capsys):
+    rc, out, err = replay(*files, capsys)
+    assert rc == 0, err
+    assert "no prompt ids in these traces: pld, suffix and the portfolio (drafter auto) are not replayed" in out

@@ -223,7 +223,7 @@ def test_health_answers_while_large_invalid_bodies_are_parsed(url):
     for t in threads:
         t.join()
     assert worst < 1.0, worst
-    assert sorted(r.status_code for r in results) == [200, 400, 400, 400, 400]  # unknown fields are ignored
+    assert sorted(r.status_code for r in results) == [400] * 5  # unknown fields are refused, not ignored
     still_serving(url)
 
 
@@ -380,3 +380,58 @@ def test_two_apps_over_one_pair_keep_their_keys_prefix_caches_apart(pair):
         assert cached(a, "k1") > 0
         assert cached(b, "k2") == 0
         assert cached(a, "k1") == 0  # the caches held k2's text, the same prompt
+
+
+# ---------------------------------------------------------------- every field honoured or refused
+@pytest.mark.parametrize("field, value", [("drafter", "pld"), ("suffix_factor", 2.0), ("policy", "mars"), ("k", 4),
+                                          ("theta", 0.8), ("n_max", 3)])
+def test_a_speculative_setting_at_the_top_level_is_refused(url, field, value):
+    """A top-level ``drafter`` or ``suffix_factor`` got a 200 and was dropped, while top-level
+    ``num_speculative_tokens`` is honoured: now a 400 saying where the setting goes."""
+    for path, body in ((COMP, {"prompt": "x"}), (CHAT, {"messages": [{"role": "user", "content": "x"}]})):
+        message = refused(post(url + path, {**body, field: value}), field)
+        assert f"{field} is a speculative setting" in message and '{"speculative"' in message, message
+    r = post(url + COMP, {"prompt": "x", "max_tokens": 2, "num_speculative_tokens": 3})  # vLLM's name: honoured
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("path, body, param", [
+    (COMP, {"prompt": "x", "frobnicate": 1}, "frobnicate"),
+    (COMP, {"prompt": "x", "chat_template": "{{ x }}"}, "chat_template"),
+    (COMP, {"prompt": "x", "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+     "stream_options.continuous_usage_stats"),
+    (CHAT, {"messages": [{"role": "user", "content": "x", "name": "bob"}]}, "messages.0.name"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache_control": {}}]}]},
+     "messages.0.content.0.cache_control"),
+    ("/tokenize", {"prompt": "x", "return_token_strs": True}, "return_token_strs"),
+    ("/detokenize", {"tokens": [1], "junk": 0}, "junk"),
+    (COMP, {"prompt": "x", "z" * 10_000: 1}, "zzz"),
+])
+def test_an_unknown_field_is_refused_not_dropped(url, path, body, param):
+    message = refused(post(url + path, body), param)
+    assert "refused rather than ignored" in message, message
+    still_serving(url)
+
+
+def test_an_unknown_field_sent_as_null_is_a_field_left_out(url):
+    """OpenAI clients send a whole assistant message back (``"tool_calls": null``, ``"refusal": null``):
+    null is what a field left out means, so it passes."""
+    r = post(url + COMP, {"prompt": "x", "max_tokens": 2, "drafter": None, "frobnicate": None})
+    assert r.status_code == 200, r.text
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok", "tool_calls": None,
+                                               "refusal": None, "function_call": None}, {"role": "user", "content": "x"}]
+    r = post(url + CHAT, {"messages": chat, "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def test_every_request_field_is_documented():
+    """Each field a body declares is either honoured or refused, and docs/server.md names it."""
+    from pathlib import Path
+
+    from specdec.frontends.server.schemas import (ChatMessage, ChatRequest, CompletionRequest, DetokenizeRequest,
+                                                  StreamOptions, TokenizeRequest)
+
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "server.md").read_text()
+    missing = sorted({name for model in (CompletionRequest, ChatRequest, ChatMessage, TokenizeRequest, DetokenizeRequest,
+                                         StreamOptions) for name in model.model_fields if f"`{name}`" not in docs})
+    assert not missing, missing

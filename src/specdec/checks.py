@@ -139,3 +139,28 @@ def check_options(owner: str, cls, values: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise SpecdecError(f"{owner} takes {', '.join(declared) or 'no options'}, got {unknown}")
     return {k: declared[k][0].check(f"{owner} {k}", v) for k, v in values.items()}
+
+
+def number_arg(kind: type = float, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+               hi_open: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type`` for a numeric flag, checked as every other number here: an int or a
+    finite float in the range, else argparse's one-line usage error (status 2), the value cut short
+    (``--clock-premium nan`` ran on to a traceback, ``1e308`` to figures of 0.000x)."""
+    import argparse
+
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:  # int() also refuses a text of more than 4300 digits
+            word = "an integer" if kind is int else "a number"
+            bounds = "" if lo is None and hi is None else " " + span(lo, hi, lo_open, hi_open)
+            raise argparse.ArgumentTypeError(f"the value must be {word}{bounds}, got {shown(text)}") from None
+        try:
+            if kind is int:
+                return check_int("the value", value, None if lo is None else int(lo), None if hi is None else int(hi))
+            return check_number("the value", value, lo, hi, lo_open, hi_open)
+        except SpecdecError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = kind.__name__  # argparse names the type in its own messages
+    return parse

@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
+from ..checks import check_number, shown
 from ..models.backends import REGISTRY
 from ..draftlength import MAX_K, K
 from ..errors import SpecdecError
@@ -167,7 +168,7 @@ def parse_value(text: str) -> Any:
     except ValueError:
         return text
     if not math.isfinite(f):
-        raise SpecdecError(f"parameter value {text!r} is not a finite number")
+        raise SpecdecError(f"parameter value {shown(text)} is not a finite number")
     return f
 
 
@@ -176,15 +177,15 @@ def parse_item(item: str, what: str = "policy") -> tuple[str, dict[str, Any]]:
     parts = item.strip().split(":")
     name = parts[0].strip()
     if not name or not _NAME.match(name):
-        raise SpecdecError(f"bad {what} item {item!r}: expected NAME or NAME:key=value[:key=value...]")
+        raise SpecdecError(f"bad {what} item {shown(item)}: expected NAME or NAME:key=value[:key=value...]")
     params: dict[str, Any] = {}
     for part in parts[1:]:
         key, sep, value = part.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or not _KEY.match(key) or not value:
-            raise SpecdecError(f"bad {what} item {item!r}: {part!r} is not key=value")
+            raise SpecdecError(f"bad {what} item {shown(item)}: {shown(part)} is not key=value")
         if key in params:
-            raise SpecdecError(f"bad {what} item {item!r}: {key!r} given twice")
+            raise SpecdecError(f"bad {what} item {shown(item)}: {key!r} given twice")
         params[key] = parse_value(value)
     return name, params
 
@@ -192,18 +193,21 @@ def parse_item(item: str, what: str = "policy") -> tuple[str, dict[str, Any]]:
 def split_list(text: str | None, what: str) -> list[str]:
     items = [p.strip() for p in (text or "").split(",")]
     if any(not p for p in items):
-        raise SpecdecError(f"bad {what} list {text!r}: empty item (stray comma?)")
+        raise SpecdecError(f"bad {what} list {shown(text)}: empty item (stray comma?)")
     return items
 
 
-def parse_int(text: Any, what: str, minimum: int = 1) -> int:
-    """An integer >= ``minimum`` from a flag or item value, or a one-line SpecdecError."""
+def parse_int(text: Any, what: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer in [``minimum``, ``maximum``] from a flag or item value, or a one-line SpecdecError
+    (the value cut to a readable length)."""
     try:
         value = int(str(text).strip())
-    except ValueError:
-        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {text!r}") from None
+    except ValueError:  # Python's int() also refuses a text of more than 4300 digits
+        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {shown(text)}") from None
     if value < minimum:
-        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {text!r}")
+        raise SpecdecError(f"{what} must be an integer >= {minimum}, got {shown(text)}")
+    if maximum is not None and value > maximum:
+        raise SpecdecError(f"{what} must be an integer <= {maximum}, got {shown(value)}")
     return value
 
 
@@ -223,21 +227,22 @@ def parse_k_sweep(text: str) -> list[int]:
     if m:
         lo, hi, step = int(m.group(1)), int(m.group(2)), int(m.group(3) or 1)
         if lo < 1 or hi < lo or hi > MAX_K or step < 1:
-            raise SpecdecError(f"bad --k-sweep {text!r}: need 1 <= A <= B <= {MAX_K} (and STEP >= 1) in A..B[..STEP]")
+            raise SpecdecError(f"bad --k-sweep {shown(text)}: need 1 <= A <= B <= {MAX_K} (and STEP >= 1) in "
+                               "A..B[..STEP]")
         return list(range(lo, hi + 1, step))
     if re.fullmatch(r"\d+(,\d+)*", s):
         ks = sorted({int(x) for x in s.split(",")})
         if ks[0] < 1 or ks[-1] > MAX_K:
-            raise SpecdecError(f"bad --k-sweep {text!r}: every K must be in [1, {MAX_K}]")
+            raise SpecdecError(f"bad --k-sweep {shown(text)}: every K must be in [1, {MAX_K}]")
         return ks
-    raise SpecdecError(f"bad --k-sweep {text!r}: use A..B (e.g. 2..10), A..B..STEP or a list like 2,4,8")
+    raise SpecdecError(f"bad --k-sweep {shown(text)}: use A..B (e.g. 2..10), A..B..STEP or a list like 2,4,8")
 
 
 def parse_positions(text: str, what: str = "--samples") -> tuple[int, int]:
     """``"100..163"`` -> ``(100, 163)``: 0-based sample positions, both ends included."""
     m = re.fullmatch(r"\s*(\d+)\.\.(\d+)\s*", str(text))
     if not m or int(m.group(2)) < int(m.group(1)):
-        raise SpecdecError(f"bad {what} {text!r}: use A..B with 0 <= A <= B (0-based positions, both included)")
+        raise SpecdecError(f"bad {what} {shown(text)}: use A..B with 0 <= A <= B (0-based positions, both included)")
     return int(m.group(1)), int(m.group(2))
 
 
@@ -274,7 +279,7 @@ def build_configs(policies: str, drafters: str, k: int | str, k_sweep: Iterable[
         if "backend" in params:
             backend = REGISTRY.canonical(str(params.pop("backend")))
             if backend == "auto":
-                raise SpecdecError(f"{item!r}: backend=... names a backend ({' or '.join(REGISTRY.names())}), "
+                raise SpecdecError(f"{shown(item)}: backend=... names a backend ({' or '.join(REGISTRY.names())}), "
                                    "not auto")
         if name == AR:
             extra = sorted(set(params) - {"dtype"})
@@ -283,13 +288,13 @@ def build_configs(policies: str, drafters: str, k: int | str, k_sweep: Iterable[
             if params and params["dtype"] not in AR_DTYPES:
                 raise SpecdecError(f"ar dtype must be one of {', '.join(AR_DTYPES)}, got {params['dtype']!r}")
             if params and backend is not None and "dtype" not in REGISTRY.get(backend).options:
-                raise SpecdecError(f"{item!r}: dtype=... applies to the {REGISTRY.owner('dtype')} backend")
+                raise SpecdecError(f"{shown(item)}: dtype=... applies to the {REGISTRY.owner('dtype')} backend")
             if params or backend:
                 out.append(Config(AR, None, 0, dict(params), backend=backend))
             continue
         item_ks = ks
         if "k" in params:
-            item_ks = [parse_k(params.pop("k"), f"k in {item!r}")]
+            item_ks = [parse_k(params.pop("k"), f"k in {shown(item)}")]
         item_drafters = drafter_list
         if "drafter" in params:
             item_drafters = [str(params.pop("drafter"))]
@@ -299,24 +304,55 @@ def build_configs(policies: str, drafters: str, k: int | str, k_sweep: Iterable[
     return dedupe(out)
 
 
+#: the most each integer parameter takes (else :data:`PEER_INT_MOST_DEFAULT`): a draft length or n-gram
+#: size past a few hundred, a thread count past 1024 or a batch past the peers' 4096-token context only
+#: loads the models to fail or crawl
+PEER_INT_MOST = {"n_threads": 1024, "n_batch": 4096}
+PEER_INT_MOST_DEFAULT = 256
+#: the peers' other parameters: numbers in a range, words from a list
+PEER_NUMBERS = {"draft_p_min": (0.0, 1.0), "assistant_confidence_threshold": (0.0, 1.0)}
+PEER_CHOICES = {"draft_quant": ("none", "int8"),
+                "num_assistant_tokens_schedule": ("constant", "heuristic", "heuristic_transient")}
+
+
 def build_peers(peers: str | None) -> list[Config]:
-    """``--peers hf-assisted,hf-pld[:key=value...]`` -> peer configurations."""
-    if not peers:
+    """``--peers hf-assisted,hf-pld[:key=value...]`` -> peer configurations, the list checked whole
+    before any model loads: names, keys, every value's type and range, no peer twice, not empty."""
+    if peers is None:
         return []
-    out = []
+    if not peers.strip():
+        raise SpecdecError(f"--peers is empty; name at least one of {', '.join(PEERS)}, or leave the flag out")
+    out: list[Config] = []
     for item in split_list(peers, "peer"):
         name, params = parse_item(item, "peer")
         if name not in PEERS:
-            raise SpecdecError(f"unknown peer {name!r}; choose from: {', '.join(PEERS)}")
+            raise SpecdecError(f"unknown peer {shown(name)}; choose from: {', '.join(PEERS)}")
         unknown = set(params) - set(PEERS[name]["keys"])
         if unknown:
-            raise SpecdecError(f"peer {name!r} takes {', '.join(PEERS[name]['keys'])}; got {sorted(unknown)}")
-        if params.get("draft_quant", "none") not in ("none", "int8"):
-            raise SpecdecError(f"peer {name!r}: draft_quant must be none or int8, got {params['draft_quant']!r}")
-        for key in set(params) & set(PEER_INTS):
-            params[key] = parse_int(params[key], f"peer {name!r}: {key}", PEER_INTS[key])
-        out.append(Config(name, None, 0, params, kind="peer"))
-    return dedupe(out)
+            raise SpecdecError(f"peer {name!r} takes {', '.join(PEERS[name]['keys']) or 'no parameters'}; "
+                               f"got {shown(sorted(unknown))}")
+        config = Config(name, None, 0, _peer_params(name, params), kind="peer")
+        if any(c.id == config.id for c in out):
+            raise SpecdecError(f"peer {config.id} is given twice in --peers; name each peer once")
+        out.append(config)
+    return out
+
+
+def _peer_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A peer's parameters checked by the tables above (:data:`PEER_INTS`, :data:`PEER_INT_MOST`,
+    :data:`PEER_NUMBERS`, :data:`PEER_CHOICES`)."""
+    for key in params:
+        where = f"peer {name!r}: {key}"
+        if key in PEER_INTS:
+            params[key] = parse_int(params[key], where, PEER_INTS[key],
+                                    PEER_INT_MOST.get(key, PEER_INT_MOST_DEFAULT))
+        elif key in PEER_NUMBERS:
+            lo, hi = PEER_NUMBERS[key]
+            params[key] = check_number(where, params[key], lo, hi)
+        elif key in PEER_CHOICES and params[key] not in PEER_CHOICES[key]:
+            *first, last = PEER_CHOICES[key]
+            raise SpecdecError(f"{where} must be {', '.join(first)} or {last}, got {shown(params[key])}")
+    return params
 
 
 def dedupe(configs: list[Config]) -> list[Config]:

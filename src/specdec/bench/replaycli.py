@@ -259,6 +259,9 @@ def cmd_replay(a: argparse.Namespace) -> int:
         results["auto"] = replay_portfolio(traces, model, tables[target], tables[source] if source else None, prior,
                                            stop_ids=head.get("stop_ids") or ())
         lines += [""] + portfolio_report(results, model, a.by_category)
+    elif traces and traces[0].prompt is None and not a.draft:  # what the report leaves out, and why
+        lines += ["", f"(no prompt ids in these traces: {', '.join(LOOKUP_DRAFTERS)} and the portfolio (drafter auto) "
+                      "are not replayed; make the traces again with 'specdec trace' to replay them)"]
     if a.compare:
         lines += compare(Path(a.compare), traces, results)
     print("\n".join(lines))

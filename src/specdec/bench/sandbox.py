@@ -231,28 +231,45 @@ def bwrap_args(mode: str, cwd: str, seccomp_fd: int | None = None) -> list[str]:
     return [*args, "--chdir", cwd, "--"]
 
 
+def _interpreter_paths() -> list[str]:
+    """This Python installation's folders and executable as the interpreter names them (links not
+    resolved): its prefixes, its standard library and site-packages, its executable's folder."""
+    paths = sysconfig.get_paths()
+    found = (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(os.path.abspath(sys.executable)),
+             *(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths))
+    return [os.path.abspath(p) for p in found if p and os.path.exists(p)]
+
+
 def interpreter_folders() -> set[str]:
     """The folders of this Python installation the sandbox's ``python -I`` reads: its prefixes and
     its standard library and site-packages, never the caller's ``sys.path`` (a script's folder,
     ``PYTHONPATH``), which may hold anything."""
-    paths = sysconfig.get_paths()
-    found = (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix,
-             os.path.dirname(os.path.realpath(sys.executable)),
-             *(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths))
-    return {os.path.realpath(p) for p in found if p and os.path.exists(p)}
+    return {os.path.realpath(p) for p in _interpreter_paths()}
+
+
+def interpreter_links() -> dict[str, str]:
+    """Where the interpreter reaches its folders or executable through a symbolic link (a virtual
+    environment reached through a link to the real one): each path as it names it -> the real one.
+    The sandbox binds the real folders and executes ``sys.executable``, so it binds each real one at
+    the linked path too (it bound one path and executed the other before, refusing every program)."""
+    named = [*_interpreter_paths(), os.path.abspath(sys.executable)]
+    return {p: os.path.realpath(p) for p in named if os.path.realpath(p) != p}
 
 
 def _python_under(folder: str) -> list[str]:
-    """bwrap's options that bind this Python installation (:func:`interpreter_folders`) back where
-    it lies under ``folder``, once ``folder`` is covered; the folders on the way readable."""
-    python = interpreter_folders()
+    """bwrap's options that bind this Python installation (:func:`interpreter_folders`, and the
+    real folders at the paths it names through links, :func:`interpreter_links`) back where it lies
+    under ``folder``, once ``folder`` is covered; the folders on the way readable."""
+    links = interpreter_links()
+    binds = {p: p for p in interpreter_folders()} | links  # where -> what
     args = []
-    for p in sorted(python):  # the outermost only: what lies inside one comes with it
-        if p.startswith(folder + "/") and not any(p.startswith(q + "/") for q in python):
+    for p in sorted(binds):  # the outermost only: what lies inside one comes with it
+        if p.startswith(folder + "/") and not any(p.startswith(q + "/") for q in binds):
             between = [q for q in Path(p).parents if Path(folder) in q.parents]  # bwrap would make them 0700
             for q in reversed(between):
                 args += ["--perms", "0755", "--dir", str(q)]
-            args += ["--ro-bind", p, p]
+            args += ["--ro-bind", binds[p], p]
     return args
 
 

@@ -222,7 +222,7 @@ def read_traces(path: str | Path, target: str | None = None, tokenizer_fp: str |
     """The header and traces of a trace file; one-line errors for a file that is not one, is cut
     short or broken, or was made for another target (its name before any ``|``) or tokenizer."""
     from ..models.files import read_regular
-    from .trace_checks import check_header, check_trace
+    from .trace_checks import check_header, check_header_drafts, check_trace, unlike
 
     path = Path(path)
     try:
@@ -245,7 +245,7 @@ def read_traces(path: str | Path, target: str | None = None, tokenizer_fp: str |
         check_header(head)
     except ValueError as exc:
         raise SpecdecError(f"{path}: line 1 is not a trace header this specdec reads ({exc})") from None
-    traces = []
+    traces, first = [], None
     for i, line in enumerate(lines[1:], 2):
         try:
             d = json.loads(line)
@@ -256,6 +256,15 @@ def read_traces(path: str | Path, target: str | None = None, tokenizer_fp: str |
         except (ValueError, KeyError, TypeError) as exc:
             raise SpecdecError(f"{path}: line {i} is not a complete trace ({exc.__class__.__name__}: {exc}); "
                                "the file is cut short or broken: make it again") from None
+        first = first or d
+        problem = unlike(first, d)
+        if problem:
+            raise SpecdecError(f"{path}: line {i} {problem}")
+    if first is not None:
+        try:
+            check_header_drafts(head, first)
+        except ValueError as exc:
+            raise SpecdecError(f"{path}: line 1 is not a trace header this specdec reads ({exc})") from None
     if head.get("count") is not None and head["count"] != len(traces):
         raise SpecdecError(f"{path}: holds {len(traces)} traces of the {head['count']} its header announces; "
                            "the file is cut short: make it again")

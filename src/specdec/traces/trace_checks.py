@@ -20,6 +20,8 @@ MAX_PROMPT = 1 << 20
 #: the largest token id
 MAX_ID = (1 << 31) - 1
 FINISH_REASONS = ("stop", "length")
+#: the longest draft model name a header may give
+MAX_NAME = 1024
 
 
 def _int(where: str, v: Any, lo: int, hi: int) -> int:
@@ -66,6 +68,8 @@ def check_header(head: dict) -> None:
     for name in ("priors", "drafts"):
         if head.get(name) is not None:
             _obj(f"the header's {name!r}", head[name])
+    for name, entry in (head.get("drafts") or {}).items():
+        _check_header_draft(name, entry)
     for source, prior in (head.get("priors") or {}).items():
         try:
             AcceptancePrior.from_dict(_obj(f"the header's prior of {source!r}", prior))
@@ -73,6 +77,49 @@ def check_header(head: dict) -> None:
             raise ValueError(f"the header's prior of {str(source)[:60]!r}: {exc}") from None
         if not _prob(prior.get("mean", 0.5)):
             raise ValueError(f"the header's prior of {str(source)[:60]!r}: 'mean' must be in [0, 1]")
+
+
+def _check_header_draft(name: Any, entry: Any) -> None:
+    """One entry of the header's ``drafts``: ``{"source": <draft model>, "window": <window>}`` under
+    the name ``"<source>|w<window>"`` (:func:`specdec.traces.trace.draft_name`)."""
+    where = f"the header's draft {_short(name)}"
+    entry = _obj(where, entry)
+    source, window = entry.get("source"), entry.get("window")
+    if not isinstance(source, str) or not source or len(source) > MAX_NAME:
+        raise ValueError(f"{where}: 'source' must be a draft model's name (a string of 1 to {MAX_NAME} characters), "
+                         f"got {_short(source)}")
+    if window not in ("all", "auto"):
+        _int(f"{where}: 'window' (or all, auto)", window, 1, MAX_PROMPT)
+    if name != f"{source}|w{window}":
+        raise ValueError(f"{where} names another source or window than its 'source' and 'window' "
+                         f"({_short(f'{source}|w{window}')})")
+
+
+def unlike(first: dict, d: dict, first_line: int = 2) -> str | None:
+    """What a trace line ``d`` lacks or holds beyond the file's first trace (line ``first_line``),
+    else None: every trace of a file holds the same drafts, and its prompt's ids on every line or on
+    none (a replay of the drafters without a model, pld and suffix, and of the portfolio reads them:
+    one line without them dropped those parts of the report)."""
+    if (first.get("prompt") is None) != (d.get("prompt") is None):
+        has, other = ("has no", "has") if d.get("prompt") is None else ("has a", "has none")
+        return (f"{has} 'prompt' (its prompt's token ids) where line {first_line} {other}: a file holds them on every "
+                "line or on none; make the traces again with 'specdec trace'")
+    if set(d["drafts"]) != set(first["drafts"]):
+        return (f"holds the drafts {_names(d['drafts'])} where line {first_line} holds {_names(first['drafts'])}: "
+                "every trace of a file holds the same drafts")
+    return None
+
+
+def check_header_drafts(head: dict, first: dict) -> None:
+    """The header's ``drafts``, where it lists them, are the drafts its traces hold."""
+    if head.get("drafts") is not None and set(head["drafts"]) != set(first["drafts"]):
+        raise ValueError(f"the header names the drafts {_names(head['drafts'])}, its traces hold "
+                         f"{_names(first['drafts'])}")
+
+
+def _names(names: Any) -> str:
+    text = ", ".join(sorted(repr(str(n)[:60]) for n in names)) or "none"
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def check_trace(d: Any) -> None:

@@ -37,7 +37,7 @@ from .origins import Access
 from .metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE, Metrics
 from .params import SAMPLING, Limits, build
 from .responses import Shaper, sse
-from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
+from .schemas import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse, unknown_field
 from .structured import available_kinds, servable
 from .worker import Busy, Job, Worker
 
@@ -142,6 +142,8 @@ def _validation_error(exc: RequestValidationError) -> SafeJSONResponse:
         return SafeJSONResponse(error_body(400, err.get("msg", "a lone surrogate is not Unicode text"), field), 400)
     loc = [p for p in loc if "[" not in p and p not in ("str", "int", "float", "bool", "none")]  # union branches
     param = ".".join(loc) or None
+    if param is not None and err.get("type") == "extra_forbidden":
+        return SafeJSONResponse(error_body(400, unknown_field(param), param[:80]), 400)
     if param is None:
         message = ("the body is empty" if err.get("type") == "missing" else "the body is not a JSON object")
         message += "; send a JSON object (Content-Type: application/json)"

@@ -23,7 +23,7 @@ from ...core.sampling import SEED_RANGE
 from ...core.settings import layer
 from ...core.verify.policy import AR, SCHEDULE_PARAMS
 from .errors import APIError
-from .schemas import MAX_STOP_CHARS, MAX_STOPS, ChatRequest, CompletionRequest
+from .schemas import MAX_STOP_CHARS, MAX_STOPS, ChatRequest, CompletionRequest, unknown_field
 from .structured import Requested, requested
 
 #: Defaults that are sampling settings; every other default key is a speculative setting.
@@ -174,9 +174,14 @@ def _messages(req: ChatRequest) -> list[dict]:
         content = m.content
         if isinstance(content, list):  # content parts: keep the text ones
             texts = []
-            for part in content:
+            for j, part in enumerate(content):
                 if part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise APIError(400, "only text content parts are supported", f"messages.{i}.content")
+                extra = next((key for key, value in part.items() if key not in ("type", "text") and value is not None),
+                             None)
+                if extra is not None:  # refused, not dropped (schemas' rule for every field)
+                    where = f"messages.{i}.content.{j}.{extra}"[:80]
+                    raise APIError(400, unknown_field(where), where)
                 texts.append(part["text"])
             content = "".join(texts)
         if content is None:

@@ -1,4 +1,10 @@
-"""Request bodies of the OpenAI endpoints (pydantic, strict types; unknown fields are ignored).
+"""Request bodies of the OpenAI endpoints (pydantic, strict types; unknown fields are refused).
+
+Every field a body may hold is declared here, and each is either honoured or refused (400): a
+field the server does not know (a speculative setting such as ``drafter`` sent at the top level,
+another server's extension) is a 400 naming it, never accepted and dropped; ``null`` is the same
+as leaving a field out, so an unknown field sent as ``null`` passes (clients that send back a
+whole assistant message, ``"tool_calls": null`` included). :func:`unknown_field` words the error.
 
 Strict: ``"max_tokens": "5"`` or ``1.5`` is a type error (400), not silently coerced; integers
 are accepted where a number is expected. NaN and infinities are rejected. So is a lone surrogate
@@ -13,6 +19,7 @@ gigabytes). :func:`parse` reads a body; the app runs it off the event loop.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from contextvars import ContextVar
@@ -87,7 +94,7 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -99,6 +106,8 @@ class _Body(BaseModel):
             raise PydanticCustomError(
                 "surrogate", "{field}: a lone surrogate ({char}) at character {at} is not Unicode text; send UTF-8",
                 {"field": field, "char": ascii(text[at]), "at": at})
+        if isinstance(data, dict):  # an unknown field sent as null is a field left out; any other is refused
+            data = {key: value for key, value in data.items() if value is not None or key in cls.model_fields}
         return data
 
 
@@ -172,7 +181,6 @@ class CompletionRequest(_Common):
 
 
 class ChatMessage(_Body):
-    model_config = ConfigDict(strict=True, extra="ignore")
     role: str
     content: Union[str, Annotated[list[dict[str, Any]], items(MAX_CONTENT_PARTS)], None] = None
 
@@ -198,6 +206,30 @@ class TokenizeRequest(_Body):
 class DetokenizeRequest(_Body):
     model: str | None = None
     tokens: Ids
+
+
+@functools.cache
+def _speculative_names() -> frozenset[str]:
+    """Every name that belongs inside ``speculative``: the policy, drafter and draft length, each
+    rule's and drafter's parameters, the schedule's, and other servers' names for them."""
+    from ...core.drafters import ALL_DRAFTER_OPTIONS
+    from ...core.request import GENERATION_FIELDS
+    from ...core.verify.policy import RULES, SCHEDULE_PARAMS, rule_params
+
+    names = {key for key in DEFAULTS if key not in GENERATION_FIELDS}
+    names |= {*ALL_DRAFTER_OPTIONS, *SCHEDULE_PARAMS, *(p for rule in RULES for p in rule_params(rule))}
+    return frozenset(names | {"n_max", "p_min"})
+
+
+def unknown_field(path: str) -> str:
+    """The 400's message for a field no body declares: where it belongs when it is a speculative
+    setting sent at the top level, else that the server refuses what it would not use."""
+    path = path if len(path) <= 80 else path[:77] + "..."
+    name = path.rsplit(".", 1)[-1]
+    if "." not in path and name in _speculative_names():
+        return (f"{name} is a speculative setting, not a top-level field; send it inside speculative "
+                f'({{"speculative": {{"{name}": ...}}}})')
+    return f"{path} is not a field this server takes; it is refused rather than ignored (docs/server.md lists them)"
 
 
 #: the most arrays and objects a body may hold (a chat of 4096 messages with a text part each holds
