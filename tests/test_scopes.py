@@ -108,17 +108,24 @@ def test_two_callers_alternating_each_keep_their_prefix():
     assert sorted(e.caches.parked.callers()) == ["alice", "bob"]
 
 
+def broken_load(state):
+    raise RuntimeError("llama.cpp could not restore a copy of its cache")
+
+
 def test_a_backend_that_cannot_copy_its_cache_or_no_budget_empties_it_at_a_switch():
-    for cut in ("backend", "budget"):
+    for cut in ("backend", "budget", "restore"):
         e = engine()
         if cut == "backend":
             e.target._state_bytes = lambda: None  # as the static cache answers
-        else:
+        elif cut == "budget":
             e.caches.parked = Parked(0)
+        else:
+            e.target._load = broken_load
         e.generate(ALICE, request("alice"))
         e.generate(BOB, request("bob"))
-        assert e.generate(ALICE, request("alice")).stats.cached_prompt_tokens == 0
-        assert e.caches.parked.callers() == []
+        again = e.generate(ALICE, request("alice"))
+        assert again.stats.cached_prompt_tokens == 0 and again.token_ids == fresh(ALICE)
+        assert e.caches.parked.callers() == ([] if cut != "restore" else ["bob", "alice"])
 
 
 def snap(size: int) -> Snapshot:

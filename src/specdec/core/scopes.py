@@ -74,6 +74,10 @@ class Parked:
         while self.nbytes > self.budget:
             del self._held[victim([(who, who, held.nbytes) for who, held in self._held.items()])]
 
+    def drop(self, caller: str) -> None:
+        """Forget ``caller``'s copy."""
+        self._held.pop(caller, None)
+
     def get(self, caller: str) -> Snapshot | None:
         """``caller``'s parked copy (None: it has none), now the most recently used."""
         snap = self._held.get(caller)
@@ -141,7 +145,11 @@ class Caches:
         target = models[0]
         held = self.parked.get(caller) if self.prefix_caching and caller is not None else None
         if held is not None and target is not None and held.owner == id(target):
-            target.restore(held)
+            try:
+                target.restore(held)
+            except RuntimeError:  # the backend could not put it back: an empty cache, as without one
+                self.parked.drop(caller)
+                target.reset()
         self._holder = caller
 
     def leave(self, target: Model) -> None:

@@ -29,7 +29,6 @@ from starlette.exceptions import HTTPException
 
 from ...errors import SpecdecError
 from ...core.request import DecodeConfig
-from ...core.scopes import Parked
 from ...core.settings import layer
 from ...core.text import tokenizer_call
 from .errors import APIError, error_body
@@ -483,7 +482,7 @@ def _add_middleware(app: FastAPI, served: Served, api_key: str | None, allowed_h
 def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
                model_name: str | None = None, allowed_hosts: list[str] | None = None,
                allow_origins: list[str] = (), prefix_caching: bool = True, shared_caches: bool | None = None,
-               parked_bytes: int | None = None) -> FastAPI:
+               caller_cache_bytes: int | None = None) -> FastAPI:
     """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
     set them (:meth:`~specdec.core.request.DecodeConfig.from_options`' names; see :func:`_checked_settings`); ``api_key``: required as
     ``Authorization: Bearer <key>`` on every path but ``/health`` and ``/metrics`` when set (an
@@ -495,12 +494,12 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     llama-server's default), reported as ``usage.prompt_tokens_details.cached_tokens``;
     ``shared_caches``: whether, without an API key, the requests that send no ``cache_salt`` share
     the caches (None, the default: yes without ``api_key``; False: each such request has its own,
-    :func:`cache_scope`); ``parked_bytes``: host memory for the prefix caches parked per caller
-    between their requests (:class:`specdec.core.scopes.Parked`; None: the engine's, 512 MiB by default)."""
+    :func:`cache_scope`); ``caller_cache_bytes``: host memory for the target's cache parked per
+    caller between its requests (:attr:`specdec.frontends.api.Pair.caller_cache_bytes`; None: the pair's)."""
     defaults, limits = _checked_settings(pair, defaults, api_key, limits)
     pair.prefix_caching = prefix_caching
-    if parked_bytes is not None:
-        pair.engine.caches.parked = Parked(parked_bytes)
+    if caller_cache_bytes is not None:
+        pair.caller_cache_bytes = caller_cache_bytes
     shared = not api_key if shared_caches is None else bool(shared_caches)
     served = Served(pair, defaults, limits, model_name or str(pair.target_name), shared)
     app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",

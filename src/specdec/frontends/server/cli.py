@@ -109,7 +109,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     app = create_app(pair, kwargs, api_key=a.api_key, limits=limits, model_name=a.served_model_name or a.target,
                      allowed_hosts=a.allowed_host or default_hosts(a.host), allow_origins=a.allow_origin,
                      prefix_caching=a.enable_prefix_caching, shared_caches=a.shared_caches,
-                     parked_bytes=a.caller_cache_mb << 20)
+                     caller_cache_bytes=a.caller_cache_mb << 20)
     print(f"specdec: serving on http://{a.host}:{a.port}/v1 (one request at a time; Ctrl-C stops)",
           file=sys.stderr, flush=True)
     serve(app, a.host, a.port, a.log_level)
