@@ -94,6 +94,26 @@ def test_prefix_caching_reads_only_the_new_part_of_a_prompt(pair_paths):
     assert [o.token_ids for o in outs] == fresh
 
 
+def test_a_callers_parked_cache_comes_back_after_another_callers_request(pair_paths):
+    """llama.cpp copies its cache aside (llama_state_seq_get_data) when a caller's generation ends
+    and back when that caller comes again: alice's second turn after bob's request reads only its new
+    part, through a token tree too, and its output is that of a fresh cache."""
+    engine = engine_on(pair_paths)
+    turns = [PROMPTS[0], PROMPTS[0] + list(b" return")]
+    for run, kw in enumerate((dict(policy="ar"), dict(policy="lossless", drafter="tree", k=3))):
+        fresh = [engine.generate(p, DecodeConfig(max_new_tokens=12, **kw)).token_ids for p in turns]
+        engine.caches.prefix_caching = True
+        alice, bob = (DecodeConfig(max_new_tokens=12, **kw).with_settings(caller=f"{c}{run}") for c in ("alice", "bob"))
+        first = engine.generate(turns[0], alice)
+        other = engine.generate(PROMPTS[1], bob)
+        again = engine.generate(turns[1], alice)
+        assert [first.stats.cached_prompt_tokens, other.stats.cached_prompt_tokens] == [0, 0]
+        assert again.stats.cached_prompt_tokens == len(turns[0])
+        assert [first.token_ids, again.token_ids] == fresh
+        assert engine.caches.parked.get(f"alice{run}").nbytes > 0
+        engine.caches.prefix_caching = False
+
+
 def test_a_busy_core_is_said_at_startup(monkeypatch):
     """Other work on a core llama.cpp's threads run on slows every step many times over: the
     startup names the busy cores and the free ones to run on; nothing is said when none is busy or

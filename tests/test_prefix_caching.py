@@ -58,3 +58,14 @@ def test_a_prefix_caching_switch_that_is_not_a_bool_is_refused(pair):
     with pytest.raises(SpecdecError, match="prefix_caching must be True or False"):
         pair.prefix_caching = "no"
     assert pair.prefix_caching is False
+
+
+def test_the_caller_cache_budget_is_a_byte_count(pair):
+    from specdec.errors import SpecdecError
+
+    assert pair.caller_cache_bytes == 512 << 20
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(SpecdecError, match="caller_cache_bytes must be an integer >= 0"):
+            pair.caller_cache_bytes = bad
+    pair.caller_cache_bytes = 0  # nothing parked: another caller's generation empties the cache
+    assert pair.caller_cache_bytes == 0

@@ -24,7 +24,8 @@ def test_serve_help_lists_server_model_and_decoding_flags(capsys):
     assert info.value.code == 0
     out = capsys.readouterr().out
     for flag in ("--host", "--port", "--api-key", "--max-tokens-limit", "--max-body-bytes", "--max-queue",
-                 "--allowed-host", "--allow-origin", "--request-timeout",
+                 "--allowed-host", "--allow-origin", "--request-timeout", "--shared-caches", "--no-shared-caches",
+                 "--caller-cache-mb",
                  "--target", "--draft", "--dtype", "--policy", "--drafter", "--k", "--max-new-tokens", "--temperature"):
         assert flag in out
     assert "127.0.0.1" in out
@@ -41,7 +42,9 @@ def test_serve_help_lists_server_model_and_decoding_flags(capsys):
     ["--api-key", "  "],
     ["--request-timeout", "-1"],
     ["--request-timeout", "nan"],
-], ids=["policy", "k", "temperature", "limit", "port", "body", "empty key", "blank key", "timeout", "timeout nan"])
+    ["--caller-cache-mb", "-1"],
+], ids=["policy", "k", "temperature", "limit", "port", "body", "empty key", "blank key", "timeout", "timeout nan",
+        "caller cache"])
 def test_bad_flags_fail_before_loading(argv, capsys):
     assert main(["serve", "--target", "/nonexistent/model", *argv]) == 2
     err = capsys.readouterr().err

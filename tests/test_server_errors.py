@@ -382,26 +382,26 @@ def test_surrogates_in_an_answer_are_escaped():
 
 
 def test_controller_cache_is_bounded(tiny_server_pair):
-    """300 distinct theta values kept 301 k=auto controllers."""
+    """300 distinct theta values kept 301 k=auto controllers (the bound here 64, the engine's
+    MAX_CONTROLLERS: 1024)."""
     from specdec.frontends.api import make_config
     from specdec.models.costmodel import CostTable
-    from specdec.core.scopes import MAX_CONTROLLERS
+    from specdec.core.scopes import MAX_CONTROLLERS, WarmStates
 
     engine = tiny_server_pair.engine
-    saved = engine.target_costs, engine.caches.controllers.copy()
+    saved = engine.target_costs, engine.caches.controllers
     engine.target_costs = CostTable("t", "float32", [1, 2, 4, 8], [0.01, 0.02, 0.04, 0.08], 64)
     try:
-        engine.caches.controllers.clear()
+        assert saved[1].limit == MAX_CONTROLLERS == 1024
+        engine.caches.controllers = WarmStates(64)
         first = engine.k_policy(make_config(policy="mars", theta=0.5))
         for i in range(300):
             engine.k_policy(make_config(policy="mars", theta=0.01 + i / 1000))
             if i % 10 == 0:  # used now and then: the least recently used go first
                 assert engine.k_policy(make_config(policy="mars", theta=0.5)) is first
-        assert len(engine.caches.controllers) == MAX_CONTROLLERS == 64
+        assert len(engine.caches.controllers) == 64
     finally:
-        engine.target_costs = saved[0]
-        engine.caches.controllers.clear()
-        engine.caches.controllers.update(saved[1])
+        engine.target_costs, engine.caches.controllers = saved
 
 
 def test_body_too_large_by_content_length(url):

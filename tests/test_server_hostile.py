@@ -308,11 +308,12 @@ def _loose_outputs(base: str, headers_a: dict, headers_b: dict) -> dict[str, str
     return out
 
 
-@pytest.mark.parametrize("shared", [False, True], ids=["default", "shared caches"])
+@pytest.mark.parametrize("shared", [False, True], ids=["no-shared-caches", "shared caches (the default)"])
 def test_a_secret_never_reaches_another_client_under_a_loose_rule(pair, shared):
     """Client A sends a secret; client B, under each loose rule at its loosest with the suffix
-    drafter, starts the same sentence. Without keys each request drafts from its own text only;
-    with the caches shared (or one key), a loose rule still never drafts from another request's."""
+    drafter, starts the same sentence. With --no-shared-caches each keyless request drafts from its
+    own text only; with the caches shared (the keyless default, or one key), a loose rule still
+    never drafts from another request's."""
     pair.engine.caches.suffix = SuffixCache()  # empty: earlier tests' text is not this test's
     app = create_app(pair, {"max_new_tokens": 4}, limits=Limits(max_tokens=64), shared_caches=shared)
     with serve_in_thread(app) as base:
@@ -346,17 +347,18 @@ def test_the_prefix_cache_is_shared_only_within_a_key_and_salt(pair):
         assert r.status_code == 200, r.text
         return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
-    with serve_in_thread(create_app(pair, {"max_new_tokens": 1})) as base:
+    with serve_in_thread(create_app(pair, {"max_new_tokens": 1}, shared_caches=False)) as base:
         cached(base)
-        assert cached(base) == 0  # no key: each request on its own
+        assert cached(base) == 0  # no key, the operator opted out: each request on its own
         cached(base, cache_salt="s3cret")
         assert cached(base, cache_salt="s3cret") > 0  # the same salt: the same client
         assert cached(base, cache_salt="other") == 0
         assert cached(base) == 0
         refused(post(base + COMP, {"prompt": "x", "cache_salt": ""}), "cache_salt")
-    with serve_in_thread(create_app(pair, {"max_new_tokens": 1}, shared_caches=True)) as base:
+    with serve_in_thread(create_app(pair, {"max_new_tokens": 1})) as base:
         cached(base)
-        assert cached(base) > 0  # the operator opted in
+        assert cached(base) > 0  # no key: one user's server, one scope without a salt
+        assert cached(base, cache_salt="fresh-salt") == 0  # a salt isolates
     keys = {"authorization": "Bearer k1"}
     with serve_in_thread(create_app(pair, {"max_new_tokens": 1}, api_key="k1")) as base:
         cached(base, headers=keys)
@@ -364,9 +366,10 @@ def test_the_prefix_cache_is_shared_only_within_a_key_and_salt(pair):
         assert cached(base, headers=keys, cache_salt="x") == 0
 
 
-def test_two_apps_over_one_pair_keep_their_keys_prefix_caches_apart(pair):
-    """The engine, not each app's worker, knows whose text its models' caches hold: key k1's next
-    request after k2's (another app over the same pair) reads its prompt whole."""
+def test_two_keys_share_nothing_and_each_keeps_its_own_prefix(pair):
+    """The engine, not each app's worker, knows whose text its models' caches hold: key k2's first
+    request after k1's (another app over the same pair, the same prompt) reads its prompt whole, and
+    k1's next one finds its own prefix again."""
     prompt = "a prompt another client may try to guess, long enough"
 
     def cached(base, key):
@@ -377,9 +380,11 @@ def test_two_apps_over_one_pair_keep_their_keys_prefix_caches_apart(pair):
     one, two = (create_app(pair, {"max_new_tokens": 1}, api_key=key) for key in ("k1", "k2"))
     with serve_in_thread(one) as a, serve_in_thread(two) as b:
         cached(a, "k1")
-        assert cached(a, "k1") > 0
+        mine = cached(a, "k1")
+        assert mine > 0
         assert cached(b, "k2") == 0
-        assert cached(a, "k1") == 0  # the caches held k2's text, the same prompt
+        assert cached(a, "k1") == mine  # its own copy put back: k2's request shows nowhere
+        assert cached(b, "k2") == mine
 
 
 # ---------------------------------------------------------------- every field honoured or refused
@@ -435,3 +440,39 @@ def test_every_request_field_is_documented():
     missing = sorted({name for model in (CompletionRequest, ChatRequest, ChatMessage, TokenizeRequest, DetokenizeRequest,
                                          StreamOptions) for name in model.model_fields if f"`{name}`" not in docs})
     assert not missing, missing
+
+
+def test_another_clients_request_does_not_show_in_cached_tokens(pair):
+    """Without a key, client A (cache_salt "act") sends the same completion twice with a third
+    client's request in between: A's cached_tokens are the same as without it (before, the caches
+    were emptied whenever the caller changed, so A saw 0 and a slower answer, and learnt that
+    someone had been served)."""
+    body = {"prompt": "eleven tokens of text", "max_tokens": 2, "temperature": 0, "cache_salt": "act"}
+    with serve_in_thread(create_app(pair, {"max_new_tokens": 2})) as base:
+        seen = []
+        for between in (None, {"prompt": "someone else's request", "max_tokens": 2},
+                        {"prompt": "eleven tokens of text", "max_tokens": 2, "cache_salt": "third"}):
+            post(base + COMP, body)
+            if between is not None:
+                assert post(base + COMP, between).status_code == 200
+            again = post(base + COMP, body).json()
+            seen.append((again["usage"]["prompt_tokens_details"]["cached_tokens"], again["choices"][0]["text"]))
+    assert seen[0][0] > 0 and seen == seen[:1] * 3
+
+
+def test_a_standard_clients_next_turn_reuses_its_prefix_on_the_default_server(pair):
+    """A chat client sending no extra field (no key, no salt): turn 2 re-sends the conversation and
+    reads only the new part; k=auto's state of turn 1 is the one turn 2 starts from."""
+    pair.engine.caches.controllers.clear()
+    turn1 = [{"role": "user", "content": "Write a line about the sea, then one about the hills."}]
+    with serve_in_thread(create_app(pair, {"max_new_tokens": 8})) as base:
+        first = post(base + CHAT, {"messages": turn1, "max_tokens": 8, "temperature": 0}).json()
+        (policy,) = pair.engine.caches.controllers.values()
+        turn2 = [*turn1, {"role": "assistant", "content": first["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "Now one about the sky."}]
+        second = post(base + CHAT, {"messages": turn2, "max_tokens": 8, "temperature": 0}).json()
+    cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= first["usage"]["prompt_tokens"] - 1, (cached, first["usage"])
+    assert [key[0] for key in pair.engine.caches.controllers] == ["all"]
+    assert pair.engine.caches.controllers[next(iter(pair.engine.caches.controllers))] is policy  # kept, and learnt on
+    assert len(getattr(policy, "model", policy).lengths) == 2  # both turns' answer lengths

@@ -248,6 +248,7 @@ class Engine:
             if run.out.finish_reason is not None:
                 break
         self._finish(run)
+        self.caches.leave(self.target)  # the caller's prefix, parked for its next request
 
     @staticmethod
     def _cancelled(run: "_Run", should_stop: Callable[[], bool] | None) -> bool:

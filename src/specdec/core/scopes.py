@@ -1,20 +1,28 @@
-"""What an engine keeps from one request to the next, and for whom: its caches, scoped by caller.
+"""What an engine keeps from one request to the next, and for whom: its caches, kept per caller side by side.
 
 A request names its caller (:attr:`specdec.core.request.DecodeConfig.caller`: the server's digest of
-the API key and the request's ``cache_salt``; the library's ``""`` by default; None: a caller of
-its own, whom nothing before or after it serves). Three things outlive a request, and each serves
-only the caller that left it (:class:`Caches`, one per :class:`~specdec.core.engine.Engine`):
+the API key and the request's ``cache_salt``, or one scope for all on a server without a key; the
+library's ``""`` by default; None: a caller of its own, whom nothing before or after it serves).
+Three things outlive a request, and each serves only the caller that left it (:class:`Caches`, one
+per :class:`~specdec.core.engine.Engine`):
 
-- **the prefix cache**: the models' KV caches hold the last generation's text. A generation of the
-  same caller may keep the target's positions its prompt shares with it (with
-  :attr:`Caches.prefix_caching` on); one of another caller, or of the caller None, starts from
-  empty caches, so that no request reads another's prompt (``cached_tokens``, or its time to
-  the first token, would tell how much of it a guess got right);
+- **the prefix cache**: the target's KV cache holds the last generation's text, and with
+  :attr:`Caches.prefix_caching` on a generation of the same caller keeps the positions its prompt
+  shares with it. When a generation ends, a copy of the target's cache is *parked* in host memory
+  for its caller (:class:`Parked`, :meth:`~specdec.models.backends.base.Model.snapshot`); when
+  another caller's generation starts, the models' caches are emptied and that caller's own parked
+  copy, if any, is put back. So a caller's next request finds its own prefix whoever ran in between,
+  and never another's (``cached_tokens``, or its time to the first token, would tell how much of
+  another's prompt a guess got right). A backend that cannot copy its cache empties it at a switch;
 - **the suffix cache** (:class:`~specdec.core.drafters.SuffixCache`): earlier requests' text for the
   suffix drafters, one trie per caller;
 - **k=auto's warm state**: one K policy per caller and kind of request (:class:`WarmStates`).
 
-The server only names the caller; the engine applies these rules to every generation.
+Each is bounded (parked copies: :data:`PARKED_BYTES`; the suffix cache: its tokens; K policies:
+:data:`MAX_CONTROLLERS`), and over its bound gives up first what the caller holding the most holds
+(:mod:`specdec.core.fair`): what one caller sends cannot evict another's state while that one holds
+no more than an equal share. The server only names the caller; the engine applies these rules to
+every generation.
 """
 
 from __future__ import annotations
@@ -22,19 +30,67 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
-from ..models.backends.base import Model, common_prefix
+from ..models.backends.base import Model, Snapshot, common_prefix
 from .drafters import CacheScope, SuffixCache
+from .fair import victim
 
 #: k=auto's K policies kept per engine, one per distinct (caller, policy, parameters, drafter, sampling
-#: mode); the least recently used goes first (a server sees any number of distinct request parameters)
-MAX_CONTROLLERS = 64
+#: mode); over it, the caller holding the most gives up its least recently used (:func:`specdec.core.fair.victim`)
+MAX_CONTROLLERS = 1024
+#: host memory for the parked prefix caches, all callers together, in bytes (the server's --caller-cache-mb)
+PARKED_BYTES = 512 << 20
 #: whose text the models' caches hold before the first generation: nobody's (no caller is this object)
 _NOBODY = object()
 
 
+class Parked:
+    """The target's cache per caller, parked in host memory between its requests: one copy per
+    caller (its last generation's that fit), at most ``budget`` bytes in all; over it, the copy of
+    the caller holding the most goes first (:func:`specdec.core.fair.victim`; ties: the least
+    recently used). ``budget=0`` parks nothing."""
+
+    def __init__(self, budget: int = PARKED_BYTES):
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise ValueError(f"budget must be an integer number of bytes >= 0, got {budget!r}")
+        self.budget = budget
+        self._held: OrderedDict[str, Snapshot] = OrderedDict()  # least recently used first
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, all callers together."""
+        return sum(snap.nbytes for snap in self._held.values())
+
+    def callers(self) -> list[str]:
+        """The callers whose copies are held, least recently used first."""
+        return list(self._held)
+
+    def put(self, caller: str, snap: Snapshot | None) -> None:
+        """Park ``snap`` as ``caller``'s copy (None: the caller keeps the copy it had), then evict
+        until the copies fit the budget (the new one too, if its caller then holds the most)."""
+        if snap is None:
+            return
+        self._held.pop(caller, None)
+        self._held[caller] = snap
+        while self.nbytes > self.budget:
+            del self._held[victim([(who, who, held.nbytes) for who, held in self._held.items()])]
+
+    def drop(self, caller: str) -> None:
+        """Forget ``caller``'s copy."""
+        self._held.pop(caller, None)
+
+    def get(self, caller: str) -> Snapshot | None:
+        """``caller``'s parked copy (None: it has none), now the most recently used."""
+        snap = self._held.get(caller)
+        if snap is not None:
+            self._held.move_to_end(caller)
+        return snap
+
+
 class WarmStates(OrderedDict):
-    """k=auto's state per request kind, kept across requests (a dict of key -> state): at most
-    ``limit`` kinds, the least recently used evicted first."""
+    """k=auto's state per caller and request kind, kept across requests (a dict of ``(caller, *kind)``
+    -> state): at most ``limit`` in all; a new one evicts the least recently used of the caller
+    holding the most (:func:`specdec.core.fair.victim`), so that a client sending many kinds or
+    salts evicts its own before another's."""
 
     def __init__(self, limit: int):
         super().__init__()
@@ -44,8 +100,11 @@ class WarmStates(OrderedDict):
         state = self.pop(key, None)
         if state is None or stale(state):
             state = make()
-        while len(self) >= self.limit:
-            self.popitem(last=False)
+        while self and len(self) >= self.limit:
+            gone = victim([(k, k[0], 1) for k in self], pending={key[0]: 1})
+            if gone is None:
+                break
+            del self[gone]
         self[key] = state
         return state
 
@@ -68,18 +127,37 @@ class Caches:
         self.prefix_caching = False
         #: earlier requests' text for the suffix drafters, per caller (assign another to resize or share it)
         self.suffix = SuffixCache()
-        #: k=auto's K policies, per caller and kind of request; at most MAX_CONTROLLERS, least recently used evicted
+        #: k=auto's K policies, per caller and kind of request; at most MAX_CONTROLLERS (:class:`WarmStates`)
         self.controllers = WarmStates(MAX_CONTROLLERS)
+        #: the target's cache per caller, parked between its requests (assign ``Parked(budget)`` to resize it)
+        self.parked = Parked()
         self._holder: Any = _NOBODY  # whose text the models' caches hold
 
     def enter(self, caller: str | None, models: Sequence[Model | None]) -> None:
-        """A generation of ``caller`` starts on ``models`` (the target and the draft): their caches
-        are emptied unless they hold the same caller's text (never for the caller None)."""
-        if caller is None or caller != self._holder:
-            for lm in models:
-                if lm is not None:
-                    lm.reset()
+        """A generation of ``caller`` starts on ``models`` (the target, then the draft): unless they
+        hold the same caller's text (never for the caller None), they are emptied, and with
+        :attr:`prefix_caching` the target gets back the caller's parked copy, if it has one."""
+        if caller is not None and caller == self._holder:
+            return
+        for lm in models:
+            if lm is not None:
+                lm.reset()
+        target = models[0]
+        held = self.parked.get(caller) if self.prefix_caching and caller is not None else None
+        if held is not None and target is not None and held.owner == id(target):
+            try:
+                target.restore(held)
+            except RuntimeError:  # the backend could not put it back: an empty cache, as without one
+                self.parked.drop(caller)
+                target.reset()
         self._holder = caller
+
+    def leave(self, target: Model) -> None:
+        """A generation ended: with :attr:`prefix_caching`, a copy of the target's cache is parked
+        for its caller (:class:`Parked`, within its budget), for the caller's next request to find
+        whatever runs in between. Its cost, a copy of the caller's own cache, is the caller's."""
+        if self.prefix_caching and isinstance(self._holder, str) and self.parked.budget > 0:
+            self.parked.put(self._holder, target.snapshot(limit=self.parked.budget))
 
     def kept(self, target: Model, ids: Sequence[int]) -> int:
         """How many of ``ids`` (a prompt) the target's cache may keep: with :attr:`prefix_caching`,

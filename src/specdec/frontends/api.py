@@ -17,6 +17,7 @@ from ..errors import SpecdecError
 from ..models.backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request, resolve_device, stderr_log
 from ..models.sources import AUTO as _AUTO, resolve_draft
 from ..core.request import DecodeConfig, check_tree_fits, make_config
+from ..core.scopes import Parked
 from ..core.settings import layer
 from ..core.stats import Stats
 from ..core.text import StopStrings, TextStream, encode_prompt, eos_ids
@@ -102,6 +103,19 @@ class Pair:
         if not isinstance(on, bool):
             raise SpecdecError(f"prefix_caching must be True or False, got {on!r}")
         self.engine.caches.prefix_caching = on
+
+    @property
+    def caller_cache_bytes(self) -> int:
+        """Host memory for the target's cache parked per caller between its requests, all callers
+        together (:class:`specdec.core.scopes.Parked`; 512 MiB by default; 0: none parked, and
+        another caller's generation empties the cache). Setting it forgets the copies held."""
+        return self.engine.caches.parked.budget
+
+    @caller_cache_bytes.setter
+    def caller_cache_bytes(self, budget: int) -> None:
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
+            raise SpecdecError(f"caller_cache_bytes must be an integer >= 0, got {budget!r}")
+        self.engine.caches.parked = Parked(budget)
 
     @property
     def draft_quant(self) -> str:

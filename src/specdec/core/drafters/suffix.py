@@ -27,9 +27,10 @@ probabilities (the expected accepted tokens); between the request's own trie and
 higher-scoring draft is proposed, as in the paper.
 
 Cross-request cache (:class:`SuffixCache`): one per engine (so per ``Pair``, per server process),
-bounded in tokens, evicting whole requests, least recently extended first; its tries are kept per
-caller (the server's API key and cache salt; a server without keys gives each request a caller of
-its own unless the operator opts in), so a caller's drafts never come from another caller's text.
+bounded in tokens, evicting whole requests, the least recently extended of the caller holding the
+most first (:mod:`specdec.core.fair`); its tries are kept per caller (the server's API key and
+cache salt, :func:`specdec.frontends.server.app.cache_scope`), so a caller's drafts never come from
+another caller's text.
 A request under a loose rule adds its text but never reads the cache: a loose rule may keep a draft
 the target would not have produced, so a draft from other requests' text could carry that text
 into its output; exact rules' output does not depend on the drafts. A request opts out with
@@ -55,6 +56,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...checks import option
+from ..fair import victim
 from ..sampling import SamplingParams
 from .base import Draft, Drafter, Offer, answer_run, depth_option, tree_draft
 
@@ -239,9 +241,11 @@ class _Entry:
 
 class SuffixCache:
     """Earlier requests' text for the suffix drafters, bounded: at most ``max_tokens`` tokens in
-    all, whole requests evicted, least recently extended first. One suffix trie per caller, so a
-    caller never drafts from another caller's text (the server's caller: its API key; the
-    library's: ``DecodeConfig.caller``, "" by default). Thread-safe.
+    all, whole requests evicted, each time the least recently extended of the caller holding the
+    most (:meth:`extend`), so that one caller's text cannot push another's below an equal share of
+    the bound. One suffix trie per caller, so a caller never drafts from another caller's text (the
+    server's caller: its API key and cache salt; the library's: ``DecodeConfig.caller``, "" by
+    default). Thread-safe.
 
     Every :class:`~specdec.core.engine.Engine` (so every ``Pair``) has one, ``engine.caches.suffix``;
     assign another to bound it differently (``SuffixCache(max_tokens=...)``) or to share one
@@ -274,16 +278,21 @@ class SuffixCache:
             return entry
 
     def extend(self, entry: int, tokens: Sequence[int]) -> None:
-        """Append to a request's text, evicting the least recently extended other requests to make
-        room; a request over the whole bound keeps its first ``max_tokens`` tokens. A request
-        already evicted stays out."""
+        """Append to a request's text, evicting other requests' to make room, each time the least
+        recently extended of the caller holding the most (:func:`specdec.core.fair.victim`: its own
+        before another's); when the caller adding holds the most and has nothing else to give up,
+        only what fits is kept. A request already evicted stays out."""
         with self._lock:
             held = self._entries.get(entry)
             if held is None:
                 return
             self._entries.move_to_end(entry)
-            while self.tokens + len(tokens) > self.max_tokens and next(iter(self._entries)) != entry:
-                self._evict(next(iter(self._entries)))
+            while self.tokens + len(tokens) > self.max_tokens:
+                gone = victim([(k, e.caller, len(e.tokens)) for k, e in self._entries.items()], pinned=(entry,),
+                              pending={held.caller: len(tokens)})
+                if gone is None:  # the caller adding holds the most: its text gets no more room
+                    break
+                self._evict(gone)
             tokens = list(tokens)[: max(0, self.max_tokens - self.tokens)]
             if not tokens:
                 return

@@ -174,10 +174,13 @@ def _checked_settings(pair, defaults: dict | None, api_key: str | None,
 def cache_scope(key: str, salt: str | None, shared: bool) -> str | None:
     """The request's caller (:attr:`~specdec.core.request.DecodeConfig.caller`): whom it shares cached
     state with (the engine keeps the prefix cache, the suffix drafters' cache and k=auto's state per
-    caller, :mod:`specdec.core.scopes`; the server only names it): the requests of the same API key
-    (``key``, the gate's digest of it; "" without one) and the same ``cache_salt``. Without a key,
-    every request is on its own (None) unless it sends a salt, or the operator opted in to one scope
-    for all (``shared``: ``--shared-caches``)."""
+    caller, side by side, :mod:`specdec.core.scopes`; the server only names it): the requests of the
+    same API key (``key``, the gate's digest of it; "" without one) and the same ``cache_salt``.
+    Without a key, the requests that send no salt share one scope (``shared``, the default: one
+    user's server, as vLLM's and llama-server's prefix caching), or each is on its own (None) when
+    the operator turned that off (``--no-shared-caches``). The name is ``<key>|salt:<digest>``: the
+    part before ``|`` is the client whose share of each cache's bound its salts split
+    (:func:`specdec.core.fair.principal`)."""
     if not key and not shared and salt is None:
         return None
     scope = key or "all"
@@ -480,7 +483,8 @@ def _add_middleware(app: FastAPI, served: Served, api_key: str | None, allowed_h
 
 def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
                model_name: str | None = None, allowed_hosts: list[str] | None = None,
-               allow_origins: list[str] = (), prefix_caching: bool = True, shared_caches: bool = False) -> FastAPI:
+               allow_origins: list[str] = (), prefix_caching: bool = True, shared_caches: bool | None = None,
+               caller_cache_bytes: int | None = None) -> FastAPI:
     """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
     set them (:meth:`~specdec.core.request.DecodeConfig.from_options`' names; see :func:`_checked_settings`); ``api_key``: required as
     ``Authorization: Bearer <key>`` on every path but ``/health`` and ``/metrics`` when set (an
@@ -490,12 +494,16 @@ def create_app(pair, defaults: dict | None = None, api_key: str | None = None, l
     ``prefix_caching``: a request reads only the part of its prompt that the target's cache does not
     hold from the request before (:attr:`specdec.core.scopes.Caches.prefix_caching`; vLLM's and
     llama-server's default), reported as ``usage.prompt_tokens_details.cached_tokens``;
-    ``shared_caches``: without an API key, requests share the prefix cache and the suffix drafters'
-    cache with each other (one user's server); by default each request has its own
-    (:func:`cache_scope`)."""
+    ``shared_caches``: whether, without an API key, the requests that send no ``cache_salt`` share
+    the caches (None, the default: yes without ``api_key``; False: each such request has its own,
+    :func:`cache_scope`); ``caller_cache_bytes``: host memory for the target's cache parked per
+    caller between its requests (:attr:`specdec.frontends.api.Pair.caller_cache_bytes`; None: the pair's)."""
     defaults, limits = _checked_settings(pair, defaults, api_key, limits)
     pair.prefix_caching = prefix_caching
-    served = Served(pair, defaults, limits, model_name or str(pair.target_name), shared_caches)
+    if caller_cache_bytes is not None:
+        pair.caller_cache_bytes = caller_cache_bytes
+    shared = not api_key if shared_caches is None else bool(shared_caches)
+    served = Served(pair, defaults, limits, model_name or str(pair.target_name), shared)
     app = FastAPI(title="specdec", summary="Speculative decoding behind an OpenAI-compatible API",
                   lifespan=served.lifespan, docs_url=None, redoc_url=None, default_response_class=SafeJSONResponse)
     app.state.worker, app.state.metrics, app.state.defaults, app.state.limits = (

@@ -9,6 +9,7 @@ import sys
 
 from ..cliargs import (add_decode_args, add_model_args, decode_config, decode_kwargs, flag_names, load_pair,
                        startup_summary)
+from ...core.scopes import PARKED_BYTES
 from ...errors import SpecdecError
 
 
@@ -50,10 +51,17 @@ def register(sub) -> None:
                         "usage.prompt_tokens_details.cached_tokens counts them. Output is the same up to "
                         "floating-point differences of batched against incremental passes (default: on, as "
                         "vLLM and llama-server)")
-    g.add_argument("--shared-caches", action="store_true",
-                   help="without --api-key, let every request share the prefix cache and the suffix drafters' "
-                        "cache with the others (a server one user uses); by default each request has its own, "
-                        "unless it sends a cache_salt (with a key: the requests of one key and salt share)")
+    g.add_argument("--shared-caches", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether, without --api-key, the requests that send no cache_salt share the prefix cache, "
+                        "the suffix drafters' cache and k=auto's state (a standard client's next turn reuses its "
+                        "prefix, as with vLLM and llama-server); --no-shared-caches gives each such request its "
+                        "own. A cache_salt always isolates; with a key, the requests of one key and salt share "
+                        "(default: on without --api-key)")
+    g.add_argument("--caller-cache-mb", type=int, default=PARKED_BYTES >> 20,
+                   help="host memory for the target's cache parked per caller between its requests, all callers "
+                        "together: another caller's request in between neither empties nor reveals it; over it, "
+                        "the caller holding the most gives up its copy first; 0: none parked, a caller switch "
+                        f"empties the cache (default: {PARKED_BYTES >> 20})")
     g.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
                    help="uvicorn log level (default: info)")
     add_model_args(p)
@@ -81,6 +89,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
     for flag in ("max_tokens_limit", "max_body_bytes", "max_queue"):
         if getattr(a, flag) < 1:
             raise SpecdecError(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(a, flag)}")
+    if a.caller_cache_mb < 0:
+        raise SpecdecError(f"--caller-cache-mb must be >= 0, got {a.caller_cache_mb}")
     if not a.request_timeout >= 0 or a.request_timeout == float("inf"):
         raise SpecdecError(f"--request-timeout must be a number of seconds >= 0 (0 = no limit), got {a.request_timeout}")
     check_api_key(a.api_key)
@@ -88,7 +98,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
         raise SpecdecError(f"--max-new-tokens ({kwargs['max_new_tokens']}) is over --max-tokens-limit "
                            f"({a.max_tokens_limit})")
     if not is_loopback(a.host) and not a.api_key:
-        print(f"specdec: warning: serving on {a.host} without --api-key: anyone who can reach it can use it",
+        shared = "" if a.shared_caches is False else (", and its requests without a cache_salt share the caches "
+                                                       "(--no-shared-caches gives each its own)")
+        print(f"specdec: warning: serving on {a.host} without --api-key: anyone who can reach it can use it{shared}",
               file=sys.stderr)
     pair = load_pair(a)
     print(startup_summary(pair), file=sys.stderr, flush=True)
@@ -96,7 +108,8 @@ def cmd_serve(a: argparse.Namespace) -> int:
                     request_timeout_seconds=a.request_timeout)
     app = create_app(pair, kwargs, api_key=a.api_key, limits=limits, model_name=a.served_model_name or a.target,
                      allowed_hosts=a.allowed_host or default_hosts(a.host), allow_origins=a.allow_origin,
-                     prefix_caching=a.enable_prefix_caching, shared_caches=a.shared_caches)
+                     prefix_caching=a.enable_prefix_caching, shared_caches=a.shared_caches,
+                     caller_cache_bytes=a.caller_cache_mb << 20)
     print(f"specdec: serving on http://{a.host}:{a.port}/v1 (one request at a time; Ctrl-C stops)",
           file=sys.stderr, flush=True)
     serve(app, a.host, a.port, a.log_level)

@@ -5,10 +5,10 @@ A :class:`Model` holds one KV cache and the token ids that cache holds. Prefix r
 are written once, here: :meth:`Model.logits_for` feeds only what the cache lacks of a context, and
 rolling back after a rejection is :meth:`Model.truncate` to a prefix (a key/value entry depends on
 its prefix alone, so this is correct for any accept pattern). A backend implements the few
-primitive operations below (``_append``, ``_crop``, ``_clear``, and for token trees
-``_append_tree``/``_keep``), and declares what it can do in :class:`Capabilities`, which the engine
-checks before generating: an unsupported combination is a one-line error up front, never a failure
-mid-generation.
+primitive operations below (``_append``, ``_crop``, ``_clear``, for token trees
+``_append_tree``/``_keep``, and to copy the cache aside and back ``_state_bytes``/``_save``/``_load``),
+and declares what it can do in :class:`Capabilities`, which the engine checks before generating:
+an unsupported combination is a one-line error up front, never a failure mid-generation.
 
 Backends: :mod:`specdec.models.backends.transformers.model` (transformers, eager PyTorch; CPU or GPU) and
 :mod:`specdec.models.backends.llamacpp.model` (llama.cpp through llama-cpp-python's low-level API; GGUF files).
@@ -83,6 +83,18 @@ class TreeState:
             expect = node
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A copy of a model's cache in host memory (:meth:`Model.snapshot`): the ``tokens`` it holds,
+    the backend's ``state`` of them, its size in ``nbytes``, and the model it belongs to (``owner``:
+    its ``id``; only that model restores it)."""
+
+    tokens: tuple[int, ...]
+    state: object
+    nbytes: int
+    owner: int
+
+
 class Scores(NamedTuple):
     """One pass's output: float32 logits ``[n, V]`` and, when asked for, the final hidden states
     ``[n, H]`` (the LM head's input, after the final norm; else None)."""
@@ -98,8 +110,8 @@ class Model(ABC):
     ``device`` (where logits live), ``vocab_size`` (rows of the LM head), ``vocab_limit`` (rows
     returned: the tokenizer's table), ``max_length`` (context limit or None), ``capabilities``,
     ``tokens`` / ``linear_tokens`` (what the cache holds), ``tree``, ``forward_calls``; the
-    methods :meth:`reset`, :meth:`truncate`, :meth:`forward`, :meth:`logits_for`, :meth:`score`,
-    :meth:`tree_logits`, :meth:`extend_tree`, :meth:`score_tree`, :meth:`keep_path`,
+    methods :meth:`reset`, :meth:`truncate`, :meth:`snapshot`, :meth:`restore`, :meth:`forward`,
+    :meth:`logits_for`, :meth:`score`, :meth:`tree_logits`, :meth:`extend_tree`, :meth:`score_tree`, :meth:`keep_path`,
     :meth:`head_logits`, :meth:`eos_ids`, :meth:`parameter_bytes`, :meth:`cache_bytes`,
     :meth:`close`. Each method has one return type: the ``*_logits``/``forward``/``logits_for``
     family returns logits, :meth:`score` and :meth:`score_tree` a :class:`Scores` (logits and,
@@ -141,6 +153,19 @@ class Model(ABC):
     def _clear(self) -> None:
         """Empty the cache."""
 
+    def _state_bytes(self) -> int | None:
+        """Bytes a copy of the cache's first ``len(self.tokens)`` positions takes (no open tree);
+        None: the backend cannot copy its cache (:meth:`snapshot` then returns None)."""
+        return None
+
+    def _save(self) -> object:
+        """A copy of the cache's first ``len(self.tokens)`` positions in host memory (no open tree)."""
+        raise NotImplementedError
+
+    def _load(self, state: object) -> None:
+        """Make the (empty) cache hold what :meth:`_save` copied."""
+        raise NotImplementedError
+
     def _append_tree(self, linear: list[int], ids: Sequence[int], parents: Sequence[int], first: int, hidden: bool):
         """One pass over ``linear`` (continuing the sequence) and then the new tree nodes
         ``first..`` (already recorded in ``self.tree``); logits of the last linear position (when
@@ -174,6 +199,25 @@ class Model(ABC):
         """Drop an open tree and every position ``>= length`` (``length <= tree.base``)."""
         self._crop(length)
         del self.tokens[length:]
+
+    def snapshot(self, limit: int | None = None) -> Snapshot | None:
+        """A copy of what the cache holds (an open token tree is dropped first), for :meth:`restore`
+        to put back after other text ran; None when the backend cannot copy its cache, or when the
+        copy would take more than ``limit`` bytes (then nothing is copied)."""
+        if self.tree is not None:
+            self.truncate(self.tree.base)
+        size = self._state_bytes()
+        if size is None or (limit is not None and size > limit):
+            return None
+        return Snapshot(tuple(self.tokens), self._save(), int(size), id(self))
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Make the cache hold what :meth:`snapshot` copied (of this model), whatever it holds now."""
+        if snapshot.owner != id(self):
+            raise ValueError(f"{self.name}: a snapshot of another model's cache")
+        self.reset()
+        self._load(snapshot.state)
+        self.tokens = list(snapshot.tokens)
 
     @property
     def linear_tokens(self) -> list[int]:

@@ -6,6 +6,8 @@ Not the high-level ``Llama`` class: with ``logits_all=True`` it keeps ``n_ctx x 
 with the logits flag on exactly the positions asked for, read with ``llama_get_logits_ith``.
 
 - Rollback: ``llama_memory_seq_rm(mem, -1, p0, -1)`` (every sequence, from ``p0`` on).
+- A copy of the cache aside and back (another caller's request ran in between):
+  ``llama_state_seq_get_data``/``llama_state_seq_set_data`` of sequence 0, in a host buffer.
 - Hidden states (DropMatch): the context is switched to embeddings with pooling ``none`` for that
   pass only (llama.cpp then outputs every token of the batch); ``llama_get_embeddings_ith`` gives the
   final hidden state after the output norm, the LM head's input. The LM head itself is read from the
@@ -292,6 +294,22 @@ class LlamaCppModel(Model):
         self._crop(length)  # every sequence, from ``length`` on: the tree's branches go with it
         del self.tokens[length:]
         self._reset_tree_state()
+
+    def _state_bytes(self) -> int:
+        self._crop(len(self.tokens))  # nothing past what the tokens say (a pass that failed midway)
+        return int(self._L.llama_state_seq_get_size(self._ctx, 0))
+
+    def _save(self):
+        """Sequence 0's cells (``llama_state_seq_get_data``), in a host buffer."""
+        size = int(self._L.llama_state_seq_get_size(self._ctx, 0))
+        buf = (ctypes.c_uint8 * size)()
+        if int(self._L.llama_state_seq_get_data(self._ctx, buf, size, 0)) != size:
+            raise RuntimeError(f"{self.name}: llama.cpp could not copy its cache")
+        return buf
+
+    def _load(self, state) -> None:
+        if int(self._L.llama_state_seq_set_data(self._ctx, state, len(state), 0)) == 0:
+            raise RuntimeError(f"{self.name}: llama.cpp could not restore a copy of its cache")
 
     def _reset_tree_state(self) -> None:
         self._seq_of: list[int] = []  # per tree node: the sequence it was placed in (a path through it)

@@ -135,6 +135,32 @@ class HFModel(Model):
         if extra > 0:
             self.cache.crop(-extra)
 
+    def _held_layers(self) -> list | None:
+        """The cache's layers, when each is a plain key/value layer (else None: a sliding-window or
+        static layer is not copied aside)."""
+        from transformers.cache_utils import DynamicLayer
+
+        layers = list(getattr(self.cache, "layers", None) or [])
+        return layers if all(type(layer) is DynamicLayer for layer in layers) else None
+
+    def _state_bytes(self) -> int | None:
+        layers = self._held_layers()
+        if layers is None:
+            return None
+        n = len(self.tokens)
+        return sum(t[..., :n, :].numel() * t.element_size() for layer in layers if layer.is_initialized
+                   for t in (layer.keys, layer.values))
+
+    def _save(self) -> list:
+        n = len(self.tokens)
+        return [(layer.keys[..., :n, :].to("cpu", copy=True), layer.values[..., :n, :].to("cpu", copy=True))
+                if layer.is_initialized else None for layer in self._held_layers()]
+
+    def _load(self, state: list) -> None:
+        for index, held in enumerate(state):
+            if held is not None:
+                self.cache.update(held[0].to(self.device), held[1].to(self.device), index)
+
     # ---------------------------------------------------------------- forward
     @torch.inference_mode()
     def _append(self, ids: Sequence[int], num_logits: int, hidden: bool):

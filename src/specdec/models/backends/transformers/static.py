@@ -133,6 +133,11 @@ class StaticHFModel(HFModel):
         """An index move: the entries past ``length`` stay, stale, until a pass overwrites them."""
         self.slots.length = length
 
+    def _state_bytes(self) -> None:
+        """A static cache is not copied aside (:meth:`~specdec.models.backends.base.Model.snapshot`
+        returns None): another caller's request empties it, as before."""
+        return None
+
     def _reserve(self, needed: int) -> None:
         """Room for ``needed`` tokens: a larger cache (the held entries copied over, every captured
         graph dropped: they read the old one) when the current one is too small."""
