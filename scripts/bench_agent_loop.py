@@ -104,6 +104,9 @@ CONFIGS = {
     "suffix-tree": {"policy": "lossless", "drafter": "suffix-tree"},
     "lookahead": {"policy": "lossless", "drafter": "lookahead"},
 }
+#: llama.cpp's own server (``pip install xllamacpp``) on the same GGUF target, one server per mode, asked
+#: through the same client with the same messages (its prompt cache on, as it is by default)
+SERVER_MODES = ("llama-server", "llama-server-ngram-mod", "llama-server-ngram-simple", "llama-server-ngram-map-k")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -111,7 +114,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--target", default=None, help="target model (default: the bundled target)")
     p.add_argument("--backend", default="auto")
-    p.add_argument("--configs", default="ar,auto,pld,suffix", help=f"comma-separated, of: {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default="ar,auto,pld,suffix",
+                   help=f"comma-separated, of: {', '.join([*CONFIGS, *SERVER_MODES])}")
     p.add_argument("--draft", default="auto", help="draft model for the configurations that use one (auto, model): "
                                                    "auto (the bundled draft, its format chosen by measurement) or none")
     p.add_argument("--max-tokens", type=number_arg(int, 1, 1 << 16), default=96)
@@ -130,39 +134,55 @@ def main(argv=None) -> int:
     from specdec.frontends.server import Limits, create_app, serve_in_thread
 
     names = [c.strip() for c in a.configs.split(",") if c.strip()]
-    unknown = [c for c in names if c not in CONFIGS]
+    unknown = [c for c in names if c not in CONFIGS and c not in SERVER_MODES]
     if unknown:
-        raise SystemExit(f"unknown configuration(s) {unknown}; choose from {', '.join(CONFIGS)}")
+        raise SystemExit(f"unknown configuration(s) {unknown}; choose from {', '.join([*CONFIGS, *SERVER_MODES])}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     reqs = requests()[: a.limit]
     (out / "requests.jsonl").write_text("".join(json.dumps(m) + "\n" for m in reqs))
     target = a.target or DEFAULT_TARGET
-    uses_model = any(CONFIGS[n] and CONFIGS[n]["drafter"] in ("auto", "model") for n in names)
+    uses_model = any(CONFIGS.get(n) and CONFIGS[n]["drafter"] in ("auto", "model") for n in names)
     draft = None if a.draft == "none" or not uses_model else a.draft
     pair = specdec.load(target, draft=draft, backend=a.backend, generation_config="specdec", progress=False)
     # one user's loop: every request shares the suffix cache and k=auto's state (no API key: opted in)
     app = create_app(pair, {"max_new_tokens": a.max_tokens, "temperature": 0.0}, limits=Limits(max_tokens=4096),
                      model_name="agent", shared_caches=True)
     records = []
+    servers = {name: llama_server(name, target) for name in names if name in SERVER_MODES}
     with serve_in_thread(app) as url:
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
+        theirs = {name: openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=3600)
+                  for name, s in servers.items()}
 
-        def ask(messages, spec):
-            extra = {"speculative": spec} if spec is not None else {"speculative": None}
+        def ask(messages, name):
+            """(text, seconds, usage) of one request; llama.cpp's server reports its own counts and
+            times (``timings``), turned into our ``usage.speculative`` fields."""
+            spec = CONFIGS.get(name)
+            extra = {"extra_body": {"speculative": spec}} if name in CONFIGS else {}
             t = time.perf_counter()
-            r = client.chat.completions.create(model="agent", messages=messages, max_tokens=a.max_tokens,
-                                               temperature=0, extra_body=extra)
+            r = (theirs.get(name) or client).chat.completions.create(
+                model="agent", messages=messages, max_tokens=a.max_tokens, temperature=0, **extra)
             seconds = time.perf_counter() - t
             u = r.usage.model_dump()
+            timings = r.model_dump().get("timings")
+            if timings:
+                accepted = timings.get("draft_n_accepted") or 0
+                u["speculative"] = {"drafted": timings.get("draft_n") or 0, "accepted": accepted,
+                                    "rounds": u["completion_tokens"] - accepted,
+                                    "tau": u["completion_tokens"] / max(1, u["completion_tokens"] - accepted),
+                                    "prefill_seconds": timings["prompt_ms"] / 1e3,
+                                    "total_seconds": (timings["prompt_ms"] + timings["predicted_ms"]) / 1e3}
             return r.choices[0].message.content, seconds, u
 
-        ask(reqs[0], None)  # warm-up
+        ask(reqs[0], "ar")  # warm-up
+        for name in servers:
+            ask(reqs[0], name)
         caches = {name: SuffixCache() for name in names}  # each configuration's own, empty at the start
         for i, messages in enumerate(reqs):
             for name in names[i % len(names):] + names[: i % len(names)]:  # interleaved, order rotated per request
                 pair.engine.caches.suffix = caches[name]
-                text, seconds, u = ask(messages, CONFIGS[name])
+                text, seconds, u = ask(messages, name)
                 spec = u.get("speculative") or {}
                 rec = {"config": name, "request": i, "seconds": seconds, "prompt_tokens": u["prompt_tokens"],
                        "completion_tokens": u["completion_tokens"], "tau": spec.get("tau"),
@@ -179,6 +199,14 @@ def main(argv=None) -> int:
     (out / "table.md").write_text(table(summary))
     print(table(summary))
     return 0
+
+
+def llama_server(mode: str, target: str):
+    """llama.cpp's server in ``mode`` on the target's GGUF file (the bench's peer, kept running)."""
+    from specdec.bench.llama_server import LlamaServer
+    from specdec.bench.peers import _threads, gguf_of
+
+    return LlamaServer(mode, gguf_of(target), None, _threads(), {})
 
 
 def summarize(records: list[dict], names: list[str], pair, target: str, a) -> dict:
