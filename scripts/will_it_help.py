@@ -52,6 +52,8 @@ import sys
 import zlib
 from pathlib import Path
 
+from benchmarks_index import folder_probe  # scripts/ is on the path of a script run from it
+
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
 SPEC = Path(__file__).with_suffix(".json")
@@ -158,28 +160,6 @@ def _round(x):
     if x is None:
         return None
     return [round(float(v), 6) for v in x] if isinstance(x, (list, tuple)) else round(float(x), 6)
-
-
-def folder_probe(folder: Path) -> dict | None:
-    """A bench folder's machine state as its runs probed it: the median ``step_ms`` (the bench's
-    one-token speed probe) of its records and the target format they ran; None where the folder
-    records no probe (agent loops, traces, cost tables, early runs)."""
-    path = folder / "results.jsonl"
-    if not path.is_file():
-        return None
-    steps, dtypes = [], set()
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            r = json.loads(line)
-            if r.get("step_ms"):
-                steps.append(float(r["step_ms"]))
-                dtypes.add(str((r.get("dtypes") or {}).get("target")))
-    if not steps:
-        return None
-    steps.sort()
-    mid = len(steps) // 2
-    median = steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
-    return {"step_ms": round(median, 1), "target": ", ".join(sorted(dtypes))}
 
 
 def table_state(costs: str) -> dict:
