@@ -31,15 +31,24 @@ HEAD = """\
 Every folder under `benchmarks/`, one row each, written by `python scripts/benchmarks_index.py`
 from what each folder records (a test checks that the index lists every folder and is what the
 script writes). All were measured on the bundled pair (Qwen2.5-Coder-1.5B-Instruct target,
-Qwen2.5-Coder-0.5B-Instruct draft), or its shapes, on four machine kinds, each folder's kind read
-from the CPU flags (and GPU) it recorded:
+Qwen2.5-Coder-0.5B-Instruct draft), or its shapes, on five machine kinds, each folder's kind read
+from the CPU flags (and GPU) it recorded (where a folder recorded none, the kind its README or name
+gives, marked so):
 
 - **AVX2-only**: 2-core AMD EPYC, `lscpu` flags `avx2 fma f16c`, no `avx512*` (no native bf16);
 - **AVX-512 BF16**: 2-core AMD EPYC, flags `avx2 fma f16c avx512f avx512bw avx512_vnni avx512_bf16`
   (native bf16);
 - **Intel Xeon, AVX-512 BF16 and AMX**: 2-core Intel Xeon (Sapphire Rapids), the flags above and
   `avx512_fp16 avx_vnni amx_tile amx_bf16 amx_int8` (folders named `*-xeon-amx`);
-- **GPU**: one NVIDIA H100 80GB (folders named `*-h100`; its host's CPU flags are not the kind).
+- **GPU: NVIDIA H100 80GB** (folders named `*-h100`) and **GPU: NVIDIA H200** (`gpu-static-h200`):
+  one GPU each; the host's CPU flags are not the kind.
+
+A kind is a set of CPU flags, not a speed: the hosts lent as one kind differed, and one host changed
+state from day to day (the AVX2-only kind's 4-bit target read a one-token step of 35-40 ms on some
+days and 64-82 ms on others). The *one-token step* column gives, for a bench folder whose records
+carry it, the bench's speed probe (the median `step_ms` of its records) and the target's format:
+compare folders of one kind where it agrees, and ratios within a folder, never tokens/s across
+folders.
 
 Kinds of folder, and the command in the last column:
 
@@ -273,8 +282,38 @@ def row(folder: Path) -> tuple[str, str, str, str, str, str]:
 
 
 def machine(folder: Path, shown: str) -> str:
-    """The kind the folder's records show, else ``shown`` (what its README or name says)."""
-    return recorded_kind(folder) or shown
+    """The kind the folder's records show, else ``shown`` (what its README or name says), marked as
+    not recorded."""
+    return recorded_kind(folder) or (shown if shown == "not recorded" else f"{shown} (named; no flags recorded)")
+
+
+def folder_probe(folder: Path) -> dict | None:
+    """A bench folder's machine state as its runs probed it: the median ``step_ms`` (the bench's
+    one-token speed probe) of its records and the target format they ran; None where the folder
+    records no probe (agent loops, traces, cost tables, early runs)."""
+    path = folder / "results.jsonl"
+    if not path.is_file():
+        return None
+    steps, dtypes = [], set()
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            if r.get("step_ms"):
+                steps.append(float(r["step_ms"]))
+                dtypes.add(str((r.get("dtypes") or {}).get("target")))
+    if not steps:
+        return None
+    steps.sort()
+    mid = len(steps) // 2
+    median = steps[mid] if len(steps) % 2 else (steps[mid - 1] + steps[mid]) / 2
+    return {"step_ms": round(median, 1), "target": ", ".join(sorted(dtypes))}
+
+
+def probe_text(folder: Path) -> str:
+    probe = folder_probe(folder)
+    if probe is None:
+        return "not recorded"
+    return f"{probe['step_ms']:.0f} ms ({probe['target'].removeprefix('gguf:')})"
 
 
 def folders() -> list[Path]:
@@ -282,11 +321,13 @@ def folders() -> list[Path]:
 
 
 def render() -> str:
-    lines = [HEAD, "| folder | kind | what it measured | machine | date | command |", "|---|---|---|---|---|---|"]
+    lines = [HEAD, "| folder | kind | what it measured | machine | date | one-token step | command |",
+             "|---|---|---|---|---|---|---|"]
     for f in folders():
         name, kind, what, shown, date, command = row(f)
         what = what.replace("|", "\\|")
-        lines.append(f"| [`{name}`]({name}/) | {kind} | {what} | {machine(f, shown)} | {date} | `{command}` |")
+        lines.append(f"| [`{name}`]({name}/) | {kind} | {what} | {machine(f, shown)} | {date} | {probe_text(f)} | "
+                     f"`{command}` |")
     logs = sorted(p.name for p in BENCH.glob("*.log"))
     if logs:
         lines += ["", "Log files beside the folders (the progress a tune printed, kept with its folder): "

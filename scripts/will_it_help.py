@@ -1,31 +1,45 @@
-"""Write the README's "will it help me" table and its picture from the benchmark folders.
+"""Write the README's "will it help me" tables and their picture from the benchmark folders.
 
-    PYTHONPATH=src python scripts/will_it_help.py           # rewrite the table in README.md and docs/will-it-help.png
+    PYTHONPATH=src python scripts/will_it_help.py           # rewrite the tables in README.md and docs/will-it-help.png
     PYTHONPATH=src python scripts/will_it_help.py --check   # exit 1 when either is not what the folders give
 
-scripts/will_it_help.json holds the rows (a machine kind and weights), the columns (workloads) and,
-per cell, the folder under benchmarks/ it is read from; a cell left out is "not measured". A new
-column is a new key in ``columns`` and in the rows' ``cells``. Kinds of cell:
+scripts/will_it_help.json holds two lists of rows, each a machine kind, its state, the weights and
+the configuration, with a column per workload (``columns``) and, per cell, the folder under
+benchmarks/ it is read from; a cell left out is "not measured":
+
+- ``measured``: timed runs only (cells ``bench``, ``plain``, ``agent``). A replayed or projected cell
+  in a measured row is refused;
+- ``replayed``: traces priced on cost tables (cells ``replay``, ``projection``), each row with the
+  replay's own measured error (``error``: its text and the folder it comes from). A timed cell there
+  is refused.
+
+Every row carries its machine state (``costs``: the cost table measured on that machine in that
+state): the one-token step the runs' speed probe read (the median of the records' ``step_ms``; a
+row whose folders' probes differ by more than 25% says so), and what a 16-token pass of the target
+cost in one-token steps on the table. Rows of one kind and target format whose probed steps differ
+by more than 25% must carry different ``state`` labels (tests/test_figures.py), so that rows set
+side by side are one run or one state. Kinds of cell:
 
 - ``{"bench": FOLDER, "config": ID}``: a ``specdec bench`` folder's configuration against plain
   decoding: the time ratio with its 95% bootstrap interval over the prompts, as ``specdec bench
   --report-only --out benchmarks/FOLDER`` prints it (specdec's summary of the records, on the
-  samples every configuration finished), plain decoding's tokens/s in brackets, and the draft's
+  samples every configuration finished), plain decoding's tokens/s in parentheses, and the draft's
   format where it is not the shipped Q4_K_M. Where the bench withholds the figure (no prompt timed
   at plain decoding's machine speed) the cell says ``withheld``, never a number;
 - ``{"plain": FOLDER}``: a folder that ran plain decoding only: its tokens/s;
+- ``{"agent": FOLDER, "config": NAME}``: an agent-loop folder (``scripts/bench_agent_loop.py``):
+  plain decoding's seconds over NAME's, interval over requests (the loop records no speed probe);
 - ``{"replay": FOLDER/TRACES, "costs": FOLDER, "draft": NAME}``: the traces replayed with today's
   k=auto for draft NAME on the cost tables in ``costs`` (``specdec replay``): plain decoding's
-  replayed seconds over k=auto's, with the same bootstrap interval over the prompts; with
-  ``"portfolio": true``, today's default (``drafter="auto"``: NAME, prompt lookup and suffix);
-- ``{"agent": FOLDER, "config": NAME, "label": TEXT}``: an agent-loop folder
-  (``scripts/bench_agent_loop.py``): plain decoding's seconds over NAME's, interval over requests;
-- ``{"projection": FOLDER, "traces": FILE, "draft": NAME}``: the k=auto figure of ``projection.md``
-  (``scripts/gpu_projection.py project``) for those traces and draft; no interval.
+  replayed seconds over k=auto's, with the same bootstrap interval over the prompts (the prompts'
+  spread, not the replay's error); with ``"portfolio": true``, today's default (``drafter="auto"``:
+  NAME, prompt lookup and suffix);
+- ``{"projection": FOLDER, "traces": FILE, "draft": NAME}``: the k=auto figure of a
+  ``projection.md`` (``scripts/gpu_projection.py project``) for those traces and draft; no interval.
 
 Each row's ``kind`` must be the machine kind its folders recorded (tests/test_figures.py). The
 picture embeds the figures it draws as JSON (the PNG text chunk ``figures``), so the check compares
-table, picture and folders without drawing; drawing needs matplotlib (the ``bench`` extra).
+tables, picture and folders without drawing; drawing needs matplotlib (the ``bench`` extra).
 """
 
 from __future__ import annotations
@@ -37,6 +51,8 @@ import struct
 import sys
 import zlib
 from pathlib import Path
+
+from benchmarks_index import folder_probe  # scripts/ is on the path of a script run from it
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -121,7 +137,7 @@ def _agent(cell: dict) -> dict:
     mine = [by[cell["config"]][q]["seconds"] for q in requests]
     tokens = sum(by["ar"][q]["completion_tokens"] for q in requests)
     return {"how": "measured", "ratio": _round(sum(plain) / sum(mine)), "ci": _round(ratio_of_sums_ci(plain, mine)),
-            "plain_tps": _round(tokens / sum(plain)), "label": cell["label"]}
+            "plain_tps": _round(tokens / sum(plain))}
 
 
 def _projection(cell: dict) -> dict:
@@ -133,13 +149,60 @@ def _projection(cell: dict) -> dict:
     raise SystemExit(f"{cell['projection']}/projection.md has no row for {cell['traces']}, {cell['draft']}")
 
 
-READERS = {"bench": _bench, "plain": _plain, "replay": _replay, "agent": _agent, "projection": _projection}
+READERS = {"bench": _bench, "plain": _plain, "agent": _agent, "replay": _replay, "projection": _projection}
+#: the kinds of cell each table takes
+MEASURED, REPLAYED = ("bench", "plain", "agent"), ("replay", "projection")
+#: how far (max over min) the probed one-token steps of folders set side by side may differ unsaid
+STATE_TOLERANCE = 1.25
 
 
 def _round(x):
     if x is None:
         return None
     return [round(float(v), 6) for v in x] if isinstance(x, (list, tuple)) else round(float(x), 6)
+
+
+def table_state(costs: str) -> dict:
+    """The target's one-token step and its 16-token pass in one-token steps on a cost table file
+    (a ``specdec calibrate --export`` file, or one cached table)."""
+    data = json.loads((BENCH / costs).read_text(encoding="utf-8"))
+    tables = data.get("tables") or [data]
+    table = next((t for t in tables if t.get("role") == "target"), tables[0])
+    seconds = dict(zip(table["widths"], table["seconds"]))
+    return {"table_step_ms": round(seconds[1] * 1000, 1), "pass16_steps": round(seconds[16] / seconds[1], 2),
+            "table": costs}
+
+
+def row_state(row: dict) -> dict:
+    """A row's machine state: its folders' probed one-token steps and its cost table's 16-token pass."""
+    probes = {}
+    for cell in row["cells"].values():
+        name = cell.get("bench") or cell.get("plain")
+        probe = folder_probe(BENCH / name) if name else None
+        if probe:
+            probes[name] = probe["step_ms"]
+    state = {"label": row.get("state"), "probes": probes, **table_state(row["costs"])}
+    if probes:
+        state.update(step_ms=round(sorted(probes.values())[len(probes) // 2], 1),
+                     spread=round(max(probes.values()) / min(probes.values()), 3))
+    return state
+
+
+def state_text(state: dict) -> str:
+    """``N ms; 16 tokens: M steps``: the probed one-token step (a range, said to differ, where the
+    row's runs differ by more than :data:`STATE_TOLERANCE`), else the table's."""
+    probes = state["probes"]
+    low, high = (min(probes.values()), max(probes.values())) if probes else (state["table_step_ms"],) * 2
+    step = f"{_ms(low)}-{_ms(high)} ms" if _ms(low) != _ms(high) else f"{_ms(low)} ms"
+    if not probes:
+        step += " (table)"
+    elif state["spread"] > STATE_TOLERANCE:
+        step = f"runs differ: {step}"
+    return f"{step}; 16 tokens: {state['pass16_steps']:.1f} steps"
+
+
+def _ms(x: float) -> str:
+    return f"{x:.1f}" if x < 10 else f"{x:.0f}"
 
 
 def cell_folders(cell: dict) -> list[str]:
@@ -153,22 +216,32 @@ def load_spec(path: Path = SPEC) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def figures(spec: dict) -> list[dict]:
-    """Per row: its labels, kind, folders and each column's figure (None: not measured)."""
-    out = []
-    for row in spec["rows"]:
-        cells = {}
-        for col in spec["columns"]:
-            cell = row["cells"].get(col)
-            if cell is not None:
-                kind = next(k for k in READERS if k in cell)
-                cells[col] = READERS[kind](cell)
-            else:
-                cells[col] = None
-        folders = list(dict.fromkeys(f for c in row["cells"].values() for f in cell_folders(c)))
-        out.append({"machine": row["machine"], "kind": row["kind"], "weights": row["weights"], "cells": cells,
-                    "folders": folders})
+def _row_figures(spec: dict, row: dict, table_name: str) -> dict:
+    allowed = MEASURED if table_name == "measured" else REPLAYED
+    cells = {}
+    for col in spec["columns"]:
+        cell = row["cells"].get(col)
+        if cell is None:
+            cells[col] = None
+            continue
+        kind = next(k for k in READERS if k in cell)
+        if kind not in allowed:
+            raise SystemExit(f"a {kind} cell ({row['machine']}, {row['weights']}, {col}) does not belong in "
+                             f"the {table_name} table")
+        cells[col] = READERS[kind](cell)
+    folders = [f for c in row["cells"].values() for f in cell_folders(c)]
+    folders = list(dict.fromkeys([*folders, row["costs"].split("/")[0], *row.get("error_folders", ())]))
+    out = {"table": table_name, "machine": row["machine"], "kind": row["kind"], "weights": row["weights"],
+           "cells": cells, "folders": folders, "state": row_state(row)}
+    if table_name == "replayed":
+        out["error"] = row["error"]
     return out
+
+
+def figures(spec: dict) -> list[dict]:
+    """Per row of both tables: its labels, kind, machine state, folders and each column's figure
+    (None: not measured)."""
+    return [_row_figures(spec, row, name) for name in ("measured", "replayed") for row in spec[name]]
 
 
 def cell_text(fig: dict | None) -> str:
@@ -185,7 +258,7 @@ def cell_text(fig: dict | None) -> str:
         text += f" [{fig['ci'][0]:.2f}, {fig['ci'][1]:.2f}]"
     if fig.get("plain_tps") is not None:
         text += f" ({fig['plain_tps']:.1f}{draft})"
-    return f"{fig['label']} {text}" if fig.get("label") else text
+    return text
 
 
 def folders_text(folders: list[str]) -> str:
@@ -214,14 +287,29 @@ def _common(a: str, b: str) -> str:
     return a[:n]
 
 
+def _machine(f: dict) -> str:
+    return f"{f['machine']}, {f['state']['label']}" if f["state"].get("label") else f["machine"]
+
+
 def table(spec: dict, figs: list[dict]) -> str:
-    """The README's table, between its markers."""
+    """The README's two tables (measured; replayed and projected), between its markers."""
     titles = list(spec["columns"].values())
-    lines = [MARK, "| machine | weights | " + " | ".join(titles) + " | folders (`benchmarks/`) |",
-             "|---|---|" + "---:|" * len(titles) + "---|"]
-    for f in figs:
+    head = " | ".join(titles)
+    lines = [MARK, "", "Measured (timed runs):", "",
+             f"| machine, state | weights, configuration | one-token step; 16-token pass | {head} | folders (`benchmarks/`) |",
+             "|---|---|---|" + "---:|" * len(titles) + "---|"]
+    for f in (f for f in figs if f["table"] == "measured"):
         cells = " | ".join(cell_text(f["cells"][c]) for c in spec["columns"])
-        lines.append(f"| {f['machine']} | {f['weights']} | {cells} | {folders_text(f['folders'])} |")
+        lines.append(f"| {_machine(f)} | {f['weights']} | {state_text(f['state'])} | {cells} | "
+                     f"{folders_text(f['folders'])} |")
+    lines += ["", "Replayed and projected (traces priced on cost tables: not timed runs):", "",
+              f"| machine | weights, what is priced | one-token step; 16-token pass (table) | the replay's own error | "
+              f"{head} | folders (`benchmarks/`) |",
+              "|---|---|---|---|" + "---:|" * len(titles) + "---|"]
+    for f in (f for f in figs if f["table"] == "replayed"):
+        cells = " | ".join(cell_text(f["cells"][c]) for c in spec["columns"])
+        lines.append(f"| {_machine(f)} | {f['weights']} | {state_text(f['state'])} | {f['error']} | {cells} | "
+                     f"{folders_text(f['folders'])} |")
     return "\n".join([*lines, END])
 
 
@@ -253,7 +341,8 @@ def picture_figures(path: Path | None = None) -> list | None:
 
 
 def draw(spec: dict, figs: list[dict], path: Path | None = None) -> None:
-    """Time against plain decoding per machine kind, weights and workload, intervals drawn."""
+    """Time against plain decoding per machine kind, weights, configuration and workload, intervals
+    drawn; measured points filled, replayed and projected ones hollow."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -264,10 +353,10 @@ def draw(spec: dict, figs: list[dict], path: Path | None = None) -> None:
     style = {"measured": ("o", "C0"), "replayed": ("D", "C1"), "projected": ("s", "C2")}
     shown = set()
     for y, (f, col, c) in enumerate(reversed(points)):
-        what = spec["columns"][col] + (f" ({c['label']})" if c.get("label") else "")
-        label = f"{_short(f['machine'])}, {_short(f['weights'])}: {what}"
+        label = f"{_short(_machine(f))}, {_short(f['weights']).split(':')[0]}: {spec['columns'][col]}"
         ax.text(0.0, y, label + "  ", ha="right", va="center", fontsize=8, transform=ax.get_yaxis_transform())
-        if y and f["kind"] != points[len(points) - y][0]["kind"]:
+        above = points[len(points) - y][0] if y else None
+        if above is not None and (f["kind"], f["table"]) != (above["kind"], above["table"]):
             ax.axhline(y - 0.5, color="0.85", lw=0.8)
         if c.get("ratio") is None:
             note = {"plain only": f"plain decoding only ({c.get('plain_tps') or 0:.1f} tokens/s)",
@@ -277,15 +366,16 @@ def draw(spec: dict, figs: list[dict], path: Path | None = None) -> None:
         marker, color = style[c["how"]]
         err = None if not c.get("ci") else [[c["ratio"] - c["ci"][0]], [c["ci"][1] - c["ratio"]]]
         ax.errorbar(c["ratio"], y, xerr=err, fmt=marker, color=color, capsize=3, mfc=color if c["how"] == "measured" else "white",
-                    label=None if c["how"] in shown else {"measured": "measured, 95% interval over prompts",
-                                                          "replayed": "replayed with today's k=auto, 95% interval",
-                                                          "projected": "projected (no interval)"}[c["how"]])
+                    label=None if c["how"] in shown else {
+                        "measured": "measured, 95% interval over prompts",
+                        "replayed": "replayed on cost tables (interval: prompts only, not the replay's error)",
+                        "projected": "projected on a GPU's pass costs (no interval)"}[c["how"]])
         shown.add(c["how"])
     ax.axvline(1.0, color="0.4", lw=1, ls="--")
     ax.set_yticks([])
     ax.set_ylim(-0.7, len(points) - 0.3)
-    ax.set_xlabel("time of plain decoding / time of the default (above 1: sooner)")
-    ax.set_title("Will specdec's default make my generation faster? (llama.cpp unless noted; bundled pair)", fontsize=9)
+    ax.set_xlabel("time of plain decoding / time of the row's configuration (above 1: sooner)")
+    ax.set_title("Will speculation make my generation faster? (llama.cpp unless noted; bundled pair)", fontsize=9)
     ax.legend(loc="lower right", fontsize=8)
     fig.savefig(PICTURE if path is None else path, dpi=110, bbox_inches="tight", metadata={"figures": json.dumps(figs, sort_keys=True)})
     plt.close(fig)
@@ -304,7 +394,7 @@ def main(argv: list[str]) -> int:
     if "--check" in argv:
         problems = []
         if readme_table(text) != want:
-            problems.append("README.md's table is not what the folders give")
+            problems.append("README.md's tables are not what the folders give")
         if picture_figures() != json.loads(json.dumps(figs, sort_keys=True)):
             problems.append(f"{PICTURE.name} does not draw what the folders give")
         for p in problems:
@@ -315,7 +405,7 @@ def main(argv: list[str]) -> int:
         raise SystemExit(f"README.md has no {BEGIN} ... {END} block")
     README.write_text(text.replace(old, want), encoding="utf-8")
     draw(spec, figs)
-    print(f"wrote README.md's table and {PICTURE.relative_to(ROOT)} ({len(figs)} rows)")
+    print(f"wrote README.md's tables and {PICTURE.relative_to(ROOT)} ({len(figs)} rows)")
     return 0
 
 

@@ -454,11 +454,29 @@ def test_every_pip_install_names_the_distribution():
     bad = []
     for where, text, targets in lines:
         for w in targets:
-            ours = w == DISTRIBUTION or w.startswith(f"{DISTRIBUTION}[") or w == "." or w.startswith(".[")
+            ours = w == DISTRIBUTION or w.startswith(f"{DISTRIBUTION}[") or w == "." or w.startswith(".[") \
+                or bool(WHEEL_PATH.match(w))
             if not ours and not OTHER_PROJECTS.match(w):
                 bad.append(f"{where}: {text!r} installs {w!r}")
     assert not bad, "\n".join(bad)
     assert any(w.startswith(f"{DISTRIBUTION}[") for _, _, t in lines for w in t)
+
+
+#: a wheel built from this checkout, installed by its path (``"$(echo dist/specdec_rules-*.whl)[llama]"``)
+WHEEL_PATH = re.compile(r"^(\$\(echo )?dist/specdec_rules-[^/\s]*\.whl\)?(\[[\w,-]+\])?$")
+
+
+def test_a_wheel_built_here_is_installed_by_its_path():
+    """Outside the checkout the docs install the wheel built here by its path: installing
+    ``specdec-rules`` by name with ``--find-links`` also searches PyPI, where a higher version
+    published by anyone would win."""
+    lines = _pip_installs()
+    by_name = [f"{where}: {text}" for where, text, targets in lines
+               if "--find-links" in text and any(w.startswith(DISTRIBUTION) for w in targets)]
+    assert by_name == []
+    assert any(WHEEL_PATH.match(w) for _, _, targets in lines for w in targets)
+    assert WHEEL_PATH.match('$(echo dist/specdec_rules-*.whl)[models,llama]')
+    assert not WHEEL_PATH.match("specdec-rules[models]")
 
 
 def test_the_readme_fits_a_screenful_or_three():

@@ -60,7 +60,8 @@ def test_the_wheel_is_specdec_rules_at_the_package_version(wheel):
     meta = _metadata(wheel)
     assert wheel.name.startswith("specdec_rules-")
     assert meta["Name"] == DISTRIBUTION
-    assert meta["Version"] == specdec.__version__ == "0.2.0"
+    pyproject = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(encoding="utf-8"), flags=re.M)
+    assert meta["Version"] == specdec.__version__ == pyproject.group(1)
     assert "Apache-2.0" in (meta.get("License-Expression") or meta.get("License") or "")
     assert set(meta.get_all("Provides-Extra")) == EXTRAS
     requires = meta.get_all("Requires-Dist")
@@ -110,11 +111,19 @@ def test_no_install_hint_names_the_other_project():
 
 
 def test_the_changelog_opens_with_this_version():
-    """Its first section is this version's, or an "Unreleased" one (changes since) right before it."""
+    """Its first section is this version's, or an "Unreleased" one (changes since) right before it; a
+    development version (``X.Y.Z.devN``, what a checkout past a release carries) opens with
+    "Unreleased", and its release is newer than the last one listed."""
     import specdec
 
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     sections = re.findall(r"^## (\S+)", text, flags=re.M)
     released = sections[1:] if sections[:1] == ["Unreleased"] else sections
-    assert released and released[0] == specdec.__version__, sections[:2]
     assert "Unreleased" not in released
+    if ".dev" in specdec.__version__:
+        def parts(v):
+            return tuple(int(x) for x in v.split(".dev")[0].split("."))
+        assert sections[:1] == ["Unreleased"], sections[:2]
+        assert released and parts(specdec.__version__) > parts(released[0]), (specdec.__version__, released[0])
+    else:
+        assert released and released[0] == specdec.__version__, sections[:2]

@@ -17,7 +17,7 @@ from .errors import SpecdecError
 from .core.sampling import SamplingParams
 from .core.stats import Stats
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
 
 __all__ = [
     "Constraint", "DecodeConfig", "Engine", "Generation", "Output", "Pair", "SamplingParams", "SpecdecError", "Stats",
