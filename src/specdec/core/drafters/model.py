@@ -10,7 +10,7 @@ import torch
 
 from ...checks import check_options, option
 from ...models.backends.base import Model, common_prefix
-from ..sampling import SamplingParams, draw, probabilities
+from ..sampling import SamplingParams, device_chooser, draw, probabilities
 from ..window import AUTO_WINDOW, window_start  # noqa: F401 (window_start re-exported for the drafters)
 from .base import Draft, Drafter
 
@@ -116,6 +116,12 @@ class ModelDrafter(Windowed, Drafter):
     ) -> Draft:
         fed = self.backlog(context)
         logits = self.lm.logits_for(self.view(context), 1)[0]  # [V]
+        if self.guide is None and k > 1:
+            sampled = not params.greedy
+            block = self.lm.draft_block(logits, k, device_chooser(params), (params.temperature, params.top_k, params.top_p),
+                                        sampled, generator)
+            if block is not None:
+                return self.cut(block, fed)
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
@@ -138,6 +144,22 @@ class ModelDrafter(Windowed, Drafter):
                 self.guide.advance([token])
             logits = self.lm.forward([token])[0]
         return Draft(tokens, torch.stack(rows) if rows else None, torch.stack(raw), fed=fed)
+
+    def cut(self, block, fed: int) -> Draft:
+        """A draft block run on the device (``lm.draft_block``) cut where the host loop would have
+        stopped: after a token the rules above stop at (each draft's probability still shown to
+        the K policy up to there), an end-of-sequence token, or a stop request; the tokens fed
+        past the cut are dropped from the draft model's cache (an index move)."""
+        tokens, p, p1, raw, q = block
+        n = len(tokens)
+        for i, token in enumerate(tokens):
+            more = self.more(i + 1, p[i])
+            if (not more or (self.min_confidence > 0 and p1[i] < self.min_confidence) or token in self.stop_ids
+                    or self.stopping()):
+                n = i + 1
+                break
+        self.lm.truncate(len(self.lm.tokens) - (len(tokens) - n))
+        return Draft(tokens[:n], q[:n] if q is not None else None, raw[:n], fed=fed)
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         view = self.view(context)
