@@ -192,7 +192,8 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     path = a.out / "passes.json"
     data = json.loads(path.read_text()) if path.exists() else {"rows": []}
-    data.update(device=torch.cuda.get_device_name(0) if DEVICE == "cuda" else "cpu", torch=torch.__version__, context=CONTEXT)
+    gpu = torch.cuda.get_device_name(0) if DEVICE == "cuda" else None
+    data.update(device=gpu or "cpu", gpu=gpu, torch=torch.__version__, context=CONTEXT)
     widths, ks = [int(w) for w in a.widths.split(",")], [int(k) for k in a.ks.split(",")]
     for kind in a.kinds.split(","):
         for role in a.roles.split(","):
