@@ -108,6 +108,14 @@ def test_the_greedy_draft_loop_equals_the_host_loop(options):
     assert loop.probs is None and host.probs is None
 
 
+def test_a_draft_longer_than_its_first_block_goes_on_in_the_next():
+    draft = perturbed_copy(tiny_model(1), 0.1, 11)
+    loop, loop_tokens = drafts(with_loop(draft), 7, SamplingParams(temperature=0.9), seed=1)
+    assert len(loop.tokens) == 7 and loop_tokens[-6:] == loop.tokens[:6]  # blocks of 4 and 3, each fed
+    assert loop.probs.shape == loop.logits.shape == (7, 259)
+    torch.testing.assert_close(loop.probs.sum(-1), torch.ones(7))
+
+
 def test_the_draft_loop_is_cut_where_the_k_policy_stops_and_shows_it_each_probability():
     draft = with_loop(tiny_model(2))
     drafter = ModelDrafter(draft)
@@ -120,7 +128,7 @@ def test_the_draft_loop_is_cut_where_the_k_policy_stops_and_shows_it_each_probab
     assert draft.tokens == context + out.tokens[:2]  # the fed tokens past the cut are gone
     softmax = torch.softmax(out.logits, -1)
     assert [p for _, p in shown] == [round(float(softmax[i, t]), 6) for i, t in enumerate(out.tokens)]
-    assert draft.loop.replays == 1
+    assert draft.loop.replays == 1 and drafter.block == 3  # the next round's first block: this one's length
 
 
 def test_the_gumbel_max_choice_draws_from_the_sampling_distribution():
