@@ -39,15 +39,15 @@ class PositionK(PortfolioK):
 
     better = False
 
-    def _copy(self, offer, room):
-        n = min(len(offer.tokens), room, MAX_K - 1)  # K drafts: a pass of K + 1, the widest measured MAX_K
-        if n <= self.window:
+    def _copy(self, offer, room, table=None, ks=frozenset()):
+        n = min(len(offer.tokens), room, (table.widest if table is not None else MAX_K) - 1)  # K + 1: measured
+        if n <= self.window or table is None:
             return 0, 0.0
         est = self.mine.setdefault(offer.source, AcceptanceEstimate())
-        k, rate = best_k_rate(self.priced.forward, 0.0, est.rates(n), n, k_min=self.window + 1, allow_zero=False,
-                              allowed=self.allowed | {n})
+        k, rate = best_k_rate(table.forward, 0.0, est.rates(n), n, k_min=self.window + 1, allow_zero=False,
+                              allowed=ks | {n})
         if self.better:
-            k1, r1 = super()._copy(offer, room)
+            k1, r1 = super()._copy(offer, room, table, ks)
             return (k, rate) if rate > r1 else (k1, r1)
         return k, rate
 

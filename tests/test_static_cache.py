@@ -62,8 +62,13 @@ def test_seeded_sampling_on_the_static_cache_repeats_and_matches_the_dynamic_cac
     d = perturbed_copy(t, 0.2, 4)
     cfg = DecodeConfig(drafter="model", k=4, max_new_tokens=30, sampling=SamplingParams(temperature=0.8, seed=5))
     dynamic = Engine(HFModel(t), HFModel(d), eos_ids=[258]).generate([1, 2, 3, 4], cfg).token_ids
-    static = Engine(static_with_graphs(t), static_with_graphs(d), eos_ids=[258])
+    static = Engine(StaticHFModel(t), StaticHFModel(d), eos_ids=[258])
     assert static.generate([1, 2, 3, 4], cfg).token_ids == dynamic == static.generate([1, 2, 3, 4], cfg).token_ids
+    # with graphs the draft's steps run as one loop, drawing by Gumbel-max (other draws, the same law:
+    # tests/test_fused_step.py): a seed still repeats
+    graphs = Engine(static_with_graphs(t), static_with_graphs(d), eos_ids=[258])
+    assert graphs.generate([1, 2, 3, 4], cfg).token_ids == graphs.generate([1, 2, 3, 4], cfg).token_ids
+    assert graphs.draft.loop.replays > 0
 
 
 # ----------------------------------------------------------------------------- the cache itself
@@ -174,11 +179,19 @@ def test_the_options_choose_how_passes_run():
     on_cpu = choose_execution("on", "auto", "cpu")
     assert on_cpu.static and on_cpu.graph_width == 0 and "no CUDA graphs (they need CUDA)" in on_cpu.why
     cuda = choose_execution("auto", "auto", "cuda")
-    assert cuda.static and cuda.graph_width == 16 and cuda.fingerprint() == {"kv_cache": "static", "graphs": 16}
+    assert cuda.static and cuda.graph_width == 16 and cuda.fingerprint() == {"kv_cache": "static", "graphs": 16,
+                                                                                        "step": "fused"}
     eager = choose_execution(True, "off", torch.device("cuda:0"))
     assert eager.static and eager.graph_width == 0 and "cuda_graphs=off" in eager.why
     assert choose_execution("off", "auto", "cuda").why == "dynamic KV cache (static_cache=off)"
-    assert cpu.fingerprint() == {} and on_cpu.fingerprint() == {"kv_cache": "static"}
+    assert cpu.fingerprint() == {} and on_cpu.fingerprint() == {"kv_cache": "static", "step": "fused"}
+    compiled = choose_execution("auto", "auto", "cuda", compile_step="on")
+    assert compiled.compiled and compiled.fingerprint()["step"] == "fused+compiled" and "the step compiled" in compiled.why
+    assert not cuda.compiled
+    with pytest.raises(SpecdecError, match="compile_step=on needs the static KV cache"):
+        choose_execution("auto", "auto", "cpu", compile_step="on")
+    with pytest.raises(SpecdecError, match="static_cache=off was given"):
+        choose_execution("off", "auto", "cuda", compile_step="on")
     with pytest.raises(SpecdecError, match="cuda_graphs=on needs a CUDA device, not cpu"):
         choose_execution("auto", "on", "cpu")
     with pytest.raises(SpecdecError, match="cuda_graphs=on needs the static KV cache"):
@@ -269,4 +282,4 @@ def test_the_backend_fingerprint_of_the_defaults_follows_the_device(monkeypatch)
     backend = REGISTRY.get("transformers")
     assert "kv_cache" not in backend.fingerprint("cpu")
     monkeypatch.setattr(costmodel, "fingerprint", lambda device, extra=None: dict(extra or {}, device=str(device)))
-    assert backend.fingerprint("cuda") == {"kv_cache": "static", "graphs": 16, "device": "cuda"}
+    assert backend.fingerprint("cuda") == {"kv_cache": "static", "graphs": 16, "step": "fused", "device": "cuda"}

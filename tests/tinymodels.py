@@ -59,7 +59,7 @@ def tiny_config(vocab_size: int = 259, layers: int = 2, hidden: int = 64, max_po
 
     return Qwen2Config(
         vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_positions,
+        num_attention_heads=4, num_key_value_heads=kw.pop("num_key_value_heads", 2), max_position_embeddings=max_positions,
         tie_word_embeddings=False, initializer_range=kw.pop("initializer_range", 0.02),
         eos_token_id=258 if vocab_size > 258 else None, bos_token_id=None,
         pad_token_id=256 if vocab_size > 256 else None, **kw,

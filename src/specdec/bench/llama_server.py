@@ -137,11 +137,9 @@ def request_body(prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tok
     return body
 
 
-def server_for(pair, mode: str, params: dict, threads: int, models) -> LlamaServer:
-    """The run's server for ``mode`` and ``params`` on the pair's GGUF files, started once (kept in
-    ``models.servers``)."""
-    from .peers import gguf_of
-
+def server_for(pair, mode: str, params: dict, threads: int, models, gguf_of) -> LlamaServer:
+    """The run's server for ``mode`` and ``params`` on the pair's GGUF files (``gguf_of(source)``),
+    started once (kept in ``models.servers``)."""
     key = (mode, tuple(sorted(params.items())), threads)
     if key not in models.servers:
         draft = gguf_of(pair.draft_name) if mode == "llama-server-draft" and pair.draft_name else None
@@ -151,15 +149,13 @@ def server_for(pair, mode: str, params: dict, threads: int, models) -> LlamaServ
 
 def run_llama_server(pair, peer, prompt_ids: Sequence[int], stops: Sequence[str], *, max_new_tokens: int,
                      temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
-                     models, threads: int, defaults: dict) -> dict[str, Any]:
+                     models, threads: int, defaults: dict, gguf_of, cut) -> dict[str, Any]:
     """One generation by llama.cpp's server in ``peer``'s mode (module docstring): its text and
-    token ids cut as ours are (through the first EOS, before the first stop string), the request's
-    wall time, and its own counts (``timings``) in the settings."""
-    from .peers import _cut_tokens
-
+    token ids cut as ours are (``cut(pair, ids, eos, stops)``: through the first EOS, before the
+    first stop string), the request's wall time, and its own counts (``timings``) in the settings."""
     params = {**defaults, **peer.params}
     threads = int(params.pop("n_threads", 0) or threads)
-    server = server_for(pair, peer.policy, params, threads, models)
+    server = server_for(pair, peer.policy, params, threads, models, gguf_of)
     body = request_body(prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                         top_k=top_k, seed=seed)
     start = time.perf_counter()
@@ -170,7 +166,7 @@ def run_llama_server(pair, peer, prompt_ids: Sequence[int], stops: Sequence[str]
     if res.get("stop_type") == "eos" and eos and (not new or new[-1] not in eos):
         new.append(int(eos[0]))  # the server leaves the end-of-generation token out; ours keeps it
     produced = len(new)
-    new, finish, text = _cut_tokens(pair, new, eos, stops)
+    new, finish, text = cut(pair, new, eos, stops)
     if finish == "length" and res.get("stop_type") in ("word", "eos"):
         finish = "stop"
     timings = res.get("timings") or {}

@@ -278,7 +278,7 @@ def run_peer(
     if peer.policy in MODES:
         return run_llama_server(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                                 top_p=top_p, top_k=top_k, seed=seed, models=models, threads=_threads(),
-                                defaults=PEERS[peer.policy]["defaults"])
+                                defaults=PEERS[peer.policy]["defaults"], gguf_of=gguf_of, cut=_cut_tokens)
     if peer.policy == "llama-cpp-spec":
         return run_llama_spec(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                               top_p=top_p, top_k=top_k, seed=seed)

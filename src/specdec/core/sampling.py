@@ -135,6 +135,31 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def gumbel(uniform: torch.Tensor) -> torch.Tensor:
+    """Gumbel(0, 1) noise from uniform draws in [0, 1): ``argmax(log q + g)`` is a draw from ``q``."""
+    return -torch.log(-torch.log(uniform.clamp_min(torch.finfo(uniform.dtype).tiny)))
+
+
+def device_chooser(params: SamplingParams):
+    """One draft step's choice with no host work (a draft loop captured on the device):
+    ``choose(raw [V], noise [V] or None) -> (token, p, p1, q)``: the argmax at T=0, else a
+    Gumbel-max draw from :func:`probabilities` (exactly a draw from ``q``); ``p`` the probability
+    the token was drawn with (T=0: the softmax at T=1), ``p1`` its softmax at T=1, ``q`` the
+    sampling distribution (None at T=0)."""
+
+    def choose(raw: torch.Tensor, noise: torch.Tensor | None):
+        soft = torch.softmax(raw, dim=-1)
+        if params.greedy:
+            token = raw.argmax(-1, keepdim=True)  # [1]: gathered, never indexed (an index reads it on the host)
+            p = soft.gather(0, token)[0]
+            return token[0], p, p, None
+        q = probabilities(raw[None], params)[0]
+        token = (torch.log(q) + gumbel(noise)).argmax(-1, keepdim=True)
+        return token[0], q.gather(0, token)[0], soft.gather(0, token)[0], q
+
+    return choose
+
+
 def next_token(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """The next token from one row of logits ``[V]``: argmax at T=0, else a draw."""
     if params.greedy:

@@ -10,7 +10,7 @@ import torch
 
 from ...checks import check_options, option
 from ...models.backends.base import Model, common_prefix
-from ..sampling import SamplingParams, draw, probabilities
+from ..sampling import SamplingParams, device_chooser, draw, probabilities
 from ..window import AUTO_WINDOW, window_start  # noqa: F401 (window_start re-exported for the drafters)
 from .base import Draft, Drafter
 
@@ -116,6 +116,10 @@ class ModelDrafter(Windowed, Drafter):
     ) -> Draft:
         fed = self.backlog(context)
         logits = self.lm.logits_for(self.view(context), 1)[0]  # [V]
+        if self.guide is None and k > 1:
+            draft = self.on_device(logits, k, params, generator, fed)
+            if draft is not None:
+                return draft
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         raw: list[torch.Tensor] = []
@@ -138,6 +142,50 @@ class ModelDrafter(Windowed, Drafter):
                 self.guide.advance([token])
             logits = self.lm.forward([token])[0]
         return Draft(tokens, torch.stack(rows) if rows else None, torch.stack(raw), fed=fed)
+
+    #: the draft loop's first block: the last round's draft length (at least 2), 4 at first
+    block = 4
+
+    def on_device(self, logits: torch.Tensor, k: int, params: SamplingParams, generator: torch.Generator | None,
+                  fed: int) -> Draft | None:
+        """The K steps as blocks run on the device (``lm.draft_block``; None where the model has no
+        such loop), each read back once and cut where the host loop would have stopped; a block
+        that ran out before a stop is followed by the next, from its last token's logits. A
+        block's size is the last round's draft length, so k=auto (whose K is the most it could
+        want) rarely runs steps past its stop."""
+        sampled, key = not params.greedy, (params.temperature, params.top_k, params.top_p)
+        tokens, probs, raws = [], [], []
+        size = min(k, max(2, self.block))
+        while True:
+            block = self.lm.draft_block(logits, size, device_chooser(params), key, sampled, generator)
+            if block is None:
+                return None
+            n, stop = self.cut(block, len(tokens))
+            tokens += block[0][:n]
+            raws.append(block[3][:n])
+            probs.append(block[4][:n] if sampled else None)
+            if stop or len(tokens) >= k:
+                break
+            logits = self.lm.forward([tokens[-1]])[0]
+            size = min(size, k - len(tokens))
+        self.block = len(tokens)
+        return Draft(tokens, torch.cat(probs) if sampled else None, torch.cat(raws), fed=fed)
+
+    def cut(self, block, before: int) -> tuple[int, bool]:
+        """How many of a device block's drafts to keep (``before``: drafts kept from earlier blocks)
+        and whether drafting stops there: after a token the rules above stop at (each draft's
+        probability shown to the K policy up to there), an end-of-sequence token, or a stop
+        request. The tokens fed past the cut leave the draft model's cache (an index move)."""
+        tokens, p, p1 = block[:3]
+        n, stop = len(tokens), False
+        for i, token in enumerate(tokens):
+            more = self.more(before + i + 1, p[i])
+            if (not more or (self.min_confidence > 0 and p1[i] < self.min_confidence) or token in self.stop_ids
+                    or self.stopping()):
+                n, stop = i + 1, True
+                break
+        self.lm.truncate(len(self.lm.tokens) - (len(tokens) - n))
+        return n, stop
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         view = self.view(context)

@@ -319,6 +319,16 @@ class Model(ABC):
         self.tokens = [*self.tokens[: tree.base], *(self.tokens[tree.base + n] for n in path)]
 
     # ------------------------------------------------------------ the rest
+    def draft_block(self, first: torch.Tensor, k: int, choose, key, sampled: bool,
+                    generator: torch.Generator | None):
+        """The ``k`` draft steps after ``first`` (logits ``[V]``) run on the device in one go, each
+        token chosen by ``choose`` (:func:`specdec.core.sampling.device_chooser`; ``key`` names it,
+        ``sampled``: it reads uniform noise drawn by ``generator``) and fed to the next step: the
+        first ``k - 1`` tokens are appended, as ``forward`` would. Returns ``(tokens, p, p1, raw
+        [k, V], q [k, V] or None)`` (lists read back in one copy), or None where a model has no such
+        loop (the drafter steps from the host)."""
+        return None
+
     def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The LM head applied to hidden states ``[..., H]`` -> float32 logits ``[..., V]``."""
         raise SpecdecError(f"{self.name}: the {self.backend} backend cannot apply its LM head to hidden states")

@@ -146,7 +146,8 @@ class CostTable:
                    spread=[float(x) for x in d.get("spread") or []], noisy=str(d.get("noisy") or ""),
                    stale=str(d.get("stale") or ""), context_slope=float(d.get("context_slope") or 0.0),
                    long_read=_long_read(d.get("long_read")), format=int(d["format"]),
-                   wide_context=int(d.get("wide_context") or 0), wide_widths=[int(w) for w in d.get("wide_widths") or []],
+                   wide_context=int(d.get("wide_context") or 0),
+                   wide_widths=[int(w) for w in d.get("wide_widths") or []],
                    wide_seconds=[float(x) for x in d.get("wide_seconds") or []])
 
 

@@ -49,6 +49,10 @@ class TransformersOptions:
     cuda_graphs: str = option("auto", choices=SWITCHES, check=_switch,
                               help="replay short passes (verify, draft steps) as captured CUDA graphs, on the static "
                                    "cache (default: auto = on for CUDA; on needs a CUDA device)")
+    compile_step: str = option("auto", choices=SWITCHES, check=_switch,
+                               help="compile the static cache's fused step with torch.compile inside its graphs "
+                                    "(about 2x faster passes on a GPU, 15-25 s of compiling per pass width at its "
+                                    "first use; default: auto = off; on needs the static cache)")
 
 
 class TransformersBackend(Backend):
@@ -75,7 +79,8 @@ class TransformersBackend(Backend):
         from .model import output_rows
 
         target, draft, dev = req.target, req.draft, req.device
-        plan = choose_execution(req.options.get("static_cache", "auto"), req.options.get("cuda_graphs", "auto"), dev)
+        plan = choose_execution(req.options.get("static_cache", "auto"), req.options.get("cuda_graphs", "auto"), dev,
+                                req.options.get("compile_step", "auto"))
         chosen = choose_variants(req, plan)
         t = materialize(target, chosen.target, dev, chosen.measured["target"], progress=req.progress,
                         table=chosen.tables["target"].get(chosen.target))

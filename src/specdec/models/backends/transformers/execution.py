@@ -41,6 +41,8 @@ class Execution:
     why: str = "dynamic KV cache"
     #: the option was ``on`` (a model the static cache cannot hold is then an error, not a fallback)
     required: bool = False
+    #: the fused step compiled (``torch.compile``) inside the graphs (``compile_step=on``)
+    compiled: bool = False
 
     def for_config(self, config) -> "Execution":
         """This plan for a model with ``config``: the dynamic cache, and why, when the static cache
@@ -54,10 +56,14 @@ class Execution:
             raise SpecdecError(f"static_cache=on: {refusal}; use static_cache=off")
         return Execution(why=f"dynamic KV cache ({refusal})")
 
+    def step_kind(self) -> str:
+        """The step this plan runs where the fused step can: ``fused`` or ``fused+compiled``."""
+        return "fused+compiled" if self.compiled else "fused"
+
     def fingerprint(self) -> dict:
         """What this way of running adds to a cost table's fingerprint (nothing for the dynamic
         cache: its tables keep their old key)."""
-        return static_fingerprint(self.graph_width) if self.static else {}
+        return static_fingerprint(self.graph_width, self.step_kind()) if self.static else {}
 
     def wrap(self, model: torch.nn.Module, name: str, vocab_limit: int | None = None) -> HFModel:
         """``model`` as a :class:`~specdec.models.backends.base.Model` run this way."""
@@ -67,20 +73,28 @@ class Execution:
         if self.graph_width:
             def graphs(step, device):
                 return WidthGraphs(step, device, max_width=self.graph_width)
-        return StaticHFModel(model, name, vocab_limit=vocab_limit, graphs=graphs)
+        return StaticHFModel(model, name, vocab_limit=vocab_limit, graphs=graphs, compile_step=self.compiled)
 
 
-def choose_execution(static_cache="auto", cuda_graphs="auto", device: torch.device | str = "cpu") -> Execution:
+def choose_execution(static_cache="auto", cuda_graphs="auto", device: torch.device | str = "cpu",
+                     compile_step="auto") -> Execution:
     """The plan for the options on ``device``: ``auto`` is the static cache and CUDA graphs on CUDA
     and the dynamic cache elsewhere; ``on`` asks for it (CUDA graphs need a CUDA device and the static
-    cache: asking for them otherwise is a one-line error); ``off`` turns it off."""
+    cache: asking for them otherwise is a one-line error); ``off`` turns it off. ``compile_step``:
+    ``on`` compiles the static cache's fused step (``torch.compile``, about 15-25 s per pass width
+    at its first use on an H200); ``auto`` is off (the compile time is paid at every start)."""
     static, graphs = switch("static_cache", static_cache), switch("cuda_graphs", cuda_graphs)
+    compiled = switch("compile_step", compile_step) == "on"
+    if compiled and static == "off":
+        raise SpecdecError("compile_step=on compiles the static KV cache's step, but static_cache=off was given")
     kind = torch.device(device).type
     if graphs == "on" and kind != "cuda":
         raise SpecdecError(f"cuda_graphs=on needs a CUDA device, not {kind}; use static_cache=on for the static cache alone")
     if graphs == "on" and static == "off":
         raise SpecdecError("cuda_graphs=on needs the static KV cache, but static_cache=off was given")
     use_static = static == "on" or (static == "auto" and (kind == "cuda" or graphs == "on"))
+    if not use_static and compiled:
+        raise SpecdecError(f"compile_step=on needs the static KV cache: on {kind} give static_cache=on too")
     if not use_static:
         why = "static_cache=off" if static == "off" else f"on {kind} the static cache is off unless static_cache=on"
         return Execution(why=f"dynamic KV cache ({why})")
@@ -89,7 +103,8 @@ def choose_execution(static_cache="auto", cuda_graphs="auto", device: torch.devi
         why = f"static KV cache, CUDA graphs for passes of up to {MAX_GRAPH_WIDTH} tokens"
     else:
         why = "static KV cache, " + ("CUDA graphs off (cuda_graphs=off)" if graphs == "off" else "no CUDA graphs (they need CUDA)")
-    return Execution(True, MAX_GRAPH_WIDTH if use_graphs else 0, why, required=static == "on")
+    why += ", the step compiled" if compiled else ""
+    return Execution(True, MAX_GRAPH_WIDTH if use_graphs else 0, why, required=static == "on", compiled=compiled)
 
 
 def describe(executions: dict[str, Execution]) -> str:

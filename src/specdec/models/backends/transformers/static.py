@@ -21,6 +21,8 @@ from typing import Callable, Sequence
 
 import torch
 
+from .draftloop import DraftLoop
+from .fused import FusedDecoder, compiled, fused_refusal
 from .graphs import WidthGraphs
 from .model import HFModel, additive_mask, tree_attention
 
@@ -39,10 +41,12 @@ def capacity_for(needed: int, limit: int | None, current: int = 0) -> int:
     return max(needed, min(cap, limit)) if limit else cap
 
 
-def static_fingerprint(graph_width: int) -> dict:
-    """What the static cache (and passes of up to ``graph_width`` tokens as graphs; 0: none) adds to
-    a cost table's fingerprint: its timings are not the dynamic cache's."""
-    return {"kv_cache": "static", **({"graphs": graph_width} if graph_width else {})}
+def static_fingerprint(graph_width: int, step: str = "modules") -> dict:
+    """What the static cache (and passes of up to ``graph_width`` tokens as graphs; 0: none; its
+    step ``modules``, ``fused`` or ``fused+compiled``) adds to a cost table's fingerprint: its
+    timings are not the dynamic cache's."""
+    return {"kv_cache": "static", **({"graphs": graph_width} if graph_width else {}),
+            **({"step": step} if step != "modules" else {})}
 
 
 class Slots:
@@ -102,6 +106,15 @@ def allocate(layer, keys: torch.Tensor, values: torch.Tensor) -> None:
     layer.is_initialized = True
 
 
+def allocate_empty(layer, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
+    """Preallocate a static layer's keys and values of ``shape`` before any pass (the fused step
+    writes into them directly)."""
+    layer.dtype, layer.device = dtype, device
+    layer.keys = torch.zeros(shape, dtype=dtype, device=device)
+    layer.values = torch.zeros(shape, dtype=dtype, device=device)
+    layer.is_initialized = True
+
+
 def chain_mask(slots: torch.Tensor, kv_index: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``[1, 1, w, capacity]``: a chain pass whose token ``r`` sits at slot (= position)
     ``slots[r]`` sees every slot up to its own; built on the device from the slots (no host work)."""
@@ -116,12 +129,22 @@ class StaticHFModel(HFModel):
     as captured graphs, the rest (a prefill, a token tree) eagerly on the same cache."""
 
     def __init__(self, model: torch.nn.Module, name: str = "model", vocab_limit: int | None = None,
-                 graphs: Callable[..., WidthGraphs] | None = None):
+                 graphs: Callable[..., WidthGraphs] | None = None, fused: bool = True, compile_step: bool = False,
+                 draft_loop: bool = True):
         self.slots = Slots()
         self.capacity = 0
         self._kv_index: torch.Tensor | None = None
+        self._caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         super().__init__(model, name, vocab_limit)
+        #: why the fused step is off for this model (None: it runs every pass)
+        self.fused_refusal = fused_refusal(model) if fused else "fused=False"
+        self.fused = FusedDecoder(model) if self.fused_refusal is None else None
+        self._fused_step = compiled(self.fused.__call__) if self.fused is not None and compile_step else self.fused
+        self.step_kind = "modules" if self.fused is None else "fused+compiled" if compile_step else "fused"
         self.graphs = graphs(self.step, self.device) if graphs is not None else None
+        #: the draft's K steps as one captured loop (with the graphs' capture), or None
+        self.loop = DraftLoop(self.step, self.device, self.vocab_limit, self.graphs.capture) \
+            if self.graphs is not None and draft_loop else None
 
     # ------------------------------------------------------------------ cache
     def _clear(self) -> None:
@@ -152,16 +175,25 @@ class StaticHFModel(HFModel):
                     allocate(new_layer, old_layer.keys, old_layer.values)
                     new_layer.keys[:, :, :held] = old_layer.keys[:, :, :held]
                     new_layer.values[:, :, :held] = old_layer.values[:, :, :held]
+        if self.fused is not None:
+            shape = self.fused.cache_shape(capacity)
+            for layer in self.cache.layers:
+                if not layer.is_initialized:
+                    allocate_empty(layer, shape, self.dtype, self.device)
+            self._caches = [(layer.keys, layer.values) for layer in self.cache.layers]
         self.capacity = capacity
         self._kv_index = torch.arange(capacity, device=self.device)
-        if self.graphs is not None:
-            self.graphs.clear()
+        self._drop_graphs()
+
+    def _drop_graphs(self) -> None:
+        for graphs in (self.graphs, self.loop):
+            if graphs is not None:
+                graphs.clear()
 
     def close(self) -> None:
         super().close()
-        self.cache, self.capacity, self._kv_index = None, 0, None
-        if self.graphs is not None:
-            self.graphs.clear()
+        self.cache, self.capacity, self._kv_index, self._caches = None, 0, None, []
+        self._drop_graphs()
 
     # ---------------------------------------------------------------- forward
     def step(self, inputs: torch.Tensor, keep: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -169,10 +201,30 @@ class StaticHFModel(HFModel):
         logits ``[keep or w, V]`` of the last positions and the LM head's input ``[w, H]``. What a
         captured graph records."""
         self.slots.index = inputs[1]
+        if self._fused_step is not None:
+            allowed = self._kv_index[None, :] <= inputs[1][:, None]
+            return self._fused_step(inputs[0:1], inputs[1:2], inputs[1], allowed, self._caches, keep or inputs.shape[1])
         kwargs = {"logits_to_keep": keep or inputs.shape[1]} if self._keeps_logits else {}
         out = self.model(input_ids=inputs[0:1], position_ids=inputs[1:2], past_key_values=self.cache, use_cache=True,
                          attention_mask=chain_mask(inputs[1], self._kv_index, self.dtype), **kwargs)
         return out.logits[0], self._captured[0]
+
+    @torch.inference_mode()
+    def draft_block(self, first: torch.Tensor, k: int, choose, key, sampled: bool,
+                    generator: torch.Generator | None):
+        """The base class's draft loop, captured (:class:`~.draftloop.DraftLoop`); None without graphs
+        or inside a tree."""
+        if self.loop is None or self.tree is not None or k < 1:
+            return None
+        past = len(self.tokens)
+        self._reserve(past + k)
+        read, raw, q = self.loop.run(k, choose, key, sampled, first, past, generator)
+        values = read.tolist()  # the round's one host read
+        tokens = [int(v[0]) for v in values]
+        self.slots.length = past + k - 1
+        self.tokens.extend(tokens[: k - 1])
+        return (tokens, [v[1] for v in values], [v[2] for v in values], raw.clone(),
+                q.clone() if sampled else None)
 
     def _host(self, rows: list[list[int]]) -> torch.Tensor:
         """Host ids as a CPU tensor, pinned for an asynchronous copy to a GPU (no wait on the device)."""
@@ -204,6 +256,11 @@ class StaticHFModel(HFModel):
         host = self._host([[*linear, *ids], positions, list(range(past, past + q))]).to(self.device, non_blocking=True)
         self.slots.index = host[2]
         rows = len(ids) + (1 if linear else 0)
+        if self.fused is not None:
+            logits, states = self.fused(host[0:1], host[1:2], host[2], padded.to(self.device, non_blocking=True),
+                                        self._caches, rows)
+            self.slots.length = past + q
+            return logits[:, : self.vocab_limit].float(), (states[-rows:] if hidden else None)
         kwargs = {"logits_to_keep": rows} if self._keeps_logits else {}
         out = self.model(input_ids=host[0:1], position_ids=host[1:2], past_key_values=self.cache, use_cache=True,
                          attention_mask=additive_mask(padded.to(self.device, non_blocking=True), self.dtype)[None, None],
@@ -229,4 +286,4 @@ class StaticHFModel(HFModel):
         self.slots.length = tree.base + len(path)
 
     def fingerprint_extra(self) -> dict:
-        return static_fingerprint(self.graphs.max_width if self.graphs is not None else 0)
+        return static_fingerprint(self.graphs.max_width if self.graphs is not None else 0, self.step_kind)
