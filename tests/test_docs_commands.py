@@ -400,8 +400,8 @@ def test_no_documented_command_ends_in_an_ellipsis():
 
 PIP_INSTALL = re.compile(r"pip3?\s+install\s+")
 # what a `pip install` line may install besides this project: the CPU torch pin and other projects
-# named on purpose (lm-eval in its own environment, llama-cpp-python and openvino-genai for a peer)
-OTHER_PROJECTS = re.compile(r"^(torch==|lm-eval|llama-cpp-python|openvino-genai)")
+# named on purpose (lm-eval in its own environment, llama-cpp-python, openvino-genai and xllamacpp for a peer)
+OTHER_PROJECTS = re.compile(r"^(torch==|lm-eval|llama-cpp-python|openvino-genai|xllamacpp)")
 OPTIONS_WITH_VALUE = {"-r", "-c", "-w", "-f", "-i", "-t", "--find-links", "--extra-index-url", "--index-url",
                       "--target", "--constraint", "--requirement"}
 

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DISTRIBUTION = "specdec-rules"
-EXTRAS = {"models", "llama", "bench", "server", "structured", "test", "vllm", "vllm-cuda", "all"}
+EXTRAS = {"models", "llama", "bench", "server", "structured", "test", "peers", "vllm", "vllm-cuda", "all"}
 
 
 def _setuptools_recent() -> bool:
