@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from specdec.checks import number_arg
+
 #: the bundled pair's shapes (Qwen2.5-Coder-1.5B-Instruct and -0.5B-Instruct)
 SHAPES = {
     "target": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
@@ -183,7 +185,7 @@ def main() -> int:
     ap.add_argument("--roles", default="target,draft")
     ap.add_argument("--widths", default="1,5,8")
     ap.add_argument("--ks", default="4,8")
-    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--repeats", type=number_arg(int, lo=1, hi=100000), default=50)
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU: a trial of the script")
     a = ap.parse_args()
     global DEVICE

@@ -136,6 +136,7 @@ def _results(summary: dict) -> list[str]:
         if r.get("kind") == "peer":
             policy = str(r.get("policy"))
             name += (" (llama.cpp)" if policy.startswith("llama-cpp") else
+                     " (llama.cpp's server, xllamacpp wheel)" if policy.startswith("llama-server") else
                      " (OpenVINO GenAI)" if policy in ("ov", "ov-pld") else " (transformers)")
         lines.append(
             f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {tv} | {_pct(r.get('quality'))} | {rec} | "
