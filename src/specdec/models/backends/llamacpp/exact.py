@@ -1,5 +1,5 @@
 """Width-invariant passes on llama.cpp (``exact=True``): every position's logits the same, bit for bit,
-whether a pass scores it alone or with up to 62 other tokens, so lossless greedy speculation writes
+whether a pass scores it alone or with other tokens, so lossless greedy speculation writes
 plain decoding's answer token for token.
 
 Why passes of different widths part (llama-cpp-python 0.3.36 on an AVX-512 Xeon, logits of the same
@@ -22,10 +22,17 @@ What ``exact=True`` does (:class:`~specdec.models.backends.llamacpp.model.LlamaC
 - weights in their plain layout (no extra buffer types), and the tiled K-quant path off for the
   process (``GGML_CPU_TILED_MM=0``, which ggml reads once: set before llama.cpp's first pass, else
   passes are cut at :data:`TILED_FREE_WIDTH` tokens, below the tiled path's threshold);
-- every ``llama_decode`` between 2 and :data:`EXACT_BATCH` tokens, with at least 2 output rows: a
-  one-token pass gets a pad token (the same token and position, sequence :data:`PAD_SEQ`, removed
-  after the pass), and a pass with one output row asks for a second (the last layer's products run
-  over the output rows only);
+- the KV cache in 8 bits (``q8_0``) with flash attention on: llama.cpp's CPU flash attention splits
+  and tiles only F16/F32 caches, so every query row runs the same loop at any width (an F16 cache
+  needs every one-token pass padded to two tokens, and passes of at most
+  :data:`F16_ATTENTION_WIDTH`: +49% CPU time per step of the 4-bit target, against +7% for the
+  8-bit cache and plain weights; it is the fallback where the heads allow no 8-bit cache, head
+  size not a multiple of 32);
+- a model with weights that take the llamafile path at 2+ columns (F32, F16, BF16, Q8_0, Q4_0, Q5_0,
+  IQ4_NL: :func:`needs_pad`) gets every ``llama_decode`` at least 2 tokens wide with at least 2
+  output rows: a one-token pass gets a pad token (the same token and position, sequence
+  :data:`PAD_SEQ`, removed after the pass), and a pass with one output row asks for a second (the
+  last layer's products run over the output rows only);
 - a token tree's discarded branches stay in the cache under sequence :data:`GRAVE_SEQ` (masked,
   never read) instead of leaving holes that later tokens would fill out of order: attention sums
   the cells in the cache's order, and plain decoding writes them in position order. When they take a
@@ -42,14 +49,32 @@ MAX_SEQ = 256
 PAD_SEQ = MAX_SEQ - 1
 #: the sequence id holding a token tree's discarded branches until the cache is rebuilt
 GRAVE_SEQ = MAX_SEQ - 2
-#: the most tokens of one exact pass: CPU flash attention runs a tiled kernel from 64 query rows on
-EXACT_BATCH = 63
+#: the most tokens of one exact pass with an F16 cache: CPU flash attention tiles 64+ query rows
+F16_ATTENTION_WIDTH = 63
 #: the most tokens of one exact pass when the tiled K-quant path could not be turned off (8+ columns run it)
 TILED_FREE_WIDTH = 7
 #: the environment variable ggml reads once for its tiled K-quant path
 TILED_ENV = "GGML_CPU_TILED_MM"
 
 Entry = tuple  # (token, position, sequence ids, wants output)
+
+#: weight types whose products run ggml's ``vec_dot`` at every width once repacking and the tiled
+#: path are off (llamafile's tinyBLAS has no case for them)
+VEC_DOT_TYPES = frozenset({"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+                           "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"})
+
+
+def needs_pad(weight_types: set[str]) -> bool:
+    """Whether one-token passes must be padded to two (see :func:`widen`): some matrix (2+ dims) is
+    of a type outside :data:`VEC_DOT_TYPES`, whose one-column product sums in another order."""
+    return not weight_types <= VEC_DOT_TYPES
+
+
+def matrix_types(path) -> set[str]:
+    """The types of a GGUF file's tensors of 2+ dimensions (its header, read by the ``gguf`` package)."""
+    from gguf import GGUFReader
+
+    return {t.tensor_type.name for t in GGUFReader(str(path)).tensors if len(t.shape) >= 2}
 
 
 def widen(chunk: Sequence[Entry]) -> tuple[list[Entry], list[bool]]:

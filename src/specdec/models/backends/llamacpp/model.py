@@ -222,7 +222,6 @@ class LlamaCppModel(Model):
 
     def __init__(self, path: str | os.PathLike, name: str | None = None, vocab_limit: int | None = None,
                  n_ctx: int | None = None, threads: int | None = None, exact: bool = False):
-        global _contexts_made
         L = lib()
         self.path = Path(path)
         if not self.path.is_file():
@@ -232,8 +231,7 @@ class LlamaCppModel(Model):
         mp.load_mode = 1 if MMAP else 0  # LLAMA_LOAD_MODE_MMAP or _NONE (read into memory)
         mp.use_extra_bufts = extra_buffer_types() and not exact
         self.exact = bool(exact)
-        #: tokens per ``llama_decode`` (exact: below every kernel switch, :mod:`...llamacpp.exact`)
-        self.batch_width = BATCH if not exact else ex.EXACT_BATCH if tiled_path_off() else ex.TILED_FREE_WIDTH
+        self._tiled_off = bool(exact) and tiled_path_off()  # before this context: ggml reads it once
         if exact:  # the pad token and the discarded branches take two sequence ids
             self.capabilities = Capabilities(trees=True, hidden=True, max_tree_leaves=ex.GRAVE_SEQ)
         self._grave = 0  # cells of discarded tree branches held under GRAVE_SEQ
@@ -242,22 +240,7 @@ class LlamaCppModel(Model):
             raise SpecdecError(f"{self.path}: llama.cpp could not load this GGUF file (not a model it supports, or corrupt)")
         self.threads = int(threads or default_threads())
         self.backend_version = version()
-        trained = int(L.llama_model_n_ctx_train(self._model)) or DEFAULT_CTX
-        cp = L.llama_context_default_params()
-        # at least MAX_SEQ: llama.cpp reserves an output row per sequence id and aborts below that
-        cp.n_ctx = max(int(n_ctx or min(trained, DEFAULT_CTX)), MAX_SEQ)
-        cp.n_batch = cp.n_ubatch = BATCH
-        cp.n_seq_max = MAX_SEQ  # sequence ids a batch may use (token trees: one per path)
-        cp.kv_unified = True  # one KV buffer for every sequence: token trees share the context's cells
-        cp.n_threads = cp.n_threads_batch = self.threads
-        cp.embeddings = False
-        cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE
-        cp.no_perf = True
-        self._ctx = L.llama_init_from_model(self._model, cp)
-        _contexts_made = True
-        if not self._ctx:
-            L.llama_model_free(self._model)
-            raise SpecdecError(f"{self.path}: llama.cpp could not create a context (n_ctx={cp.n_ctx}); out of memory?")
+        self._ctx = self._make_context(n_ctx)
         self.n_ctx = int(L.llama_n_ctx(self._ctx))
         self._mem = L.llama_get_memory(self._ctx)
         self._vocab = L.llama_model_get_vocab(self._model)
@@ -271,10 +254,55 @@ class LlamaCppModel(Model):
         L.llama_model_desc(self._model, buf, len(buf))
         self.description = buf.value.decode(errors="replace")
         quant = self.description.rsplit(" ", 1)[-1] if " " in self.description else "gguf"
+        self._exact_widths()
         self._reset_tree_state()
         super().__init__(name or self.path.name, n_vocab, min(vocab_limit or n_vocab, n_vocab), self.n_ctx,
                          torch.device("cpu"), f"gguf:{self.file_type() or quant}")
         self.reset()
+
+    def _make_context(self, n_ctx: int | None):
+        """The ``llama_context``; exact: an 8-bit KV cache with flash attention (one loop per query row at
+        every width), or where the heads do not allow one (head size not a multiple of 32) an F16 cache
+        (:mod:`~specdec.models.backends.llamacpp.exact`)."""
+        global _contexts_made
+        L = self._L
+        trained = int(L.llama_model_n_ctx_train(self._model)) or DEFAULT_CTX
+        for kv8 in ((True, False) if self.exact else (False,)):
+            cp = L.llama_context_default_params()
+            # at least MAX_SEQ: llama.cpp reserves an output row per sequence id and aborts below that
+            cp.n_ctx = max(int(n_ctx or min(trained, DEFAULT_CTX)), MAX_SEQ)
+            cp.n_batch = cp.n_ubatch = BATCH
+            cp.n_seq_max = MAX_SEQ  # sequence ids a batch may use (token trees: one per path)
+            cp.kv_unified = True  # one KV buffer for every sequence: token trees share the context's cells
+            cp.n_threads = cp.n_threads_batch = self.threads
+            cp.embeddings = False
+            cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE
+            cp.no_perf = True
+            if self.exact:
+                cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if kv8:
+                cp.type_k = cp.type_v = L.GGML_TYPE_Q8_0
+            ctx = L.llama_init_from_model(self._model, cp)
+            _contexts_made = True
+            if ctx:
+                self.kv8 = kv8
+                return ctx
+        L.llama_model_free(self._model)
+        raise SpecdecError(f"{self.path}: llama.cpp could not create a context (n_ctx={cp.n_ctx}); out of memory?")
+
+    def _exact_widths(self) -> None:
+        """How exact passes are cut and padded (:mod:`~specdec.models.backends.llamacpp.exact`)."""
+        #: tokens per ``llama_decode``
+        self.batch_width = BATCH
+        #: one-token passes padded to two, one-row passes given a second row
+        self._pad = False
+        if not self.exact:
+            return
+        if not self.kv8:  # an F16 cache: one query row splits, 64+ rows tile
+            self.batch_width, self._pad = ex.F16_ATTENTION_WIDTH, True
+        if not self._tiled_off:
+            self.batch_width = min(self.batch_width, ex.TILED_FREE_WIDTH)
+        self._pad = self._pad or ex.needs_pad(ex.matrix_types(self.path))
 
     # ------------------------------------------------------------------ metadata
     def meta(self, key: str) -> str | None:
@@ -357,7 +385,7 @@ class LlamaCppModel(Model):
         self._set_embeddings(hidden)
         try:
             for chunk in self._passes(entries):
-                batch, flags = ex.widen(chunk) if self.exact else (chunk, [bool(e[3]) for e in chunk])
+                batch, flags = ex.widen(chunk) if self._pad else (chunk, [bool(e[3]) for e in chunk])
                 try:
                     self._decode(batch, flags, hidden)
                 finally:
@@ -521,7 +549,8 @@ class LlamaCppModel(Model):
         layers = int(L.llama_model_n_layer(self._model))
         heads, kv_heads = int(L.llama_model_n_head(self._model)), int(L.llama_model_n_head_kv(self._model))
         head_dim = self.n_embd // max(heads, 1)
-        return 2 * layers * kv_heads * head_dim * 2  # keys and values, f16
+        per_value = 34 / 32 if self.kv8 else 2  # exact: q8_0 (32 values in 34 bytes), else f16
+        return int(2 * layers * kv_heads * head_dim * per_value)  # keys and values
 
     def cache_bytes(self) -> int:
         """Bytes of the KV cache llama.cpp allocated (the whole context, allocated up front)."""
