@@ -95,6 +95,23 @@ def test_exact_tree_paths_equal_their_chains(files):
     assert np.array_equal(m.forward([42], 1).numpy(), after_tree)
 
 
+def test_exact_cache_is_rebuilt_when_discarded_branches_fill_it(files):
+    """A tree's discarded branches stay in the cache (masked); past a quarter of the context the cache
+    is rebuilt from its tokens, and the next logits are still plain decoding's bits."""
+    from specdec.models.backends.llamacpp.model import LlamaCppModel
+
+    m = LlamaCppModel(files["q4_k_m"], "small", n_ctx=256, threads=2, exact=True)
+    context = token_ids(20, seed=5)
+    m.tree_logits(context, list(range(3, 83)), [-1] * 80)  # 80 siblings: 79 discarded
+    m.keep_path([0])
+    assert m._grave == 79
+    after = m.forward([42], 1).numpy()
+    assert m._grave == 0  # 79 >= 256 // 4: rebuilt before that pass
+    m.reset()
+    m.forward(context + [3], 1)
+    assert np.array_equal(m.forward([42], 1).numpy(), after)
+
+
 @pytest.mark.parametrize("drafter,k", [("model", 3), ("model", 7), ("pld", 4), ("tree", 3)])
 def test_exact_lossless_greedy_equals_plain_decoding(files, drafter, k):
     target = model(files["q4_k_m"], exact=True, threads=1)

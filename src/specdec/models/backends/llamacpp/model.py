@@ -450,8 +450,9 @@ class LlamaCppModel(Model):
 
     # ------------------------------------------------------------------ trees
     def _new_seq(self) -> int:
-        if self._next_seq >= (ex.GRAVE_SEQ if self.exact else MAX_SEQ):
-            raise SpecdecError(f"{self.name}: a token tree with more than {MAX_SEQ} paths does not fit llama.cpp's "
+        limit = ex.GRAVE_SEQ if self.exact else MAX_SEQ  # exact: the last two ids are the graveyard's and the pad's
+        if self._next_seq >= limit:
+            raise SpecdecError(f"{self.name}: a token tree with more than {limit} paths does not fit llama.cpp's "
                                "sequence limit; lower tree_nodes or tree_width")
         s = self._next_seq
         self._next_seq += 1
