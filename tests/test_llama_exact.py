@@ -149,3 +149,17 @@ def test_chunks_stay_within_the_width_and_leave_no_lone_token():
     assert [len(c) for c in cut] == [63, 62, 2] and sum(cut, []) == list(range(127))
     assert [len(c) for c in chunks(list(range(5)), 63)] == [5]
     assert [len(c) for c in chunks([0], 63)] == [1]
+
+
+def test_exact_is_a_llama_cpp_load_option_and_a_flag(files):
+    import specdec
+    from specdec.cli import build_parser
+    from specdec.errors import SpecdecError
+
+    assert build_parser().parse_args(["generate", "hi", "--exact"]).exact is True
+    assert build_parser().parse_args(["serve", "--no-exact"]).exact is False
+    assert build_parser().parse_args(["generate", "hi"]).exact is None
+    pair = specdec.load(str(files["f32"]), draft=None, backend="llama.cpp", exact=True, calibrate=False, progress=False)
+    assert pair.target.exact and pair.target.fingerprint_extra()["exact"]
+    with pytest.raises(SpecdecError, match="exact=True: applies to the llama.cpp backend"):
+        specdec.load(str(files["f32"]), draft=None, backend="transformers", exact=True, progress=False)
