@@ -25,8 +25,8 @@ from specdec.models.backends.llamacpp.formats import model_file
 from specdec.models.backends.llamacpp.model import LlamaCppModel
 
 
-def ids(n: int, seed: int = 0) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(100, 20000, n)]
+def ids(n: int, seed: int = 0, vocab: int = 20000) -> list[int]:
+    return [int(x) for x in np.random.default_rng(seed).integers(3, min(vocab, 20000), n)]
 
 
 def timed_round(m: LlamaCppModel, context: int, width: int, steps: int, tokens: list[int]) -> float:
@@ -56,19 +56,22 @@ def main() -> None:
     path = model_file(a.target)
     models = {"exact": LlamaCppModel(path, a.target, n_ctx=2048, threads=a.threads, exact=True),
               "today": LlamaCppModel(path, a.target, n_ctx=2048, threads=a.threads)}
-    context = ids(a.context)
+    vocab = models["exact"].vocab_size
+    context = ids(a.context, vocab=vocab)
     for m in models.values():
         m.forward(context, 1)
     for width in (int(w) for w in a.widths.split(",")):
-        tokens = ids(width * a.steps, seed=width)
+        tokens = ids(width * a.steps, seed=width, vocab=vocab)
         times: dict[str, list[float]] = {k: [] for k in models}
+        for m in models.values():  # warm-up, untimed
+            timed_round(m, a.context, width, 1, tokens)
         for r in range(a.rounds):
             for k in (list(models) if r % 2 == 0 else list(models)[::-1]):
                 times[k].append(timed_round(models[k], a.context, width, a.steps, tokens))
         med = {k: statistics.median(v) for k, v in times.items()}
         print(f"width {width}: today {med['today'] * 1e3:.1f} ms, exact {med['exact'] * 1e3:.1f} ms per pass "
               f"(exact/today {med['exact'] / med['today']:.3f}; rounds {a.rounds} x {a.steps})", flush=True)
-    tokens = context + ids(24, seed=99)
+    tokens = context + ids(24, seed=99, vocab=vocab)
     for k, m in models.items():
         one = by_width(m, tokens, a.context, 1)
         same = {w: int((by_width(m, tokens, a.context, w) == one).all(axis=1).sum()) for w in (2, 4, 8, 24)}
