@@ -10,7 +10,8 @@ round by round (first one, then the other, then reversed). Then the check: the l
 positions scored one token at a time against in passes of 2, 4, 8 and 24, bit for bit, for both.
 Widths 8+ are not timed here: ggml's tiled K-quant path (on for today's passes) is switched per
 process, and the exact model turns it off for the whole process (``GGML_CPU_TILED_MM=0``).
-Run it on quiet cores: other work on a core slows every llama.cpp step (``busy_note``).
+Run it on quiet cores: other work on a core slows every llama.cpp step (``busy_note``); on shared
+cores ``--threads 1 --clock cpu`` (the process's CPU time) is the steadier measure.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ def ids(n: int, seed: int = 0, vocab: int = 20000) -> list[int]:
     return [int(x) for x in np.random.default_rng(seed).integers(3, min(vocab, 20000), n)]
 
 
+CLOCK = time.perf_counter
+
+
 def timed_round(m: LlamaCppModel, context: int, width: int, steps: int, tokens: list[int]) -> float:
     m.truncate(context)
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     for s in range(steps):
         m.forward(tokens[s * width:(s + 1) * width], width)
-    return (time.perf_counter() - t0) / steps
+    return (CLOCK() - t0) / steps
 
 
 def by_width(m: LlamaCppModel, tokens: list[int], context: int, width: int) -> np.ndarray:
@@ -52,7 +56,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--context", type=int, default=300, help="context tokens before the timed passes")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the process's CPU time (with --threads 1 on shared cores)")
     a = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if a.clock == "cpu" else time.perf_counter
     path = model_file(a.target)
     models = {"exact": LlamaCppModel(path, a.target, n_ctx=2048, threads=a.threads, exact=True),
               "today": LlamaCppModel(path, a.target, n_ctx=2048, threads=a.threads)}
