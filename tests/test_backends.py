@@ -276,7 +276,7 @@ def test_bad_load_options_are_one_line_errors(gguf_path):
     import specdec
     from specdec.models.backends import REGISTRY, Request
 
-    with pytest.raises(SpecdecError, match=r"unknown load option\(s\) bogus; known: context_length, dtype"):
+    with pytest.raises(SpecdecError, match=r"unknown load option\(s\) bogus; known: context_length, exact, dtype"):
         REGISTRY.choose("auto", Request(str(gguf_path), None, torch.device("cpu"), {"bogus": 1}))
     with pytest.raises(SpecdecError, match="context_length") as err:
         specdec.load(str(gguf_path), draft=None, backend="llama.cpp", context_length=4, progress=False)

@@ -376,7 +376,8 @@ def test_generate_cli_flags(tiny_dirs, tmp_path):
 # --------------------------------------------------------------------------- llama.cpp
 
 
-def test_llama_cpp_backend_respects_the_grammar(tmp_path):
+@pytest.mark.parametrize("exact", [False, True])  # exact: width-invariant passes (llamacpp/exact.py)
+def test_llama_cpp_backend_respects_the_grammar(tmp_path, exact):
     pytest.importorskip("llama_cpp")
     from specdec.models.backends.llamacpp.model import LlamaCppModel
     from tinymodels import save_tiny_gguf
@@ -384,7 +385,8 @@ def test_llama_cpp_backend_respects_the_grammar(tmp_path):
     kw = dict(layers=1, hidden=16, initializer_range=0.2)
     paths = (save_tiny_gguf(tiny_model(21, **kw), TOK, tmp_path / "t.gguf"),
              save_tiny_gguf(tiny_model(22, **kw), TOK, tmp_path / "d.gguf"))
-    target, draft = (LlamaCppModel(p, f"tiny-{i}", n_ctx=256, threads=1) for i, p in enumerate(paths))
+    target, draft = (LlamaCppModel(p, f"tiny-{i}", n_ctx=256, threads=1, exact=exact and i == 0)
+                     for i, p in enumerate(paths))
     engine = Engine(target, draft, eos_ids=[EOS], constraints=Constraints(TOK, target.vocab_limit, [EOS]))
     for kind in ("regex", "json"):
         ar_cfg = DecodeConfig(policy="ar", max_new_tokens=30, constraint=constraint(kind))

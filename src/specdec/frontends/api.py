@@ -274,7 +274,9 @@ def load(
     differ from the target's without changing what the lossless rules output. draft_quant: ``auto``
     (int8 weight-only for a bfloat16 draft on a CPU, none elsewhere), ``int8`` or ``none``.
     llama.cpp: context_length: the KV cache's size in tokens (default: the model's trained context,
-    at most 8192).
+    at most 8192). exact: ``True`` makes the target's passes width-invariant, bit for bit, so greedy
+    speculation writes plain decoding's answer token for token (weights in their plain layout, an
+    8-bit KV cache; more CPU time per step: :mod:`specdec.models.backends.llamacpp.exact`).
 
     generation_config: where a request's sampling defaults come from (:mod:`specdec.models.genconfig`):
     ``auto`` (the model's own: a bundled model's published settings, or a Hugging Face folder's

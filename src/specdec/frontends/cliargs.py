@@ -60,6 +60,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     for name, (spec, default) in REGISTRY.options().items():
         shape = {"choices": list(spec.choices)} if spec.choices else {"type": spec.kind, "metavar": "N"}
+        if spec.kind is bool:  # --name / --no-name
+            shape = {"action": argparse.BooleanOptionalAction}
         g.add_argument(*flag_names(f"--{name.replace('_', '-')}"), dest=name, default=default,
                        help=f"{REGISTRY.owner(name)} backend: {spec.help}", **shape)
     g.add_argument("--no-calibrate", dest="calibrate", action="store_false",

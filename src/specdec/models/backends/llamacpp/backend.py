@@ -17,6 +17,9 @@ from ..registry import Backend, Costs, Loaded, Log, Request, check_same_vocabula
 class LlamaCppOptions:
     context_length: int | None = option(None, kind=int, lo=16, help="KV cache size in tokens (default: the model's "
                                                                     "trained context, at most 8192)")
+    exact: bool | None = option(None, kind=bool, help="the target's passes width-invariant, bit for bit, so greedy "
+                                                      "speculation writes plain decoding's answer token for token "
+                                                      "(no repacked weights, passes of 2-63 tokens; default: off)")
 
 
 class LlamaCppBackend(Backend):
@@ -68,13 +71,14 @@ class LlamaCppBackend(Backend):
         from .model import LlamaCppModel, busy_cores, busy_note, gguf_tokenizer
 
         target, draft, log, n_ctx = req.target, req.draft, req.log, req.options.get("context_length")
+        exact = bool(req.options.get("exact"))
         t_path = model_file(target, progress=req.progress)
         d_path = model_file(draft, progress=req.progress) if draft is not None else None
         tokenizer = gguf_tokenizer(t_path, progress=req.progress)
         vocab = len(tokenizer)
         if d_path is not None:
             check_same_vocabulary(tokenizer, gguf_tokenizer(d_path, progress=req.progress), target, draft)
-        t = LlamaCppModel(t_path, target, vocab_limit=vocab, n_ctx=n_ctx)
+        t = LlamaCppModel(t_path, target, vocab_limit=vocab, n_ctx=n_ctx, exact=exact)  # the draft only proposes
         note = busy_note(t.threads, busy_cores()) if req.progress else None   # a person is watching
         if note:
             log(note)

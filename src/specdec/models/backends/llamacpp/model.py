@@ -19,6 +19,7 @@ with the logits flag on exactly the positions asked for, read with ``llama_get_l
   ancestors with ``llama_memory_seq_cp``; keeping one path is ``llama_memory_seq_keep`` of a
   sequence through it, moved back to sequence 0. At most 256 paths (``LLAMA_MAX_SEQ``).
 - Threads: the machine's cores (``os.sched_getaffinity``), for one-token and batch passes alike.
+- ``exact=True``: every pass width-invariant, bit for bit (:mod:`specdec.models.backends.llamacpp.exact`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import torch
 
 from ....errors import SpecdecError
 from ..base import Capabilities, Model
+from . import exact as ex
 
 BACKEND = "llama.cpp"
 #: llama.cpp's limit on sequence ids (``LLAMA_MAX_SEQ``): the most root-to-leaf paths of a tree
@@ -49,6 +51,7 @@ MMAP = False
 
 _init_lock = threading.Lock()
 _initialized = False
+_contexts_made = False  # a llama.cpp context exists (ggml may have read its environment since)
 _log_callback = None  # keep a reference: llama.cpp calls it from C
 
 
@@ -200,6 +203,18 @@ def gguf_tokenizer(path: Path, progress: bool = True):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+def tiled_path_off() -> bool:
+    """Turn llama.cpp's tiled K-quant matrix path off for this process, for exact passes
+    (:mod:`~specdec.models.backends.llamacpp.exact`); whether it is off. ggml reads ``GGML_CPU_TILED_MM``
+    once, at its first matrix product: after a context exists here it may be too late."""
+    if os.environ.get(ex.TILED_ENV) == "0":
+        return True
+    if _contexts_made:
+        return False
+    os.environ[ex.TILED_ENV] = "0"
+    return True
+
+
 # ------------------------------------------------------------------------------- the model
 class LlamaCppModel(Model):
     """A GGUF model run by llama.cpp (see the module docstring), behind :class:`~specdec.models.backends.base.Model`."""
@@ -208,7 +223,7 @@ class LlamaCppModel(Model):
     capabilities = Capabilities(trees=True, hidden=True, max_tree_leaves=MAX_SEQ)
 
     def __init__(self, path: str | os.PathLike, name: str | None = None, vocab_limit: int | None = None,
-                 n_ctx: int | None = None, threads: int | None = None):
+                 n_ctx: int | None = None, threads: int | None = None, exact: bool = False):
         L = lib()
         self.path = Path(path)
         if not self.path.is_file():
@@ -216,27 +231,18 @@ class LlamaCppModel(Model):
         self._L = L
         mp = L.llama_model_default_params()
         mp.load_mode = 1 if MMAP else 0  # LLAMA_LOAD_MODE_MMAP or _NONE (read into memory)
-        mp.use_extra_bufts = extra_buffer_types()
+        mp.use_extra_bufts = extra_buffer_types() and not exact
+        self.exact = bool(exact)
+        self._tiled_off = bool(exact) and tiled_path_off()  # before this context: ggml reads it once
+        if exact:  # the pad token and the discarded branches take two sequence ids
+            self.capabilities = Capabilities(trees=True, hidden=True, max_tree_leaves=ex.GRAVE_SEQ)
+        self._grave = 0  # cells of discarded tree branches held under GRAVE_SEQ
         self._model = L.llama_model_load_from_file(str(self.path).encode(), mp)
         if not self._model:
             raise SpecdecError(f"{self.path}: llama.cpp could not load this GGUF file (not a model it supports, or corrupt)")
         self.threads = int(threads or default_threads())
         self.backend_version = version()
-        trained = int(L.llama_model_n_ctx_train(self._model)) or DEFAULT_CTX
-        cp = L.llama_context_default_params()
-        # at least MAX_SEQ: llama.cpp reserves an output row per sequence id and aborts below that
-        cp.n_ctx = max(int(n_ctx or min(trained, DEFAULT_CTX)), MAX_SEQ)
-        cp.n_batch = cp.n_ubatch = BATCH
-        cp.n_seq_max = MAX_SEQ  # sequence ids a batch may use (token trees: one per path)
-        cp.kv_unified = True  # one KV buffer for every sequence: token trees share the context's cells
-        cp.n_threads = cp.n_threads_batch = self.threads
-        cp.embeddings = False
-        cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE
-        cp.no_perf = True
-        self._ctx = L.llama_init_from_model(self._model, cp)
-        if not self._ctx:
-            L.llama_model_free(self._model)
-            raise SpecdecError(f"{self.path}: llama.cpp could not create a context (n_ctx={cp.n_ctx}); out of memory?")
+        self._ctx = self._make_context(n_ctx)
         self.n_ctx = int(L.llama_n_ctx(self._ctx))
         self._mem = L.llama_get_memory(self._ctx)
         self._vocab = L.llama_model_get_vocab(self._model)
@@ -250,10 +256,55 @@ class LlamaCppModel(Model):
         L.llama_model_desc(self._model, buf, len(buf))
         self.description = buf.value.decode(errors="replace")
         quant = self.description.rsplit(" ", 1)[-1] if " " in self.description else "gguf"
+        self._exact_widths()
         self._reset_tree_state()
         super().__init__(name or self.path.name, n_vocab, min(vocab_limit or n_vocab, n_vocab), self.n_ctx,
                          torch.device("cpu"), f"gguf:{self.file_type() or quant}")
         self.reset()
+
+    def _make_context(self, n_ctx: int | None):
+        """The ``llama_context``; exact: an 8-bit KV cache with flash attention (one loop per query row at
+        every width), or where the heads do not allow one (head size not a multiple of 32) an F16 cache
+        (:mod:`~specdec.models.backends.llamacpp.exact`)."""
+        global _contexts_made
+        L = self._L
+        trained = int(L.llama_model_n_ctx_train(self._model)) or DEFAULT_CTX
+        for kv8 in ((True, False) if self.exact else (False,)):
+            cp = L.llama_context_default_params()
+            # at least MAX_SEQ: llama.cpp reserves an output row per sequence id and aborts below that
+            cp.n_ctx = max(int(n_ctx or min(trained, DEFAULT_CTX)), MAX_SEQ)
+            cp.n_batch = cp.n_ubatch = BATCH
+            cp.n_seq_max = MAX_SEQ  # sequence ids a batch may use (token trees: one per path)
+            cp.kv_unified = True  # one KV buffer for every sequence: token trees share the context's cells
+            cp.n_threads = cp.n_threads_batch = self.threads
+            cp.embeddings = False
+            cp.pooling_type = L.LLAMA_POOLING_TYPE_NONE
+            cp.no_perf = True
+            if self.exact:
+                cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED
+            if kv8:
+                cp.type_k = cp.type_v = L.GGML_TYPE_Q8_0
+            ctx = L.llama_init_from_model(self._model, cp)
+            _contexts_made = True
+            if ctx:
+                self.kv8 = kv8
+                return ctx
+        L.llama_model_free(self._model)
+        raise SpecdecError(f"{self.path}: llama.cpp could not create a context (n_ctx={cp.n_ctx}); out of memory?")
+
+    def _exact_widths(self) -> None:
+        """How exact passes are cut and padded (:mod:`~specdec.models.backends.llamacpp.exact`)."""
+        #: tokens per ``llama_decode``
+        self.batch_width = BATCH
+        #: one-token passes padded to two, one-row passes given a second row
+        self._pad = False
+        if not self.exact:
+            return
+        if not self.kv8:  # an F16 cache: one query row splits, 64+ rows tile
+            self.batch_width, self._pad = ex.F16_ATTENTION_WIDTH, True
+        if not self._tiled_off:
+            self.batch_width = min(self.batch_width, ex.TILED_FREE_WIDTH)
+        self._pad = self._pad or ex.needs_pad(ex.matrix_types(self.path))
 
     # ------------------------------------------------------------------ metadata
     def meta(self, key: str) -> str | None:
@@ -285,13 +336,19 @@ class LlamaCppModel(Model):
     # ------------------------------------------------------------------ the cache
     def _clear(self) -> None:
         self._L.llama_memory_clear(self._mem, True)
+        self._grave = 0
         self._reset_tree_state()
 
     def _crop(self, length: int) -> None:
-        self._L.llama_memory_seq_rm(self._mem, -1, int(length), -1)
+        # exact: sequence 0 only, so a tree's discarded branches keep their cells (no holes)
+        self._L.llama_memory_seq_rm(self._mem, 0 if self.exact else -1, int(length), -1)
 
     def _crop_tree(self, length: int) -> None:
-        self._crop(length)  # every sequence, from ``length`` on: the tree's branches go with it
+        if self.exact:  # sequence 0 and every path's, from ``length`` on
+            for seq in range(self._next_seq):
+                self._L.llama_memory_seq_rm(self._mem, seq, int(length), -1)
+        else:
+            self._crop(length)  # every sequence, from ``length`` on: the tree's branches go with it
         del self.tokens[length:]
         self._reset_tree_state()
 
@@ -311,6 +368,17 @@ class LlamaCppModel(Model):
         if int(self._L.llama_state_seq_set_data(self._ctx, state, len(state), 0)) == 0:
             raise RuntimeError(f"{self.name}: llama.cpp could not restore a copy of its cache")
 
+    def _compact(self, extra: int) -> None:
+        """Exact: rebuild the cache from its tokens when a tree's discarded branches (kept under
+        ``GRAVE_SEQ``) hold a quarter of the context or leave no room for ``extra`` more tokens.
+        Exact passes are width-invariant, so the rebuilt cache holds the same bits."""
+        grave, past = self._grave, len(self.tokens)
+        if not grave or (grave < self.n_ctx // 4 and past + extra + grave <= self.n_ctx):
+            return
+        self._L.llama_memory_clear(self._mem, True)
+        self._grave = 0
+        self._run([(int(t), i, (0,), False) for i, t in enumerate(self.tokens)], hidden=False)
+
     def _reset_tree_state(self) -> None:
         self._seq_of: list[int] = []  # per tree node: the sequence it was placed in (a path through it)
         self._has_child: list[bool] = []
@@ -324,44 +392,63 @@ class LlamaCppModel(Model):
             self._embeddings = on
 
     def _run(self, entries: list[tuple[int, int, Sequence[int], bool]], hidden: bool):
-        """Decode ``(token, position, seq ids, wants output)`` entries (in chunks of ``BATCH``) and
-        return float32 logits ``[n_out, vocab_limit]`` (and hidden states ``[n_out, H]``) of the
-        entries that want output, in order."""
-        L, b = self._L, self._batch
+        """Decode ``(token, position, seq ids, wants output)`` entries (in passes of ``batch_width``;
+        exact: each widened, :func:`~specdec.models.backends.llamacpp.exact.widen`) and return float32
+        logits ``[n_out, vocab_limit]`` (and hidden states ``[n_out, H]``) of the entries that want
+        output, in order."""
         outs = sum(1 for e in entries if e[3])
         logits = np.empty((outs, self.vocab_limit), dtype=np.float32)
         states = np.empty((outs, self.n_embd), dtype=np.float32) if hidden else None
         row = 0
         self._set_embeddings(hidden)
         try:
-            for start in range(0, len(entries), BATCH):
-                chunk = entries[start:start + BATCH]
-                b.n_tokens = len(chunk)
-                for i, (tok, pos, seqs, want) in enumerate(chunk):
-                    b.token[i] = tok
-                    b.pos[i] = pos
-                    b.n_seq_id[i] = len(seqs)
-                    for j, s in enumerate(seqs):
-                        b.seq_id[i][j] = s
-                    b.logits[i] = bool(want) or hidden
-                rc = L.llama_decode(self._ctx, b)
-                if rc != 0:
-                    raise self._decode_error(rc)
-                for i, e in enumerate(chunk):
-                    if not e[3]:
-                        continue
-                    ptr = L.llama_get_logits_ith(self._ctx, i)
-                    logits[row] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))[: self.vocab_limit]
-                    if hidden:
-                        hp = L.llama_get_embeddings_ith(self._ctx, i)
-                        if not hp:
-                            raise RuntimeError("llama.cpp returned no hidden state for an output row")
-                        states[row] = np.ctypeslib.as_array(hp, shape=(self.n_embd,))
-                    row += 1
+            for chunk in self._passes(entries):
+                batch, flags = ex.widen(chunk) if self._pad else (chunk, [bool(e[3]) for e in chunk])
+                try:
+                    self._decode(batch, flags, hidden)
+                finally:
+                    if len(batch) > len(chunk):  # the pad token goes at once
+                        self._L.llama_memory_seq_rm(self._mem, ex.PAD_SEQ, -1, -1)
+                row = self._read(batch, row, logits, states)
         finally:
             if hidden:
                 self._set_embeddings(False)
         return torch.from_numpy(logits), (torch.from_numpy(states) if hidden else None)
+
+    def _passes(self, entries: list) -> list[list]:
+        if self.exact:
+            return ex.chunks(entries, self.batch_width)
+        return [entries[i:i + BATCH] for i in range(0, len(entries), BATCH)]
+
+    def _decode(self, batch: list, flags: list[bool], hidden: bool) -> None:
+        b = self._batch
+        b.n_tokens = len(batch)
+        for i, (tok, pos, seqs, _want) in enumerate(batch):
+            b.token[i] = tok
+            b.pos[i] = pos
+            b.n_seq_id[i] = len(seqs)
+            for j, s in enumerate(seqs):
+                b.seq_id[i][j] = s
+            b.logits[i] = flags[i] or hidden
+        rc = self._L.llama_decode(self._ctx, b)
+        if rc != 0:
+            raise self._decode_error(rc)
+
+    def _read(self, batch: list, row: int, logits: np.ndarray, states: np.ndarray | None) -> int:
+        """Copy the rows of the entries that want output into ``logits`` (and ``states``) from ``row`` on."""
+        L = self._L
+        for i, e in enumerate(batch):
+            if not e[3]:
+                continue
+            ptr = L.llama_get_logits_ith(self._ctx, i)
+            logits[row] = np.ctypeslib.as_array(ptr, shape=(self.vocab_size,))[: self.vocab_limit]
+            if states is not None:
+                hp = L.llama_get_embeddings_ith(self._ctx, i)
+                if not hp:
+                    raise RuntimeError("llama.cpp returned no hidden state for an output row")
+                states[row] = np.ctypeslib.as_array(hp, shape=(self.n_embd,))
+            row += 1
+        return row
 
     def _decode_error(self, rc: int) -> Exception:
         if rc == 1:
@@ -373,14 +460,17 @@ class LlamaCppModel(Model):
         past = len(self.tokens)
         if past + len(ids) > self.n_ctx:
             raise SpecdecError(f"{self.name}: {past + len(ids)} tokens do not fit llama.cpp's context of {self.n_ctx}")
+        if self.exact:
+            self._compact(len(ids))
         first_out = len(ids) - num_logits
         entries = [(int(t), past + i, (0,), i >= first_out) for i, t in enumerate(ids)]
         return self._run(entries, hidden)
 
     # ------------------------------------------------------------------ trees
     def _new_seq(self) -> int:
-        if self._next_seq >= MAX_SEQ:
-            raise SpecdecError(f"{self.name}: a token tree with more than {MAX_SEQ} paths does not fit llama.cpp's "
+        limit = ex.GRAVE_SEQ if self.exact else MAX_SEQ  # exact: the last two ids are the graveyard's and the pad's
+        if self._next_seq >= limit:
+            raise SpecdecError(f"{self.name}: a token tree with more than {limit} paths does not fit llama.cpp's "
                                "sequence limit; lower tree_nodes or tree_width")
         s = self._next_seq
         self._next_seq += 1
@@ -392,6 +482,8 @@ class LlamaCppModel(Model):
         past = len(self.tokens)
         if past + len(linear) + len(ids) > self.n_ctx:
             raise SpecdecError(f"{self.name}: the token tree does not fit llama.cpp's context of {self.n_ctx}")
+        if self.exact and first == 0:
+            self._compact(len(linear) + len(ids))
         L = self._L
         lin_seqs: list[int] = [0]
         node_seqs: list[list[int]] = []
@@ -425,6 +517,8 @@ class LlamaCppModel(Model):
         return self._run(entries, hidden)
 
     def _keep(self, path: Sequence[int]) -> None:
+        if self.exact:
+            return self._keep_exact(path)
         tree = self.tree
         assert tree is not None
         L = self._L
@@ -435,6 +529,26 @@ class LlamaCppModel(Model):
             L.llama_memory_seq_cp(self._mem, seq, 0, -1, -1)
             L.llama_memory_seq_rm(self._mem, seq, -1, -1)
         L.llama_memory_seq_rm(self._mem, -1, end, -1)
+        self._reset_tree_state()
+
+    def _keep_exact(self, path: Sequence[int]) -> None:
+        """:meth:`_keep` without holes: every tree cell joins ``GRAVE_SEQ`` first, so the cells of the
+        discarded branches stay taken (masked) and later tokens land after them, in position order."""
+        tree = self.tree
+        assert tree is not None
+        L, mem, base = self._L, self._mem, tree.base
+        end = base + len(path)
+        seq = self._seq_of[path[-1]] if path else 0
+        for s in range(self._next_seq):
+            L.llama_memory_seq_cp(mem, s, ex.GRAVE_SEQ, base, -1)
+        for s in range(self._next_seq):
+            if s != seq:
+                L.llama_memory_seq_rm(mem, s, base, -1)
+        if seq != 0:
+            L.llama_memory_seq_cp(mem, seq, 0, base, end)
+            L.llama_memory_seq_rm(mem, seq, -1, -1)
+        L.llama_memory_seq_rm(mem, 0, end, -1)
+        self._grave += len(tree.parents) - len(path)
         self._reset_tree_state()
 
     # ------------------------------------------------------------------ the rest
@@ -454,14 +568,16 @@ class LlamaCppModel(Model):
         layers = int(L.llama_model_n_layer(self._model))
         heads, kv_heads = int(L.llama_model_n_head(self._model)), int(L.llama_model_n_head_kv(self._model))
         head_dim = self.n_embd // max(heads, 1)
-        return 2 * layers * kv_heads * head_dim * 2  # keys and values, f16
+        per_value = 34 / 32 if self.kv8 else 2  # exact: q8_0 (32 values in 34 bytes), else f16
+        return int(2 * layers * kv_heads * head_dim * per_value)  # keys and values
 
     def cache_bytes(self) -> int:
         """Bytes of the KV cache llama.cpp allocated (the whole context, allocated up front)."""
         return self.n_ctx * self.kv_bytes_per_token()
 
     def fingerprint_extra(self) -> dict:
-        return {"backend": BACKEND, "backend_version": self.backend_version, "threads": self.threads}
+        out = {"backend": BACKEND, "backend_version": self.backend_version, "threads": self.threads}
+        return {**out, "exact": True} if self.exact else out
 
     def close(self) -> None:
         """Free the context and the model (the object is unusable afterwards)."""
