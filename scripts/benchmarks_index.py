@@ -40,6 +40,9 @@ gives, marked so):
   (native bf16);
 - **Intel Xeon, AVX-512 BF16 and AMX**: 2-core Intel Xeon (Sapphire Rapids), the flags above and
   `avx512_fp16 avx_vnni amx_tile amx_bf16 amx_int8` (folders named `*-xeon-amx`);
+- **Intel Xeon, AVX-512 BF16, no AMX shown**: 2-core Intel Xeon (family 6, model 207), the AVX-512
+  BF16 flags and `avx512_fp16 avx_vnni`, its hypervisor showing no `amx_*` (folders named `*-xeon`,
+  `*-xeon-*`);
 - **GPU: NVIDIA H100 80GB** (folders named `*-h100`) and **GPU: NVIDIA H200** (`gpu-static-h200`):
   one GPU each; the host's CPU flags are not the kind.
 
@@ -70,9 +73,10 @@ re-reported elsewhere keeps them. Figures from these folders, with their tables:
 AVX512 = "AVX-512 BF16"
 AVX2 = "AVX2-only"
 XEON_AMX = "Intel Xeon, AVX-512 BF16 and AMX"
+XEON = "Intel Xeon, AVX-512 BF16, no AMX shown"
 H100 = "GPU: NVIDIA H100 80GB"
 #: a folder name's last part -> the kind its records must show (tests/test_figures.py checks it)
-NAME_KINDS = {"-avx2": AVX2, "-avx512bf16": AVX512, "-xeon-amx": XEON_AMX, "-h100": H100}
+NAME_KINDS = {"-avx2": AVX2, "-avx512bf16": AVX512, "-xeon-amx": XEON_AMX, "-xeon": XEON, "-h100": H100}
 
 
 def _read(path: Path) -> dict:
@@ -90,6 +94,8 @@ def kind_of(flags, gpu=None) -> str | None:
         return None
     if "amx_bf16" in flags:
         return XEON_AMX
+    if "avx512_fp16" in flags:  # Intel's (Sapphire Rapids on), not the AMD EPYC's AVX-512
+        return XEON
     return AVX512 if "avx512_bf16" in flags else AVX2
 
 
