@@ -42,7 +42,7 @@ gives, marked so):
   `avx512_fp16 avx_vnni amx_tile amx_bf16 amx_int8` (folders named `*-xeon-amx`);
 - **Intel Xeon, AVX-512 BF16, no AMX shown**: 2-core Intel Xeon (family 6, model 207), the AVX-512
   BF16 flags and `avx512_fp16 avx_vnni`, its hypervisor showing no `amx_*` (folders named `*-xeon`,
-  `*-xeon-*`);
+  `*-xeon-llama-server`, kinds read from their recorded flags);
 - **GPU: NVIDIA H100 80GB** (folders named `*-h100`) and **GPU: NVIDIA H200** (`gpu-static-h200`):
   one GPU each; the host's CPU flags are not the kind.
 
@@ -76,7 +76,7 @@ XEON_AMX = "Intel Xeon, AVX-512 BF16 and AMX"
 XEON = "Intel Xeon, AVX-512 BF16, no AMX shown"
 H100 = "GPU: NVIDIA H100 80GB"
 #: a folder name's last part -> the kind its records must show (tests/test_figures.py checks it)
-NAME_KINDS = {"-avx2": AVX2, "-avx512bf16": AVX512, "-xeon-amx": XEON_AMX, "-xeon": XEON, "-h100": H100}
+NAME_KINDS = {"-avx2": AVX2, "-avx512bf16": AVX512, "-xeon-amx": XEON_AMX, "-h100": H100}
 
 
 def _read(path: Path) -> dict:

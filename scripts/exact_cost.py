@@ -22,12 +22,13 @@ import time
 
 import numpy as np
 
+from specdec.checks import number_arg
 from specdec.models.backends.llamacpp.formats import model_file
 from specdec.models.backends.llamacpp.model import LlamaCppModel
 
 
 def ids(n: int, seed: int = 0, vocab: int = 20000) -> list[int]:
-    return [int(x) for x in np.random.default_rng(seed).integers(3, min(vocab, 20000), n)]
+    return np.random.default_rng(seed).integers(3, min(vocab, 20000), n).tolist()
 
 
 CLOCK = time.perf_counter
@@ -52,10 +53,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--widths", default="1,2,4")
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--steps", type=int, default=16)
-    ap.add_argument("--context", type=int, default=300, help="context tokens before the timed passes")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rounds", type=number_arg(int, lo=1, hi=10000), default=10)
+    ap.add_argument("--steps", type=number_arg(int, lo=1, hi=10000), default=16)
+    ap.add_argument("--context", type=number_arg(int, lo=1, hi=100000), default=300,
+                    help="context tokens before the timed passes")
+    ap.add_argument("--threads", type=number_arg(int, lo=1, hi=1024), default=None)
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: the process's CPU time (with --threads 1 on shared cores)")
     a = ap.parse_args()
