@@ -293,9 +293,12 @@ def test_sixteen_concurrent_clients_match_sequential(server):
 
 
 def _long_request(server, out: dict):
+    """A long generation; a caller of its own each time (a fresh ``cache_salt``), so that an earlier
+    identical request's text (the keyless server shares it) cannot make it short."""
     t0 = time.perf_counter()
     r = httpx.post(server.url + "/v1/completions", timeout=60,
-                   json={"prompt": LONG_PROMPT, "max_tokens": 480, "temperature": 0})
+                   json={"prompt": LONG_PROMPT, "max_tokens": 480, "temperature": 0,
+                         "cache_salt": f"long-{time.perf_counter_ns()}"})
     out.update(status=r.status_code, seconds=time.perf_counter() - t0, body=r.json())
 
 
