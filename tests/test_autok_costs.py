@@ -201,3 +201,21 @@ def test_a_controller_waiting_to_read_forgets_a_bad_stretch_and_starts_again():
     ks = [c.budget(t, 399 - t, 100 + t) for t in range(399)]
     assert ks[0] == 0 and c.declined > 0
     assert any(ks[:100]), "never drafted again"
+
+
+def test_a_draft_token_is_priced_at_the_context_the_draft_drafts_at():
+    """A draft model whose one-token pass doubles from an empty cache to 1,024 tokens (its wide passes
+    measured there): its step is priced at its window of the prompt and the answer so far, so a
+    block that pays after a short window does not after a long one."""
+    draft = CostTable("d", "q4", [1, 2], [0.020, 0.040], context=32, prefill_seconds=0.32,
+                      wide_context=1024, wide_widths=[1, 16], wide_seconds=[0.060, 0.400])
+    assert draft.step_at(32) == pytest.approx(0.020) and draft.step_at(1024) == pytest.approx(0.060)
+    assert draft.step_at(528) == pytest.approx(0.040)
+    assert CostTable("d", "q4", [1, 2], [0.02, 0.04], context=32, context_slope=0.001).step_at(132) == \
+        pytest.approx(0.022)  # no wide passes: the measured slope
+    target = bandwidth_bound(step=0.100, per_token=0.030)
+    c = AutoK(target, draft)
+    c.begin(1000, prompt_tokens=40, draft_context=40)
+    assert c.budget(0, 999, 2) > 0 and c.step == pytest.approx(0.020)
+    c.begin(1000, prompt_tokens=1200, draft_context=1000)
+    assert c.budget(0, 999, 2) == 0 and c.step > 0.055  # a step of ~60 ms against a 100 ms pass: no block pays

@@ -460,3 +460,24 @@ def test_help_lists_the_flags():
                  "--temperature", "--repeats", "--peers", "--out", "--data", "--target", "--draft-quant"):
         assert flag in res.stdout, flag
     assert os.environ.get("SPECDEC_HOME") is not None  # tests never touch the real model cache
+
+
+def test_the_warm_up_is_a_caller_of_its_own(tiny_pair, tmp_path, monkeypatch):
+    """What a warm-up would teach its configuration's caller (its answer, cut at a few tokens, as a
+    length to expect and a text to copy) never reaches the measured samples: it runs as another caller."""
+    from specdec.bench.runner import WARM_UP
+
+    callers = []
+    generate = tiny_pair.generate
+
+    def spy(*args, config=None, **kwargs):
+        callers.append(config.caller)
+        return generate(*args, config=config, **kwargs)
+
+    monkeypatch.setattr(tiny_pair, "generate", spy)
+    dataset = load_dataset("fixture")
+    configs = cfgs.build_configs("ar,lossless", "auto", "auto")
+    run(tiny_pair, dataset, configs, [], Settings(max_new_tokens=4, sandbox_timeout=5), tmp_path, progress=False)
+    ids = {c.id for c in configs}
+    assert sorted(callers[:2]) == sorted(i + WARM_UP for i in ids)
+    assert set(callers[2:]) == ids and len(callers[2:]) == 2 * len(dataset.samples)

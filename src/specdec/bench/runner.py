@@ -254,18 +254,25 @@ def _warm_up_left(pair, todo: list, prompts: dict[str, Prompt], everything: list
     warm_up(pair, prompts[first], [c for c in everything if c.id in left], settings, models, constraints.get(first))
 
 
+#: the suffix of a configuration's caller id its warm-up runs as
+WARM_UP = " (warm-up)"
+
+
 def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings, models: BenchModels,
             constraint=None) -> None:
     """Each configuration once on a short generation, not recorded (caches, kernels, allocator),
-    under ``constraint`` when the run's samples carry one."""
+    under ``constraint`` when the run's samples carry one. Each runs as a caller of its own (its
+    configuration's id and ``WARM_UP``): what it would teach the configuration's caller (a cut
+    answer's length, its text to copy, copy rates) never reaches the measured samples."""
     n = max(1, min(settings.warmup_tokens, settings.max_new_tokens))
     for cfg in configs:
         if cfg.kind == "peer":
             run_peer(pair, cfg, pair.encode(prompt.text, chat=False), prompt.stop, max_new_tokens=n,
                      models=models, **settings.sampling())
         else:
+            request = cfg.request_for(n, constraint, **settings.sampling())
             pair_for(pair, cfg, models).generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
-                                                 config=cfg.request_for(n, constraint, **settings.sampling()))
+                                                 config=request.with_settings(caller=f"{request.caller}{WARM_UP}"))
 
 
 def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:

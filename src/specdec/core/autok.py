@@ -62,6 +62,8 @@ UNMEASURED_DRAFT_STEP = 1 / 3
 LENGTHS = 16
 #: a start position is planned again when the seconds per token drafting would take moved by this share
 REPLAN = 0.01
+#: passes are priced at a round's context rounded down to a multiple of this (tables made once per step)
+CONTEXT_STEP = 64
 
 
 def draft_step(target: CostTable, draft: CostTable | None, needs_model: bool) -> float:
@@ -121,7 +123,9 @@ class KPolicy:
     #: a portfolio's source this round (:class:`PortfolioK`); None otherwise
     source: str | None = None
 
-    def begin(self, max_new_tokens: int, prompt_tokens: int = 0) -> None:
+    def begin(self, max_new_tokens: int, prompt_tokens: int = 0, draft_context: int | None = None) -> None:
+        """A request starts: at most ``max_new_tokens`` to write after ``prompt_tokens`` of prompt, of
+        which the draft model reads ``draft_context`` (its window; None: all)."""
         self.declined = 0
 
     def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
@@ -156,7 +160,10 @@ class AutoK(KPolicy):
                  window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_K - 1):
         self.target = target
         self.needs_model = needs_model
+        self.draft = draft
         self.step = draft_step(target, draft, needs_model)
+        self.draft_view = 0  # prompt tokens the draft model reads this request (its window)
+        self.step_context = -1  # the draft context self.step is priced at
         if not needs_model:
             self.read = lambda n: 0.0
         elif draft is not None:
@@ -221,15 +228,31 @@ class AutoK(KPolicy):
         return best
 
     # ------------------------------------------------------------------ the protocol
-    def begin(self, max_new_tokens: int, prompt_tokens: int = 0) -> None:
+    def begin(self, max_new_tokens: int, prompt_tokens: int = 0, draft_context: int | None = None) -> None:
         self.declined = 0
         self.max_new = max_new_tokens
         self.planned_backlog = -1
+        self.draft_view = max(0, int(prompt_tokens if draft_context is None else draft_context))
+        self.step_context = -1
+
+    def _reprice(self, t: int) -> None:
+        """A draft token priced at the context the draft model drafts at: its window of the prompt and
+        the answer so far (per :data:`CONTEXT_STEP`), on its table's wide passes where measured
+        (:meth:`~specdec.models.costmodel.CostTable.step_at`)."""
+        if not self.needs_model or self.draft is None:
+            return
+        at = (self.draft_view + t) // CONTEXT_STEP * CONTEXT_STEP
+        if at != self.step_context:
+            self.step_context, step = at, self.draft.step_at(at)
+            if step != self.step:
+                self.step = step
+                self._plans.clear()
 
     def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
         self.probs, self.kept_p, self.limit = [], 1.0, 0
         if room <= 0:
             return 0
+        self._reprice(t)
         k, spt = self.plan()
         if k == 0:  # nothing is learned at K = 0: the prior slowly returns
             self._fade()
@@ -370,8 +393,6 @@ def _clamp(ratio: float) -> float:
 #: A table with wide passes (:attr:`~specdec.models.costmodel.CostTable.wide_widths`) is priced at each
 #: round's context instead (:func:`priced_at`)
 WIDTH_PREMIUM = 1.5
-#: the portfolio prices a round at its context rounded down to a multiple of this (tables made once per step)
-CONTEXT_STEP = 64
 
 
 class PortfolioK(KPolicy):
@@ -410,12 +431,12 @@ class PortfolioK(KPolicy):
         self.situations: dict[str, CopyKey] = {}  # this round's offers' situations, by source
         self.limit = 0
 
-    def begin(self, max_new_tokens: int, prompt_tokens: int = 0) -> None:
+    def begin(self, max_new_tokens: int, prompt_tokens: int = 0, draft_context: int | None = None) -> None:
         self.declined = 0
         self.prompt = max(0, int(prompt_tokens))
         if self.model is not None:
             self.model.retable(self.priced_at(self.prompt)[0])
-            self.model.begin(max_new_tokens)
+            self.model.begin(max_new_tokens, prompt_tokens, draft_context)
 
     def priced_at(self, context: int) -> tuple[CostTable, frozenset[int]]:
         """The target's passes as a round at ``context`` tokens is priced (:func:`priced_at`, per

@@ -283,8 +283,6 @@ class Engine:
         out = out if out is not None else Generation(list(prompt_ids))
         drafter = self.make_drafter(cfg) if policy.drafts else None  # plain decoding runs none
         kpolicy = self.k_policy(cfg) if policy.drafts else None
-        if kpolicy is not None:
-            kpolicy.begin(cfg.max_new_tokens, prompt_tokens=len(prompt_ids))
         out.stats = Stats(
             policy=cfg.policy, drafter=cfg.drafter if policy.drafts else None, k=cfg.k if policy.drafts else None,
             lossy=policy.lossy, prompt_tokens=len(prompt_ids), params={**policy.params, **cfg.drafter_params},
@@ -299,6 +297,8 @@ class Engine:
             drafter.guide = guide
             drafter.more = kpolicy.more
             drafter.start(run.context)
+            # what the draft model reads of the prompt (its window): its steps are priced at that context
+            kpolicy.begin(cfg.max_new_tokens, prompt_tokens=len(prompt_ids), draft_context=drafter.backlog(run.context))
         out.stats.prefill_seconds = time.perf_counter() - run.t_start
         return run
 

@@ -87,7 +87,7 @@ class Clock:
         return 1.0 if self.draft is None else self._scale(self.draft, context)
 
     def draft_step(self, context: int) -> float:
-        return 0.0 if self.draft is None else self.draft.forward(1) * self._scale(self.draft, context)
+        return 0.0 if self.draft is None else self.draft.step_at(context)
 
 
 @dataclass
@@ -218,7 +218,8 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
         model = ModelSource(trace.drafts[draft], trace) if draft is not None else None
         lookup = LookupSource(drafter, trace) if drafter is not None else None
         sources = [LookupSource(d, trace) for d in copies]
-        policy.begin(trace.max_new_tokens, prompt_tokens=prompt)
+        policy.begin(trace.max_new_tokens, prompt_tokens=prompt,
+                     draft_context=model.dt.view if model is not None else prompt)
     t = 0
     while t < n:
         room = trace.max_new_tokens - t
