@@ -29,6 +29,7 @@ OUT/summary.json and OUT/table.md; prints the table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import sys
@@ -149,8 +150,12 @@ def main(argv=None) -> int:
     app = create_app(pair, {"max_new_tokens": a.max_tokens, "temperature": 0.0}, limits=Limits(max_tokens=4096),
                      model_name="agent", shared_caches=True)
     records = []
-    servers = {name: llama_server(name, target) for name in names if name in SERVER_MODES}
-    with serve_in_thread(app) as url:
+    with contextlib.ExitStack() as stack:  # on the way out: our server, then llama.cpp's, stopped and freed
+        servers = {}
+        for name in (n for n in names if n in SERVER_MODES):
+            servers[name] = llama_server(name, target)
+            stack.callback(servers[name].close)
+        url = stack.enter_context(serve_in_thread(app))
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=3600)
         theirs = {name: openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=3600)
                   for name, s in servers.items()}

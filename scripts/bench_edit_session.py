@@ -103,7 +103,7 @@ def main(argv=None) -> int:
                 urls[name], pair = our_server(target, a.max_tokens, stack)
             else:
                 server = LlamaServer(name, gguf_of(target), None, _threads(), {})
-                stack.callback(server.__dict__.clear)
+                stack.callback(server.close)  # stopped and freed when the session ends
                 urls[name], settings[name] = server.url, server.settings
         clients = {n: openai.OpenAI(base_url=u + "/v1", api_key="unused", max_retries=0, timeout=3600)
                    for n, u in urls.items()}

@@ -481,3 +481,35 @@ def test_the_warm_up_is_a_caller_of_its_own(tiny_pair, tmp_path, monkeypatch):
     ids = {c.id for c in configs}
     assert sorted(callers[:2]) == sorted(i + WARM_UP for i in ids)
     assert set(callers[2:]) == ids and len(callers[2:]) == 2 * len(dataset.samples)
+
+def test_report_only_keeps_every_field_the_run_wrote(tiny_dirs, tmp_path, capsys, monkeypatch):
+    """Re-reporting a finished folder leaves summary.json as the run wrote it (the backend, why it
+    was chosen, the cost table, the resolved draft and quantization, the machine's cores and
+    versions), adding only who re-reported it: what run.json does not hold is kept from the
+    folder's summary.json."""
+    out = tmp_path / "done"
+    argv = ["bench", "--dataset", "fixture", "--limit", "2", "--policies", "ar,lossless", "--drafter", "pld",
+            "--k", "2", "--max-new-tokens", "4", "--no-warmup", "--no-plots", "--out", str(out), "-q",
+            *tiny_args(tiny_dirs)]
+    monkeypatch.setattr(sys, "argv", ["pytest", "-q"])
+    assert main(argv) == 0
+    capsys.readouterr()
+    before = json.loads((out / "summary.json").read_text())
+    assert before["run"]["models"]["cost_model"] and before["run"]["models"]["backend"] == "transformers"
+    report_only = ["bench", "--report-only", "--out", str(out), "--no-plots", "-q"]
+    assert main(report_only) == 0
+    after = json.loads((out / "summary.json").read_text())
+    assert after["environment"].pop("reported_by") == report_only
+    assert after == before
+    assert main(report_only) == 0  # and again: the re-reported summary keeps them too
+    again = json.loads((out / "summary.json").read_text())
+    again["environment"].pop("reported_by")
+    assert again == before
+    # a summary.json that is not the run's (another machine's, or unreadable) lends it nothing
+    before["environment"]["hardware"]["cpu"] = "Another CPU"
+    (out / "summary.json").write_text(json.dumps(before))
+    assert main(report_only) == 0
+    assert json.loads((out / "summary.json").read_text())["run"]["models"]["cost_model"] is None
+    (out / "summary.json").write_text("{not json")
+    assert main(report_only) == 0
+    assert json.loads((out / "summary.json").read_text())["run"]["models"]["cost_model"] is None

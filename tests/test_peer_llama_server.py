@@ -9,6 +9,8 @@ import json
 import sys
 import threading
 import types
+import urllib.request
+import weakref
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -64,13 +66,24 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class FakeServer:
+    """``xllamacpp.Server``: listens until the last reference to it goes, as the real one (whose
+    C++ destructor stops it); ``made`` holds a weak reference to each."""
+
     made: list = []
 
     def __init__(self, params):
         self.params = params
         self.http = ThreadingHTTPServer(("127.0.0.1", params.port), Handler)
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
-        FakeServer.made.append(self)
+        FakeServer.made.append(weakref.ref(self))
+
+    def stop(self):
+        if self.http is not None:
+            self.http.shutdown()
+            self.http.server_close()
+            self.http = None
+
+    __del__ = stop
 
 
 @pytest.fixture
@@ -85,9 +98,9 @@ def fake_xl(monkeypatch, tmp_path):
     monkeypatch.setattr(peers, "gguf_of", lambda source: str(tmp_path / f"{source}.gguf"))
     FakeServer.made, Handler.bodies = [], []
     yield FakeServer
-    for s in FakeServer.made:
-        s.http.shutdown()
-        s.http.server_close()
+    for ref in FakeServer.made:
+        if ref() is not None:
+            ref().stop()
 
 
 def test_keys_defaults_and_missing_library(monkeypatch):
@@ -174,3 +187,64 @@ def test_the_real_server_decodes_the_bundled_target_greedily():
     assert "draft_n" in mod["peer_settings"] and "AVX2" in mod["peer_settings"]["system_info"]
     # another build's kernels: the first tokens agree, not necessarily all
     assert plain["token_ids"][:2] == list(ar.token_ids)[:2]
+    urls = [s.url for s in models.servers.values()]
+    assert len(urls) == 2 and all(answers(u) for u in urls)
+    models.close()  # the wheel's servers stop when freed
+    assert not any(answers(u) for u in urls)
+
+
+def answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def test_close_stops_and_frees_the_server(fake_xl):
+    server = llama_server.LlamaServer("llama-server", "/t.gguf", None, 1, {})
+    (made,) = fake_xl.made
+    assert made() is server.server and answers(server.url)
+    server.close()
+    assert server.server is None and made() is None and not answers(server.url)
+    server.close()  # again: nothing
+    llama_server.LlamaServer.__new__(llama_server.LlamaServer).close()  # never started: nothing
+
+
+def test_a_server_that_does_not_come_up_is_closed(fake_xl, monkeypatch):
+    def never(self, seconds=300.0):
+        raise SpecdecError("did not come up")
+
+    monkeypatch.setattr(llama_server.LlamaServer, "_wait", never)
+    with pytest.raises(SpecdecError, match="did not come up") as error:
+        llama_server.LlamaServer("llama-server-ngram-mod", "/t.gguf", None, 1, {})
+    # stopped even while the error's traceback (which holds the half-made object) is kept
+    assert error.traceback and len(fake_xl.made) == 1 and fake_xl.made[0]() is None
+
+
+def test_the_run_s_servers_stop_with_it(tiny_pair, fake_xl, tmp_path):
+    """BenchModels.close stops every server it holds; a generation or a bench run given none stops
+    the servers it started when it ends."""
+    Handler.reply = {"content": "ab", "tokens": tiny_pair.encode("ab", chat=False), "stop_type": "limit",
+                     "timings": {}}
+    models = BenchModels()
+    run(tiny_pair, "llama-server:n_threads=1", models=models)
+    run(tiny_pair, "llama-server-ngram-mod:n_threads=1", models=models)
+    assert len(fake_xl.made) == 2 and all(ref() is not None for ref in fake_xl.made)
+    models.close()
+    assert models.servers == {} and all(ref() is None for ref in fake_xl.made)
+    models.close()
+    run(tiny_pair, "llama-server:n_threads=1")  # a generation of its own
+    assert len(fake_xl.made) == 3 and fake_xl.made[-1]() is None
+    from specdec.bench.datasets import load_dataset
+    from specdec.bench.runner import Settings
+    from specdec.bench.runner import run as bench_run
+
+    def bench(out):
+        return bench_run(tiny_pair, load_dataset("fixture", 1), [], build_peers("llama-server:n_threads=1"),
+                         Settings(max_new_tokens=4, warmup=False, sandbox_timeout=5), out, progress=False)
+
+    with pytest.raises(SpecdecError, match="cannot write it"):  # a run that fails midway (no such folder)
+        bench(tmp_path / "missing")
+    assert len(fake_xl.made) == 4 and fake_xl.made[-1]() is None
+    assert len(bench(tmp_path)) == 1 and len(fake_xl.made) == 5 and fake_xl.made[-1]() is None

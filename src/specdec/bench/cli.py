@@ -338,6 +338,7 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
     versions the results were made with (run.json) and the dtypes the records carry. Returns
     ``(out, finished dataset, its records, env, models)``."""
     from .results import ResultsFile, read_run_settings
+    from .summary_kept import kept, over, read_summary
 
     out = Path(a.out)
     if not os.path.lexists(out / "results.jsonl"):  # one that is there but no plain file is refused when read
@@ -371,7 +372,10 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
               f"{made.get('dtype')} (as asked; the records do not say what it resolved to)",
               "draft_dtype": ", ".join(str(d) for _, d in dtypes) if dtypes != [(None, None)] else None,
               "dtype_asked": made.get("dtype"), "dtype_why": None, "device": made.get("device"), "cost_model": None}
-    return out, dataset, records, env, models
+    # what the run learned on loading (backend, cost tables, resolved draft, cores...): its summary.json's
+    earlier = kept(read_summary(out), made, a.dataset)
+    env["versions"], env["hardware"] = (over(earlier[s], env[s]) for s in ("versions", "hardware"))
+    return out, dataset, records, env, over(earlier["models"], models)
 
 
 #: run.json settings that describe the machine and its software, not the run: --report-only may

@@ -86,7 +86,12 @@ def _section(mode: str) -> str:
 
 
 class LlamaServer:
-    """One running server (:func:`server_params`), and its ``settings`` for the record."""
+    """One running server (:func:`server_params`), and its ``settings`` for the record.
+    :meth:`close` stops it and frees its models; one that does not come up is closed before the
+    error is raised."""
+
+    #: the embedded ``xllamacpp.Server``; None before it starts and once closed
+    server: Any = None
 
     def __init__(self, mode: str, target: str, draft: str | None, threads: int, params: dict):
         import xllamacpp as xl
@@ -94,12 +99,23 @@ class LlamaServer:
         port = free_port()
         self.mode, self.url = mode, f"http://127.0.0.1:{port}"
         self.server = xl.Server(server_params(xl, mode, target, draft, threads, port, params))
-        self.settings = {**params, "n_threads": threads, "mode": MODES[mode] or "none",
-                         "gguf": target.rsplit("/", 1)[-1], "build": BUILD,
-                         "xllamacpp": getattr(xl, "__version__", None), "system_info": xl.get_system_info().strip()}
-        if draft is not None and mode == "llama-server-draft":
-            self.settings["draft_gguf"] = draft.rsplit("/", 1)[-1]
-        self._wait()
+        try:
+            self.settings = {**params, "n_threads": threads, "mode": MODES[mode] or "none",
+                             "gguf": target.rsplit("/", 1)[-1], "build": BUILD,
+                             "xllamacpp": getattr(xl, "__version__", None), "system_info": xl.get_system_info().strip()}
+            if draft is not None and mode == "llama-server-draft":
+                self.settings["draft_gguf"] = draft.rsplit("/", 1)[-1]
+            self._wait()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop the server and free it (its models and threads); again, or on one that never
+        started, nothing. xllamacpp's server has no stop call: it stops when the last reference
+        to it goes, which is this object's."""
+        server, self.server = self.server, None
+        del server
 
     def _wait(self, seconds: float = 300.0) -> None:
         deadline = time.monotonic() + seconds

@@ -6,7 +6,8 @@ on another backend), :func:`specdec.bench.peers.peer_draft` (a peer's copy of th
 another quantization), :func:`specdec.bench.peers.llama_model` (llama.cpp's model of the
 target's GGUF file), :func:`specdec.bench.peers.openvino_pipeline` (OpenVINO GenAI's pipeline
 on that file) and :func:`specdec.bench.llama_server.server_for` (llama.cpp's own server on it). A caller that runs several times on one pair may pass the same one to each
-run, so those models load once in all.
+run, so those models load once in all; the run that made its own closes it at the end
+(:meth:`BenchModels.close`: the servers stop), a caller that passed one closes it itself.
 """
 
 from __future__ import annotations
@@ -29,3 +30,10 @@ class BenchModels:
     openvino: dict[tuple, Any] = field(default_factory=dict)
     #: mode and settings -> llama.cpp's running server (:func:`specdec.bench.llama_server.server_for`)
     servers: dict[tuple, Any] = field(default_factory=dict)
+
+    def close(self) -> None:
+        """Stop llama.cpp's servers (each :meth:`~specdec.bench.llama_server.LlamaServer.close`)
+        and forget them; the other models go with the last reference to them. Again: nothing."""
+        servers, self.servers = list(self.servers.values()), {}
+        for server in servers:
+            server.close()

@@ -273,8 +273,14 @@ def run_peer(
     """One generation by a peer: text, token_ids, finish_reason, new_tokens, seconds (wall time
     of ``generate``), target_forwards, tau, and the settings it used. ``models``: the run's
     (:class:`specdec.bench.loaded.BenchModels`), where a peer's own models are kept between
-    generations; without it they are loaded for this generation only."""
-    models = BenchModels() if models is None else models
+    generations; without it they are loaded for this generation only (a server stopped after it)."""
+    if models is None:
+        models = BenchModels()
+        try:
+            return run_peer(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p, top_k=top_k, seed=seed, models=models)
+        finally:
+            models.close()
     if peer.policy in MODES:
         return run_llama_server(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
                                 top_p=top_p, top_k=top_k, seed=seed, models=models, threads=_threads(),

@@ -118,8 +118,9 @@ def run(
     rerun asks again; tune's stop rule). ``label`` names the progress bar.
     Unusable lines already in the folder are reported in one line on stderr and run again. The
     caller holds the folder's lock (:func:`specdec.bench.results.lock_out`). The models the run
-    loads besides ``pair`` are kept in ``models`` (a new :class:`BenchModels` when not given)."""
-    models = BenchModels() if models is None else models
+    loads besides ``pair`` are kept in ``models``; without it, in a :class:`BenchModels` of its
+    own, closed at the end, finished or not (llama.cpp's servers stop)."""
+    own, models = models is None, BenchModels() if models is None else models
     results = ResultsFile(out_dir)
     existing = {r["key"]: r for r in results.load()}
     if results.report() is not None:
@@ -137,23 +138,16 @@ def run(
     todo = [(s, rep, c) for i, s in enumerate(dataset.samples) for rep in range(settings.repeats)
             for c in turn(everything, i * settings.repeats + rep) if record_key(s.id, c.id, rep) not in existing]
     total = len(dataset.samples) * settings.repeats * len(everything)
-    step_ms = _get_ready(pair, todo, prompts, everything, settings, models, constraints, existing.values())
-
-    bar, task = _progress(progress, total, total - len(todo), label)
     prompt_ids: dict[str, list[int]] = {}
     try:
+        step_ms = _get_ready(pair, todo, prompts, everything, settings, models, constraints, existing.values())
+        bar, task = _progress(progress, total, total - len(todo), label)
         with bar:
             for sample, rep, cfg in todo:
                 if skip is not None and skip(cfg, existing):
                     bar.update(task, advance=1, info=f"{cfg.id}: stopped")
                     continue
-                prompt = prompts[sample.id]
-                if cfg.kind == "peer":
-                    if sample.id not in prompt_ids:
-                        prompt_ids[sample.id] = pair.encode(prompt.text, chat=False)
-                    rec = _peer_record(pair, cfg, sample, rep, prompt, prompt_ids[sample.id], settings, models)
-                else:
-                    rec = _our_record(pair, cfg, sample, rep, prompt, settings, models, constraints.get(sample.id))
+                rec = _record(pair, cfg, sample, rep, prompts[sample.id], prompt_ids, settings, models, constraints)
                 rec["step_ms"] = step_ms
                 rec["quality"] = scorer.score(sample, rec["text"], rec.get("finish_reason"))
                 _add_agreement(rec, existing.get(record_key(sample.id, "ar", rep)))
@@ -165,8 +159,21 @@ def run(
                     on_record(rec)
     finally:
         results.close()
+        if own:
+            models.close()
     wanted = {s.id for s in dataset.samples}
     return [r for r in existing.values() if r["sample_id"] in wanted]
+
+
+def _record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, prompt_ids: dict[str, list[int]],
+            settings: Settings, models: BenchModels, constraints: dict[str, Any]) -> dict:
+    """One generation's record: a peer's from the prompt's token ids (encoded once per sample, kept
+    in ``prompt_ids``), ours from its text under the sample's constraint."""
+    if cfg.kind == "peer":
+        if sample.id not in prompt_ids:
+            prompt_ids[sample.id] = pair.encode(prompt.text, chat=False)
+        return _peer_record(pair, cfg, sample, rep, prompt, prompt_ids[sample.id], settings, models)
+    return _our_record(pair, cfg, sample, rep, prompt, settings, models, constraints.get(sample.id))
 
 
 def turn(configs: list[Config], n: int) -> list[Config]:
