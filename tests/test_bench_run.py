@@ -482,6 +482,7 @@ def test_the_warm_up_is_a_caller_of_its_own(tiny_pair, tmp_path, monkeypatch):
     assert sorted(callers[:2]) == sorted(i + WARM_UP for i in ids)
     assert set(callers[2:]) == ids and len(callers[2:]) == 2 * len(dataset.samples)
 
+
 def test_report_only_keeps_every_field_the_run_wrote(tiny_dirs, tmp_path, capsys, monkeypatch):
     """Re-reporting a finished folder leaves summary.json as the run wrote it (the backend, why it
     was chosen, the cost table, the resolved draft and quantization, the machine's cores and
