@@ -216,7 +216,7 @@ class Recording(KPolicy):
 
         self.fixed, self.records, self.declined = Fixed(k), [], 0
 
-    def begin(self, max_new_tokens, prompt_tokens=0):
+    def begin(self, max_new_tokens, prompt_tokens=0, draft_context=None):
         pass
 
     def budget(self, t, room, backlog, offers=()):
