@@ -8,9 +8,9 @@
 #   KIND=xeon bash scripts/bench_llama_server.sh
 #   KIND=xeon WORKLOADS="session edits" EDITS=6 bash scripts/bench_llama_server.sh
 #
-# MODES: llama.cpp server modes beside the edits and the session (default: all four);
-# CODE_MODES: beside HumanEval and Spec-Bench (default: plain and ngram-mod); SUFFIX: appended to
-# each folder's name (a second run on today's code beside an earlier one).
+# The llama.cpp server modes beside each workload: MODES beside the edits (default: all four),
+# SESSION_MODES beside the session and CODE_MODES beside HumanEval and Spec-Bench (default: plain and
+# ngram-mod); SUFFIX: appended to each folder's name (a second run beside an earlier one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 KIND=${KIND:?name this machine kind: KIND=avx2, avx512bf16, xeon, ...}
@@ -20,10 +20,11 @@ HUMANEVAL=${HUMANEVAL:-20}
 SPECBENCH=${SPECBENCH:-2}
 MODES=${MODES:-llama-server,llama-server-ngram-mod,llama-server-ngram-simple,llama-server-ngram-map-k}
 CODE_MODES=${CODE_MODES:-llama-server,llama-server-ngram-mod}
+SESSION_MODES=${SESSION_MODES:-llama-server,llama-server-ngram-mod}
 SUFFIX=${SUFFIX:-}
 for w in $WORKLOADS; do
   case $w in
-    session) python scripts/bench_edit_session.py --configs default,ar,llama-server,llama-server-ngram-mod \
+    session) python scripts/bench_edit_session.py --configs "default,ar,$SESSION_MODES" \
                --out "benchmarks/edit-session-q4_k_m-$KIND$SUFFIX" ;;
     edits) specdec bench --dataset edits --limit "$EDITS" --max-new-tokens 512 --policies ar,lossless --peers "$MODES" \
              --out "benchmarks/edits$EDITS-512-q4_k_m-$KIND-llama-server$SUFFIX" ;;
