@@ -28,7 +28,7 @@ from specdec.core.autok import PortfolioK
 from specdec.bench.replaycli import read_tables, replay_all
 from specdec.models.costmodel import best_k_rate
 from specdec.core.drafters import AutoDrafter, SuffixCache
-from specdec.draftlength import MAX_K
+from specdec.draftlength import MAX_CHAIN, MAX_K
 from specdec.traces import replay as replay_mod
 from specdec.traces.trace import read_traces
 
@@ -88,7 +88,7 @@ def every_position(traces, stops) -> list[int]:
     for tr in traces:
         src = replay_mod.LookupSource(AutoDrafter(None, stops, cache.scope("")).copies["suffix"], tr)
         for t in range(len(tr.answer)):
-            offer = src.offer(t, MAX_K - 1)
+            offer = src.offer(t, MAX_CHAIN)
             if offer is not None:
                 reached, kept = offer.outcome(tr.answer[t:t + len(offer.tokens)])
                 for i in range(reached):

@@ -154,7 +154,7 @@ def test_short_answers_after_long_prompts_do_not_read_the_prompt_once_answers_ar
                        drafter_params={"draft_window": "all"})
     for _ in range(3):
         out = engine.generate(prompt, cfg)
-    assert out.stats.drafted == 0 and out.stats.backlog_declined > 0
+    assert out.stats.drafted == 0 and out.stats.declined_rounds > 0
 
 
 # ------------------------------------------------------------------------------- the oracle

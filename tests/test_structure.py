@@ -739,3 +739,33 @@ def test_test_helpers_are_not_in_the_installed_package():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 assert not any(n.split(".")[0] == "scipy" for n in names), path
+
+
+def test_each_name_and_limit_is_declared_once_and_compared_by_its_name():
+    """Plain decoding's name (``specdec.core.names.AR``), the portfolio's sources
+    (``specdec.core.names.Source``), the draft window's words (``specdec.core.window``) and the longest
+    chain the planners plan (``specdec.draftlength.MAX_CHAIN``) are each declared once; code compares
+    with the name, never the literal, and never derives the limit again."""
+    from specdec.core.drafters.auto import SOURCES
+    from specdec.core.names import AR, Source
+    from specdec.core.verify import Plain
+    from specdec.draftlength import MAX_CHAIN, MAX_K
+
+    assert Plain().name == AR and MAX_CHAIN == MAX_K - 1 and SOURCES == tuple(Source)
+    assert [str(s) for s in Source] == ["model", "pld", "suffix"] and Source.MODEL == "model"
+    bad = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                items = sides + [e for s in sides if isinstance(s, (ast.Tuple, ast.List, ast.Set)) for e in s.elts]
+                words = {c.value for c in items if isinstance(c, ast.Constant)} & {"ar", "model", "pld", "suffix"}
+                bad += [f"{rel}:{node.lineno} compares with {w!r}" for w in sorted(words)]
+            if isinstance(node, ast.Tuple) and rel != "core/window.py":
+                if {c.value for c in node.elts if isinstance(c, ast.Constant)} >= {"auto", "all"}:
+                    bad.append(f"{rel}:{node.lineno} spells the draft window's words")
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and rel != "draftlength.py"
+                    and getattr(node.left, "id", None) == "MAX_K" and getattr(node.right, "value", None) == 1):
+                bad.append(f"{rel}:{node.lineno} derives MAX_CHAIN again")
+    assert not bad, bad

@@ -11,7 +11,10 @@ from pathlib import Path
 
 from ..core.acceptance import COPY_PRIOR, RUN_EDGES, CopyKey, RunRates, copy_situation, run_bin
 from ..core.autok import KPolicy
-from ..draftlength import MAX_K
+from ..core.drafters.model import ModelDrafter
+from ..core.names import AR
+from ..core.window import WINDOW_WORDS
+from ..draftlength import MAX_CHAIN
 from ..errors import SpecdecError
 
 DEFAULT_KS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15)
@@ -89,7 +92,7 @@ def ar_answers(folder: Path) -> dict[str, dict]:
 
     out = {}
     for rec in ResultsFile(folder).load():
-        if rec.get("config") == "ar" and rec.get("repeat", 0) == 0 and rec.get("token_ids") is not None:
+        if rec.get("config") == AR and rec.get("repeat", 0) == 0 and rec.get("token_ids") is not None:
             out[rec["sample_id"]] = rec
     if not out:
         raise SpecdecError(f"{folder}: no plain-decoding (ar) answers to trace; run the bench with 'ar' among --policies")
@@ -111,7 +114,7 @@ def cmd_trace(a: argparse.Namespace) -> int:
     answers = ar_answers(folder)
     windows = [w.strip() for w in a.windows.split(",") if w.strip()]
     for w in windows:
-        if w not in ("auto", "all") and not (w.isdigit() and int(w) > 0):
+        if w not in WINDOW_WORDS and not (w.isdigit() and int(w) > 0):
             raise SpecdecError(f"--windows: {w!r} is not a positive number, auto or all")
     limit, positions = parse_selection(b)
     dataset = load_dataset(b.dataset, limit, b.data, positions)
@@ -168,7 +171,7 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
         lm = load(source, draft=None, backend=backend, calibrate=False, progress=True, **draft_opts).target
         priors[source] = measure_prior(pair.target, lm, ref, source=f"reference text, {source}").to_dict()
         for j, w in enumerate(windows):
-            window = w if w in ("auto", "all") else int(w)
+            window = w if w in WINDOW_WORDS else int(w)
             chains = 16 if a.chains == "all" or (a.chains == "first" and i == 0 and j == 0) else 0
             drafts[draft_name(source, w)] = (lm, window, chains)
     return pair, drafts, priors
@@ -216,8 +219,8 @@ def parse_ks(text: str) -> list[int]:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise SpecdecError(f"--k: {text!r} is not a comma list of integers") from None
-    if not ks or ks[0] < 1 or ks[-1] > MAX_K - 1:  # K drafts: a pass of K + 1 tokens, the widest measured MAX_K
-        raise SpecdecError(f"--k: each K must be in 1..{MAX_K - 1}")
+    if not ks or ks[0] < 1 or ks[-1] > MAX_CHAIN:  # K drafts: a pass of K + 1 tokens, the widest measured MAX_K
+        raise SpecdecError(f"--k: each K must be in 1..{MAX_CHAIN}")
     return ks
 
 
@@ -332,7 +335,7 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
         if rec.get("sample_id") not in ids or rec.get("repeat", 0) != 0:
             continue
         cfg = rec["config"]
-        if cfg == "ar" or (rec.get("policy") == "lossless" and rec.get("drafter") == "model"
+        if cfg == AR or (rec.get("policy") == "lossless" and rec.get("drafter") == ModelDrafter.name
                            and not rec.get("params")):
             measured[cfg] = measured.get(cfg, 0.0) + float(rec["stats"]["total_seconds"])
     name = next(iter(results))
@@ -340,7 +343,7 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
     lines = ["", f"measured ({folder}) against replayed ({name}):", "| configuration | measured s | replayed s | replayed / measured |",
              "|---|---:|---:|---:|"]
     for cfg, sec in sorted(measured.items()):
-        if cfg == "ar":
+        if cfg == AR:
             rep = r["plain"]
         elif cfg.endswith("kauto"):
             rep = r["auto"]
@@ -404,7 +407,7 @@ class StopBelow(KPolicy):
     a dataset (:data:`THRESHOLDS`) bounds what a controller reading only the draft's own
     probabilities gets there, far tighter than the oracle on prose."""
 
-    def __init__(self, threshold: float, k_max: int = MAX_K - 1):
+    def __init__(self, threshold: float, k_max: int = MAX_CHAIN):
         self.threshold, self.k_max = float(threshold), int(k_max)
 
     def budget(self, t: int, room: int, backlog: int, offers=()) -> int:

@@ -50,7 +50,8 @@ from typing import Sequence
 from .acceptance import MAX_RATE, AcceptanceEstimate, AcceptancePrior, Bins, CopyKey, RunRates, copy_situation
 from ..models.costmodel import (
     FALLBACK_K, TIE_TOLERANCE, CostTable, best_k, best_k_rate, expected_tokens, tokens_per_second)
-from ..draftlength import MAX_K, K
+from ..draftlength import MAX_CHAIN, MAX_K, K
+from .names import Source
 from .rounds import RoundRecord
 
 #: a backlog of at most this many tokens is a normal round's feed (the last bonus token, and the last
@@ -96,7 +97,7 @@ def break_even_rate(target: CostTable, step: float) -> float | None:
     allowed = allowed_ks(target)
 
     def drafts(rate: float) -> bool:
-        return block_at(target.forward, step, rate, MAX_K - 1, allowed)[0] > 0
+        return block_at(target.forward, step, rate, MAX_CHAIN, allowed)[0] > 0
 
     if not drafts(MAX_RATE):
         return None
@@ -157,7 +158,7 @@ class AutoK(KPolicy):
     """``k="auto"`` for chains (module docstring)."""
 
     def __init__(self, target: CostTable, draft: CostTable | None = None, needs_model: bool = True,
-                 window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_K - 1):
+                 window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_CHAIN):
         self.target = target
         self.needs_model = needs_model
         self.draft = draft
@@ -491,7 +492,7 @@ class PortfolioK(KPolicy):
             declined = self.model.declined
             k = self.model.budget(t, room, backlog)
             if k and 1.0 / self.model.plan()[1] > best * (1 + TIE_TOLERANCE):
-                choice = ("model", k)
+                choice = (Source.MODEL, k)
             elif choice[0] is None and self.model.declined > declined:
                 self.declined += 1  # plain only because reading the backlog would not pay
         self.source, self.limit = choice
@@ -501,7 +502,7 @@ class PortfolioK(KPolicy):
         k = min(room, self.fixed if self.fixed is not None else FALLBACK_K)
         best, choice = 0.0, (None, 0)
         if self.model_rate > 0:
-            best, choice = expected_tokens([self.model_rate] * k, k), ("model", k)
+            best, choice = expected_tokens([self.model_rate] * k, k), (Source.MODEL, k)
         for offer in offers:
             kk, kept = self._copy(offer, k)
             if kk and kept > best * (1 + TIE_TOLERANCE):
@@ -510,12 +511,12 @@ class PortfolioK(KPolicy):
         return self.limit
 
     def more(self, i: int, p: float) -> bool:
-        if self.source == "model" and self.model is not None:
+        if self.source == Source.MODEL and self.model is not None:
             return self.model.more(i, p)
         return i < self.limit
 
     def observe(self, r: RoundRecord) -> None:
-        if r.source == "model" and self.model is not None:
+        if r.source == Source.MODEL and self.model is not None:
             self.model.observe(r)
         for source, run, reached, kept in r.offers:
             self.rates_of(source).update(run, reached, kept)

@@ -94,8 +94,9 @@ class Pair:
     @property
     def prefix_caching(self) -> bool:
         """Whether a generation reads only the part of its prompt that the target's cache holds from
-        the same caller's request before (:attr:`specdec.core.scopes.Caches.prefix_caching`; on by
-        default). Set it to False to read every prompt whole."""
+        the same caller's request before (:attr:`specdec.core.scopes.Caches.prefix_caching`). Off by
+        default here, so that every generation reads its prompt whole and timings compare; ``specdec
+        serve`` turns it on. Set it to True to keep what a caller's earlier request left."""
         return self.engine.caches.prefix_caching
 
     @prefix_caching.setter
@@ -189,8 +190,9 @@ class Pair:
 
         prompt: a string, continued as text (as vLLM's ``LLM.generate`` and OpenAI's completions
         do; ``chat=True`` applies the chat template to it, as :meth:`chat` does), a list of chat
-        messages (the chat template applied), or token ids. Keyword arguments: ``policy`` ("ar" |
-        "lossless"), ``drafter`` ("model" | "pld"), ``k``, ``max_new_tokens``, ``temperature``,
+        messages (the chat template applied), or token ids. Keyword arguments: ``policy`` (``ar``,
+        ``lossless`` or a loose rule: :mod:`specdec.core.verify`), ``drafter`` (a name in
+        :data:`specdec.core.drafters.DRAFTERS`; default ``auto``, the portfolio), ``k``, ``max_new_tokens``, ``temperature``,
         ``top_p``, ``top_k``, ``seed``, ``stop``, ``system``, ``on_text`` (called with each text
         delta), drafter options ``ngram_max``/``ngram_min``, the policy's own parameters, and
         structured output: one of ``response_format``, ``json_schema``, ``regex``, ``choice``,

@@ -22,6 +22,7 @@ from typing import Sequence
 import torch
 
 from ...checks import option, options_of
+from ..names import Source
 from ..sampling import SamplingParams
 from .base import Draft, Drafter, Offer
 from .lookup import LookupDrafter, LookupOptions
@@ -29,7 +30,7 @@ from .model import ModelDrafter, ModelOptions
 from .suffix import CacheScope, SuffixDrafter, SuffixOptions
 
 #: the portfolio's sources, in the order they are asked (ties go to the first)
-SOURCES = ("model", "pld", "suffix")
+SOURCES = tuple(Source)
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,8 @@ class AutoDrafter(Drafter):
 
         self.model = ModelDrafter(lm, stop_ids, **of(ModelDrafter)) if lm is not None else None
         self.copies: dict[str, LookupDrafter | SuffixDrafter] = {
-            "pld": LookupDrafter(**of(LookupDrafter)),
-            "suffix": SuffixDrafter(stop_ids, history=history, prompts=False, **of(SuffixDrafter))}
+            Source.PLD: LookupDrafter(**of(LookupDrafter)),
+            Source.SUFFIX: SuffixDrafter(stop_ids, history=history, prompts=False, **of(SuffixDrafter))}
         self._offers: dict[str, Offer] = {}
 
     @classmethod
@@ -105,7 +106,7 @@ class AutoDrafter(Drafter):
                 ) -> Draft:
         """From the source the K policy chose (:attr:`source`): the model drafts (asking
         :attr:`more` after each token), a copy source's offer is cut to ``k``."""
-        if self.source == "model" and self.model is not None:
+        if self.source == Source.MODEL and self.model is not None:
             self.model.guide, self.model.more, self.model.should_stop = self.guide, self.more, self.should_stop
             return self.model.propose(context, k, params, generator)
         offer = self._offers.get(self.source or "")
