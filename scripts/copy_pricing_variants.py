@@ -25,6 +25,7 @@ import dataclasses
 
 from specdec.core.acceptance import AcceptanceEstimate, AcceptancePrior, run_bin
 from specdec.core.autok import PortfolioK
+from specdec.core.names import Source
 from specdec.bench.replaycli import read_tables, replay_all
 from specdec.models.costmodel import best_k_rate
 from specdec.core.drafters import AutoDrafter, SuffixCache
@@ -54,7 +55,7 @@ class PositionK(PortfolioK):
     def observe(self, r):
         super().observe(r)
         if self.better:
-            if r.drafted and r.source not in (None, "model"):
+            if r.drafted and r.source not in (None, Source.MODEL):
                 self.mine.setdefault(r.source, AcceptanceEstimate()).update(r.drafted, r.accepted)
             return
         for source, _, reached, kept in r.offers:
@@ -64,9 +65,9 @@ class PositionK(PortfolioK):
 class LastRoundK(PortfolioK):
     """The run price, its rates kept per outcome of the last round (plain, all kept, a miss)."""
 
-    def budget(self, t, room, backlog, offers=()):
+    def plan(self, t, room, backlog, offers=()):
         self.rates = self.by_state.setdefault(self.state if t > 0 else 0, {})
-        return super().budget(t, room, backlog, offers)
+        return super().plan(t, room, backlog, offers)
 
     def observe(self, r):
         super().observe(r)

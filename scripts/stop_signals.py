@@ -42,13 +42,13 @@ class SignalPortfolioK(PortfolioK):
     def bin_at(self, t: int) -> int:
         return len(self.edges) + 1 if t == 0 else bisect.bisect_left(self.edges, self.signal[t - 1])
 
-    def budget(self, t, room, backlog, offers=()):
+    def plan(self, t, room, backlog, offers=()):
         b = self.bin_at(t)
         if b not in self.by_bin:
             self.by_bin[b] = {} if self.fitted is None else {
                 key: FittedRates(prior=r) for key, r in self.fitted.get(b, {}).items()}
         self.rates = self.by_bin[b]
-        return super().budget(t, room, backlog, offers)
+        return super().plan(t, room, backlog, offers)
 
 
 def split_by_bin(offers: dict, signal: np.ndarray, edges: tuple) -> dict:

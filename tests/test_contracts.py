@@ -216,10 +216,10 @@ class Recording(KPolicy):
 
         self.fixed, self.records, self.declined = Fixed(k), [], 0
 
-    def begin(self, max_new_tokens, prompt_tokens=0):
+    def begin(self, max_new_tokens, prompt_tokens=0, draft_context=None):
         pass
 
-    def budget(self, t, room, backlog, offers=()):
+    def budget(self, t, room, backlog):
         return self.fixed.budget(t, room, backlog)
 
     def observe(self, record):

@@ -769,3 +769,22 @@ def test_each_name_and_limit_is_declared_once_and_compared_by_its_name():
                     and getattr(node.left, "id", None) == "MAX_K" and getattr(node.right, "value", None) == 1):
                 bad.append(f"{rel}:{node.lineno} derives MAX_CHAIN again")
     assert not bad, bad
+
+
+def test_a_round_s_plan_is_one_value_the_engine_hands_on():
+    """The K policy answers each round with one :class:`~specdec.core.rounds.Plan` (K, a portfolio's
+    source, why it is plain) and the drafter drafts from it: the engine sets no attribute on the
+    policy or the drafter to carry the choice, and a replay asks the same ``plan``."""
+    from specdec.core.autok import KPolicy
+    from specdec.core.drafters.base import Drafter
+
+    assert not hasattr(KPolicy, "source") and not hasattr(Drafter, "source")
+    for rel in ("core/engine.py", "traces/replay.py"):
+        tree = ast.parse((SRC / rel).read_text())
+        sets = [f"{rel}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute)
+                and t.value.attr in ("kpolicy", "drafter") and t.attr not in ("more", "guide", "should_stop")]
+        assert not sets, sets
+        calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+        assert "plan" in calls and "budget" not in calls, rel

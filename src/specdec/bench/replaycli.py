@@ -410,7 +410,7 @@ class StopBelow(KPolicy):
     def __init__(self, threshold: float, k_max: int = MAX_CHAIN):
         self.threshold, self.k_max = float(threshold), int(k_max)
 
-    def budget(self, t: int, room: int, backlog: int, offers=()) -> int:
+    def budget(self, t: int, room: int, backlog: int) -> int:
         return max(0, min(self.k_max, room))
 
     def more(self, i: int, p: float) -> bool:

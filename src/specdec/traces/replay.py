@@ -35,7 +35,7 @@ from ..models.costmodel import CostTable
 from ..draftlength import MAX_CHAIN
 from ..errors import SpecdecError
 from ..core.names import Source
-from ..core.rounds import RoundRecord
+from ..core.rounds import Plan, RoundRecord
 from .trace import DraftTrace, Trace
 
 
@@ -225,9 +225,9 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
     while t < n:
         room = trace.max_new_tokens - t
         offers = [o for o in (c.offer(t, room - 1) for c in sources) if o is not None] if room > 1 else []
-        k = 0 if policy is None else max(0, min(policy.budget(t, room - 1, model.backlog(t) if model else 0, offers),
-                                                room - 1))
-        chosen = policy.source if k and sources else None
+        plan = Plan() if policy is None else policy.plan(t, room - 1, model.backlog(t) if model else 0, offers)
+        k = max(0, min(plan.k, room - 1))
+        chosen = plan.source if k and sources else None
         drafted = accepted = 0
         seconds = 0.0
         if k and chosen is not None and chosen != Source.MODEL:

@@ -23,6 +23,7 @@ import torch
 
 from ...checks import option, options_of
 from ..names import Source
+from ..rounds import Plan
 from ..sampling import SamplingParams
 from .base import Draft, Drafter, Offer
 from .lookup import LookupDrafter, LookupOptions
@@ -102,15 +103,20 @@ class AutoDrafter(Drafter):
                 self._offers[name] = offer
         return list(self._offers.values())
 
+    def draft(self, context: Sequence[int], plan: Plan, params: SamplingParams, generator: torch.Generator | None
+              ) -> Draft:
+        """From the source the plan names: the model drafts (asking :attr:`more` after each token), a
+        copy source's offer of this round is cut to the plan's K."""
+        if plan.source == Source.MODEL and self.model is not None:
+            self.model.guide, self.model.more, self.model.should_stop = self.guide, self.more, self.should_stop
+            return self.model.propose(context, plan.k, params, generator)
+        offer = self._offers.get(plan.source) if plan.source is not None else None
+        return Draft(list(offer.tokens[:plan.k])) if offer is not None else Draft()
+
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
                 ) -> Draft:
-        """From the source the K policy chose (:attr:`source`): the model drafts (asking
-        :attr:`more` after each token), a copy source's offer is cut to ``k``."""
-        if self.source == Source.MODEL and self.model is not None:
-            self.model.guide, self.model.more, self.model.should_stop = self.guide, self.more, self.should_stop
-            return self.model.propose(context, k, params, generator)
-        offer = self._offers.get(self.source or "")
-        return Draft(list(offer.tokens[:k])) if offer is not None else Draft()
+        """``k`` tokens from the draft model (none without one): a plan that names no source."""
+        return self.draft(context, Plan(k, Source.MODEL), params, generator)
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         for d in self._sources():
