@@ -21,8 +21,9 @@ import numpy as np
 
 from specdec.core.acceptance import AcceptancePrior
 from specdec.core.autok import PortfolioK
-from specdec.bench.replaycli import FittedRates, fitted_copy_rates, read_tables
-from specdec.core.drafters import AutoDrafter, SuffixCache
+from specdec.traces.runs import FittedRates, fitted_copy_rates, read_tables
+from specdec.core.drafters import SuffixCache
+from specdec.core.drafters.auto import copy_sources
 from specdec.traces.replay import Clock, copy_offers, oracle, replay
 from specdec.traces.trace import read_traces
 
@@ -76,7 +77,7 @@ def run_file(traces_path: str, signals_path: str, tables: dict) -> dict:
     stops = frozenset(head.get("stop_ids") or ())
 
     def copies(cache):
-        return list(AutoDrafter(None, stops, cache.scope("")).copies.values())
+        return list(copy_sources(stops, cache.scope("")).values())
 
     def make(cls=PortfolioK, **kw):
         return cls(target, draft_table, has_model=model is not None,

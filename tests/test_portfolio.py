@@ -202,7 +202,7 @@ def test_copies_that_agree_are_priced_apart_from_copies_that_differ():
 # ------------------------------------------------------------------------ replay and oracle
 @pytest.mark.parametrize("with_model", [True, False])
 def test_replay_redoes_the_portfolio_s_rounds_and_sources(models, with_model):
-    from specdec.bench.replaycli import replay_portfolio
+    from specdec.traces.runs import replay_portfolio
 
     target, draft = models
     tt, dt = cheap_wide(step=0.05, per_token=0.004), draft_table()
@@ -232,7 +232,7 @@ def test_the_fitted_bound_s_rates_are_the_answers_shares_censored_as_the_portfol
     import numpy as np
 
     from specdec.core.acceptance import COPY_PRIOR, run_bin
-    from specdec.bench.replaycli import FittedRates, fitted_copy_rates
+    from specdec.traces.runs import FittedRates, fitted_copy_rates
 
     arr = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
     # t=0: 3 offered from run 2, 1 kept (judged: run 2 kept, run 3 missed); t=2: 2 offered from run 5,

@@ -788,3 +788,17 @@ def test_a_round_s_plan_is_one_value_the_engine_hands_on():
         assert not sets, sets
         calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
         assert "plan" in calls and "budget" not in calls, rel
+
+
+def test_scripts_use_the_library_s_public_names():
+    """The scripts import no underscore name of specdec and override no underscore method, so a
+    refactor of the library breaks them loudly (the replay library lives in ``specdec.traces.runs``)."""
+    bad = []
+    for path in (SRC.parent.parent / "scripts").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec"):
+                bad += [f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("_")]
+            if isinstance(node, ast.ClassDef):
+                bad += [f"{path.name}:{f.lineno} overrides {f.name}" for f in node.body
+                        if isinstance(f, ast.FunctionDef) and f.name.startswith("_") and not f.name.startswith("__")]
+    assert not bad, bad

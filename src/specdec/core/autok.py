@@ -425,7 +425,8 @@ class PortfolioK(KPolicy):
     expected kept tokens (the model at its prior's mean acceptance), a plain step when none offers."""
 
     def __init__(self, target: CostTable | None, draft: CostTable | None = None, *, has_model: bool,
-                 prior: AcceptancePrior | None = None, window: int = 0, fixed: int | None = None):
+                 prior: AcceptancePrior | None = None, window: int = 0, fixed: int | None = None,
+                 rates: dict[CopyKey, RunRates] | None = None):
         self.target, self.fixed = target, None if fixed is None else max(0, int(fixed))
         self.prompt = 0  # this request's prompt tokens: a round's context is the prompt and the answer so far
         self._priced: dict[int, tuple[CostTable, frozenset[int]]] = {}  # per context step: the table and its Ks
@@ -433,7 +434,9 @@ class PortfolioK(KPolicy):
             if has_model and target is not None and fixed is None else None
         self.model_rate = (prior or AcceptancePrior.assumed()).mean if has_model else 0.0  # k=N: the model's
         self.window = max(0, int(window))  # a policy's lookahead: a copy drafts more than it, or nothing
-        self.rates: dict[CopyKey, RunRates] = {}
+        #: the copy sources' chances per run bin, per source and situation (``rates``: to start from,
+        #: e.g. a replay's rates fitted with hindsight, which learn nothing)
+        self.rates: dict[CopyKey, RunRates] = dict(rates or {})
         self.situations: dict[str, CopyKey] = {}  # this round's offers' situations, by source
         self.chosen = Plan()  # this round's plan (what :meth:`more` drafts by)
 
@@ -455,7 +458,7 @@ class PortfolioK(KPolicy):
             self._priced[step] = (table, copy_ks(table))
         return self._priced[step]
 
-    def _copy(self, offer, room: int, table: CostTable | None = None,
+    def copy_price(self, offer, room: int, table: CostTable | None = None,
               ks: frozenset[int] = frozenset()) -> tuple[int, float]:
         """``(K, expected tokens per second)`` of the offer's best prefix on ``table`` (``(0, 0)``:
         none); with ``k=N`` or no table, ``(K, expected kept tokens)``."""
@@ -497,7 +500,7 @@ class PortfolioK(KPolicy):
         table, ks = self.priced_at(self.prompt + t)
         best, choice = 1.0 / table.forward(1), Plan()
         for offer in offers:
-            k, rate = self._copy(offer, room, table, ks)
+            k, rate = self.copy_price(offer, room, table, ks)
             if k and rate > best * (1 + TIE_TOLERANCE):
                 best, choice = rate, Plan(k, offer.source)
         if self.model is not None:
@@ -515,7 +518,7 @@ class PortfolioK(KPolicy):
         if self.model_rate > 0:
             best, choice = expected_tokens([self.model_rate] * k, k), Plan(k, Source.MODEL)
         for offer in offers:
-            kk, kept = self._copy(offer, k)
+            kk, kept = self.copy_price(offer, k)
             if kk and kept > best * (1 + TIE_TOLERANCE):
                 best, choice = kept, Plan(kk, offer.source)
         return choice

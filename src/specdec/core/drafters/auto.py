@@ -48,6 +48,19 @@ class AutoOptions(SuffixOptions, LookupOptions, ModelOptions):
                                   help="suffix: draft at most ceil(factor x match length) tokens (the paper's alpha)")
 
 
+def copy_sources(stop_ids: frozenset[int] = frozenset(), history: CacheScope | None = None, **options
+                 ) -> dict[Source, "LookupDrafter | SuffixDrafter"]:
+    """A request's copy sources as the portfolio makes them, by name (fresh: nothing read yet); the
+    options its sources declare (:class:`AutoOptions`), the rest at the portfolio's defaults."""
+    options = {**{k: default for k, (_, default) in options_of(AutoOptions).items()}, **options}
+
+    def of(source: type) -> dict:
+        return {k: v for k, v in options.items() if k in options_of(source.Options)}
+
+    return {Source.PLD: LookupDrafter(**of(LookupDrafter)),
+            Source.SUFFIX: SuffixDrafter(stop_ids, history=history, prompts=False, **of(SuffixDrafter))}
+
+
 class AutoDrafter(Drafter):
     """The portfolio (module docstring). Without a draft model its sources are the copy sources."""
 
@@ -61,14 +74,9 @@ class AutoDrafter(Drafter):
     def __init__(self, lm=None, stop_ids: frozenset[int] = frozenset(), history: CacheScope | None = None,
                  **options):
         options = {**{k: default for k, (_, default) in options_of(AutoOptions).items()}, **options}  # its own defaults
-
-        def of(source: type) -> dict:
-            return {k: v for k, v in options.items() if k in options_of(source.Options)}
-
-        self.model = ModelDrafter(lm, stop_ids, **of(ModelDrafter)) if lm is not None else None
-        self.copies: dict[str, LookupDrafter | SuffixDrafter] = {
-            Source.PLD: LookupDrafter(**of(LookupDrafter)),
-            Source.SUFFIX: SuffixDrafter(stop_ids, history=history, prompts=False, **of(SuffixDrafter))}
+        model = {k: v for k, v in options.items() if k in options_of(ModelDrafter.Options)}
+        self.model = ModelDrafter(lm, stop_ids, **model) if lm is not None else None
+        self.copies = copy_sources(stop_ids, history, **{k: v for k, v in options.items() if k not in model})
         self._offers: dict[str, Offer] = {}
 
     @classmethod
