@@ -34,7 +34,7 @@ from ..models.costmodel import FALLBACK_K, CostTable
 from ..errors import SpecdecError
 from ..models.backends.base import Model, Scores
 from .logprobs import TokenLogprob, token_logprobs
-from .request import DecodeConfig, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
+from .request import DecodeConfig, check_tree_fits, lookahead_of  # noqa: F401 (DecodeConfig re-exported: the request type lives in request.py)
 from .sampling import make_generator, next_token, penalize, probabilities
 from .rounds import SECONDS, Plan, RoundRecord
 from .scopes import Caches
@@ -201,7 +201,16 @@ class Engine:
                                "(constraints=specdec.core.constrain.Constraints(tokenizer, ...))")
         return self.constraints.guide(cfg.constraint)
 
+    def admit(self, cfg: DecodeConfig, prompt_ids: Sequence[int]) -> None:
+        """The one check that a request fits the loaded models, before any work: its settings
+        (:meth:`check_config`), its prompt (:meth:`check_prompt`) and, for a token-tree drafter, a
+        whole tree after the prompt (:func:`~specdec.core.request.check_tree_fits`)."""
+        self.check_config(cfg)
+        self.check_prompt(prompt_ids)
+        check_tree_fits(cfg, len(prompt_ids), self.target.max_length)
+
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """The prompt is not empty and leaves room in the target's context."""
         if len(prompt_ids) == 0:
             raise SpecdecError("the prompt is empty")
         limit = self.target.max_length
@@ -225,8 +234,7 @@ class Engine:
         The steps of the module docstring: prefill once, then each round (0) choose K, (1) propose,
         (2) score, (3) verify, (4) commit, (5) roll back, (6) learn from the round's record."""
         if check:
-            self.check_config(cfg)
-            self.check_prompt(prompt_ids)
+            self.admit(cfg, prompt_ids)
         run = self._start(prompt_ids, cfg, out)
         if run.drafter is not None:
             run.drafter.should_stop = should_stop

@@ -16,7 +16,7 @@ from ..core.logprobs import TokenLogprob, check_logprobs, token_logprobs
 from ..errors import SpecdecError
 from ..models.backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request, resolve_device, stderr_log
 from ..models.sources import AUTO as _AUTO, resolve_draft
-from ..core.request import DecodeConfig, check_tree_fits, make_config
+from ..core.request import DecodeConfig, make_config
 from ..core.scopes import Parked
 from ..core.settings import layer
 from ..core.stats import Stats
@@ -148,10 +148,9 @@ class Pair:
                                f"got {type(config).__name__}")
         else:
             cfg = config
-        self.engine.check_config(cfg)
+        self.engine.check_config(cfg)  # before encoding: a bad request fails without touching the prompt
         prompt_ids = self.encode(prompt, chat=chat, system=system)
-        self.engine.check_prompt(prompt_ids)
-        check_tree_fits(cfg, len(prompt_ids), self.engine.target.max_length)
+        self.engine.admit(cfg, prompt_ids)
         stops = StopStrings(self.tokenizer, stop)
         gen = Generation(prompt_ids)
         stream = Stream(iter(()))
