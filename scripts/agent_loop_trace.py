@@ -31,7 +31,7 @@ def main() -> int:
     p.add_argument("--max-tokens", type=number_arg(int, 1, 1 << 16), default=96, help="the run's max_tokens")
     a = p.parse_args()
     import specdec
-    from specdec.bench.replaycli import read_tables, replay_all, replay_portfolio
+    from specdec.traces.runs import read_tables, replay_all, replay_portfolio
     from specdec.traces.replay import Clock
     from specdec.traces.trace import header, tokenizer_fingerprint, trace_answer, write_traces
 

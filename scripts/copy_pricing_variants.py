@@ -25,10 +25,12 @@ import dataclasses
 
 from specdec.core.acceptance import AcceptanceEstimate, AcceptancePrior, run_bin
 from specdec.core.autok import PortfolioK
-from specdec.bench.replaycli import read_tables, replay_all
+from specdec.core.names import Source
+from specdec.traces.runs import read_tables, replay_all
 from specdec.models.costmodel import best_k_rate
-from specdec.core.drafters import AutoDrafter, SuffixCache
-from specdec.draftlength import MAX_K
+from specdec.core.drafters import SuffixCache
+from specdec.core.drafters.auto import copy_sources
+from specdec.draftlength import MAX_CHAIN, MAX_K
 from specdec.traces import replay as replay_mod
 from specdec.traces.trace import read_traces
 
@@ -39,7 +41,7 @@ class PositionK(PortfolioK):
 
     better = False
 
-    def _copy(self, offer, room, table=None, ks=frozenset()):
+    def copy_price(self, offer, room, table=None, ks=frozenset()):
         n = min(len(offer.tokens), room, (table.widest if table is not None else MAX_K) - 1)  # K + 1: measured
         if n <= self.window or table is None:
             return 0, 0.0
@@ -47,14 +49,14 @@ class PositionK(PortfolioK):
         k, rate = best_k_rate(table.forward, 0.0, est.rates(n), n, k_min=self.window + 1, allow_zero=False,
                               allowed=ks | {n})
         if self.better:
-            k1, r1 = super()._copy(offer, room, table, ks)
+            k1, r1 = super().copy_price(offer, room, table, ks)
             return (k, rate) if rate > r1 else (k1, r1)
         return k, rate
 
     def observe(self, r):
         super().observe(r)
         if self.better:
-            if r.drafted and r.source not in (None, "model"):
+            if r.drafted and r.source not in (None, Source.MODEL):
                 self.mine.setdefault(r.source, AcceptanceEstimate()).update(r.drafted, r.accepted)
             return
         for source, _, reached, kept in r.offers:
@@ -64,9 +66,9 @@ class PositionK(PortfolioK):
 class LastRoundK(PortfolioK):
     """The run price, its rates kept per outcome of the last round (plain, all kept, a miss)."""
 
-    def budget(self, t, room, backlog, offers=()):
+    def plan(self, t, room, backlog, offers=()):
         self.rates = self.by_state.setdefault(self.state if t > 0 else 0, {})
-        return super().budget(t, room, backlog, offers)
+        return super().plan(t, room, backlog, offers)
 
     def observe(self, r):
         super().observe(r)
@@ -86,9 +88,9 @@ def every_position(traces, stops) -> list[int]:
     every = [0, 0]
     cache = SuffixCache()
     for tr in traces:
-        src = replay_mod.LookupSource(AutoDrafter(None, stops, cache.scope("")).copies["suffix"], tr)
+        src = replay_mod.LookupSource(copy_sources(stops, cache.scope(""))[Source.SUFFIX], tr)
         for t in range(len(tr.answer)):
-            offer = src.offer(t, MAX_K - 1)
+            offer = src.offer(t, MAX_CHAIN)
             if offer is not None:
                 reached, kept = offer.outcome(tr.answer[t:t + len(offer.tokens)])
                 for i in range(reached):
@@ -147,7 +149,7 @@ def main() -> int:
         for name in ("run", "position", "better", "last-round"):
             policy, cache = make(name, target, draft_table, model is not None, prior), SuffixCache()
             out[name] = plain / (sum(replay_mod.replay(t, model, policy, clock, copies=list(
-                AutoDrafter(None, stops, cache.scope("")).copies.values())).seconds for t in traces) - pre)
+                copy_sources(stops, cache.scope("")).values())).seconds for t in traces) - pre)
         every, alone = every_position(traces, stops), [0, 0]
         with counting_short_runs(alone):
             for d in ("pld", "suffix"):

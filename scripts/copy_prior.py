@@ -16,7 +16,8 @@ from __future__ import annotations
 import argparse
 
 from specdec.core.acceptance import COPY_PRIOR, RUN_EDGES, run_bin
-from specdec.core.drafters import AutoDrafter, SuffixCache
+from specdec.core.drafters import SuffixCache
+from specdec.core.drafters.auto import copy_sources
 from specdec.traces.replay import LookupSource
 from specdec.traces.trace import read_traces
 
@@ -31,8 +32,8 @@ def main() -> int:
         head, traces = read_traces(path)
         cache = SuffixCache()
         for tr in traces:
-            sources = [LookupSource(d, tr) for d in AutoDrafter(None, frozenset(head.get("stop_ids") or ()),
-                                                                cache.scope("")).copies.values()]
+            sources = [LookupSource(d, tr) for d in copy_sources(frozenset(head.get("stop_ids") or ()),
+                                                                  cache.scope("")).values()]
             for t in range(len(tr.answer)):
                 for src in sources:
                     offer = src.offer(t, 127)

@@ -279,7 +279,7 @@ def overheads(out: Path) -> tuple[dict, list[str]]:
     import numpy as np
 
     from specdec.core.autok import Fixed
-    from specdec.bench.replaycli import read_tables
+    from specdec.traces.runs import read_tables
     from specdec.traces.replay import Clock, replay
     from specdec.traces.trace import DraftTrace, Trace
 
@@ -314,7 +314,7 @@ def overheads(out: Path) -> tuple[dict, list[str]]:
 
 
 def project(a: argparse.Namespace) -> int:
-    from specdec.bench.replaycli import DEFAULT_KS, LOOKUP_DRAFTERS, read_tables, replay_all
+    from specdec.traces.runs import DEFAULT_KS, LOOKUP_DRAFTERS, read_tables, replay_all
     from specdec.traces.replay import Clock
     from specdec.traces.trace import read_traces
 

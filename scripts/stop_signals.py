@@ -21,8 +21,9 @@ import numpy as np
 
 from specdec.core.acceptance import AcceptancePrior
 from specdec.core.autok import PortfolioK
-from specdec.bench.replaycli import FittedRates, fitted_copy_rates, read_tables
-from specdec.core.drafters import AutoDrafter, SuffixCache
+from specdec.traces.runs import FittedRates, fitted_copy_rates, read_tables
+from specdec.core.drafters import SuffixCache
+from specdec.core.drafters.auto import copy_sources
 from specdec.traces.replay import Clock, copy_offers, oracle, replay
 from specdec.traces.trace import read_traces
 
@@ -42,13 +43,13 @@ class SignalPortfolioK(PortfolioK):
     def bin_at(self, t: int) -> int:
         return len(self.edges) + 1 if t == 0 else bisect.bisect_left(self.edges, self.signal[t - 1])
 
-    def budget(self, t, room, backlog, offers=()):
+    def plan(self, t, room, backlog, offers=()):
         b = self.bin_at(t)
         if b not in self.by_bin:
             self.by_bin[b] = {} if self.fitted is None else {
                 key: FittedRates(prior=r) for key, r in self.fitted.get(b, {}).items()}
         self.rates = self.by_bin[b]
-        return super().budget(t, room, backlog, offers)
+        return super().plan(t, room, backlog, offers)
 
 
 def split_by_bin(offers: dict, signal: np.ndarray, edges: tuple) -> dict:
@@ -76,7 +77,7 @@ def run_file(traces_path: str, signals_path: str, tables: dict) -> dict:
     stops = frozenset(head.get("stop_ids") or ())
 
     def copies(cache):
-        return list(AutoDrafter(None, stops, cache.scope("")).copies.values())
+        return list(copy_sources(stops, cache.scope("")).values())
 
     def make(cls=PortfolioK, **kw):
         return cls(target, draft_table, has_model=model is not None,

@@ -103,7 +103,7 @@ def _plain(cell: dict) -> dict:
 
 def _replay(cell: dict) -> dict:
     """The traces replayed with today's k=auto (as ``specdec replay`` does) for one draft."""
-    from specdec.bench.replaycli import auto_k, read_tables
+    from specdec.traces.runs import auto_k, read_tables
     from specdec.bench.summary import ratio_of_sums_ci
     from specdec.traces.replay import Clock, replay
     from specdec.traces.trace import read_traces
@@ -114,7 +114,7 @@ def _replay(cell: dict) -> dict:
     clock = Clock(tables[str(head["target"]).split("|")[0]], tables[source])
     prior = (head.get("priors") or {}).get(source)
     if cell.get("portfolio"):
-        from specdec.bench.replaycli import replay_portfolio
+        from specdec.traces.runs import replay_portfolio
 
         rows = replay_portfolio(traces, draft, clock.target, clock.draft, prior, stop_ids=head.get("stop_ids") or (),
                                 clock=clock)["prompts"]

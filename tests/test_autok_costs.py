@@ -145,13 +145,13 @@ def test_short_answers_never_prefill_the_draft(new, drafts):
     assert len(out.token_ids) == new
     if drafts:
         assert out.stats.drafted > 0 and draft.forward_calls > 0
-        assert out.stats.backlog_declined == 0
+        assert out.stats.declined_rounds == 0
     else:
         assert out.stats.k_chosen == [0] * new and draft.forward_calls == 0
         # each plain step with room to draft (all but the last) was the backlog's doing (drafting alone
         # would pay on this target), and the answer's stats say so, with the backlog the draft would
         # have read last (the prompt and the tokens written before that round)
-        assert out.stats.backlog_declined == new - 1 and out.stats.declined_backlog == 250 + new - 2
+        assert out.stats.declined_rounds == new - 1 and out.stats.declined_backlog == 250 + new - 2
 
 
 def test_the_note_names_the_draft_s_reading_when_it_was_the_reason():

@@ -1,6 +1,6 @@
 """Calibration a busy machine cannot fool: repeated timings with medians, widths checked against
-each other (an outlier is timed again), a warning when the machine looks loaded, a cost table the
-observed passes drift far from marked stale; and the notes that tell a k=auto run that chose plain
+each other (an outlier is timed again), a warning when the machine looks loaded, the drift of
+observed passes from the table reported; and the notes that tell a k=auto run that chose plain
 steps from one whose drafts were rejected. Timings are injected (a fake clock), never slept."""
 
 import json

@@ -107,7 +107,7 @@ def test_a_window_rule_is_one_registered_class(echo):
     from specdec.core.verify import Round
 
     verdict = make_policy("echo").verify(Round(logits, drafts, None, SamplingParams(), None))
-    assert verdict.accepted == 4 and verdict.inner == 0 and verdict.relaxed == {"echo": 1}
+    assert verdict.accepted == 4 and verdict.relaxed == {"echo": 1}
     # a tree whose first-child chain is the same block: the rule runs along it, unchanged
     rnd = TreeRound(target_logits=logits, tokens=drafts, parents=[-1, 0, 1, 2], params=SamplingParams(),
                     generator=None)
@@ -219,7 +219,7 @@ class Recording(KPolicy):
     def begin(self, max_new_tokens, prompt_tokens=0, draft_context=None):
         pass
 
-    def budget(self, t, room, backlog, offers=()):
+    def budget(self, t, room, backlog):
         return self.fixed.budget(t, room, backlog)
 
     def observe(self, record):

@@ -92,19 +92,19 @@ def offer(run: int, n: int = 16, source: str = "pld") -> Offer:
 def test_a_long_copy_is_proposed_where_a_wide_pass_is_cheap():
     policy = PortfolioK(cheap_wide(), has_model=False)
     policy.begin(256)
-    k = policy.budget(0, 200, 0, [offer(run=40)])
-    assert policy.source == "pld" and k >= 8
+    k = policy.plan(0, 200, 0, [offer(run=40)]).k
+    assert policy.chosen.source == "pld" and k >= 8
 
 
 def test_where_a_wide_pass_is_dear_only_a_long_run_is_drafted():
     policy = PortfolioK(dear_wide(), has_model=False)
     policy.begin(256)
-    assert policy.budget(0, 200, 0, [offer(run=1)]) == 0 and policy.source is None
-    assert policy.budget(0, 200, 0, []) == 0  # nothing offered: a plain step
+    assert policy.plan(0, 200, 0, [offer(run=1)]).k == 0 and policy.chosen.source is None
+    assert policy.plan(0, 200, 0, []).k == 0  # nothing offered: a plain step
     rates = policy.rates[("pld", "first", False)]  # before the answer's first token, no other offer
     for _ in range(60):  # a copy that keeps going: its long-run bins learn it
         rates.update(40, 16, 16)
-    assert policy.budget(0, 200, 0, [offer(run=40)]) > 0 and policy.source == "pld"
+    assert policy.plan(0, 200, 0, [offer(run=40)]).k > 0 and policy.chosen.source == "pld"
 
 
 def test_the_portfolio_s_suffix_offer_is_not_cut_at_its_match_length():
@@ -129,7 +129,7 @@ def test_the_portfolio_s_suffix_offer_is_not_cut_at_its_match_length():
 def test_the_draft_model_is_chosen_when_it_beats_the_copies():
     policy = PortfolioK(cheap_wide(), draft_table(), has_model=True)
     policy.begin(256)
-    assert policy.budget(0, 200, 1, [offer(run=1)]) > 0 and policy.source == "model"
+    assert policy.plan(0, 200, 1, [offer(run=1)]).k > 0 and policy.chosen.source == "model"
     assert policy.more(1, 0.99)  # the model's own stop rule decides how long it drafts
 
 
@@ -151,7 +151,7 @@ def test_an_offer_is_scored_against_what_the_round_committed():
 
 def test_every_offer_teaches_its_source_even_when_another_drafted():
     policy = PortfolioK(cheap_wide(), has_model=False)
-    policy.budget(9, 100, 0, [offer(run=5, source="suffix")])
+    policy.plan(9, 100, 0, [offer(run=5, source="suffix")]).k
     assert policy.situations["suffix"] == ("suffix", "part", False)
     rates = policy.rates_of("suffix")
     before = rates.rate(5)
@@ -178,12 +178,12 @@ def test_copies_in_different_situations_are_priced_apart():
     policy.begin(256)
     start, middle = offer(run=1, n=8, source="suffix"), offer(run=1, n=8, source="suffix")
     for _ in range(40):
-        policy.budget(1, 200, 0, [start])
+        policy.plan(1, 200, 0, [start]).k
         policy.observe(RoundRecord(drafted=0, offers=(("suffix", 1, 8, 8),)))
-        policy.budget(30, 200, 0, [middle])
+        policy.plan(30, 200, 0, [middle]).k
         policy.observe(RoundRecord(drafted=0, offers=(("suffix", 1, 1, 0),)))
-    assert policy.budget(1, 200, 0, [start]) > 0 and policy.source == "suffix"
-    assert policy.budget(30, 200, 0, [middle]) == 0
+    assert policy.plan(1, 200, 0, [start]).k > 0 and policy.chosen.source == "suffix"
+    assert policy.plan(30, 200, 0, [middle]).k == 0
 
 
 def test_copies_that_agree_are_priced_apart_from_copies_that_differ():
@@ -191,18 +191,18 @@ def test_copies_that_agree_are_priced_apart_from_copies_that_differ():
     policy.begin(256)
     pld, same, other = offer(run=2, n=8), offer(run=2, n=8, source="suffix"), Offer("suffix", (7, 8, 9), 2)
     for _ in range(40):  # where both start alike, prompt lookup was right; where they differ, wrong
-        policy.budget(30, 200, 0, [pld, same])
+        policy.plan(30, 200, 0, [pld, same]).k
         policy.observe(RoundRecord(drafted=0, offers=(("pld", 2, 8, 8), ("suffix", 2, 8, 8))))
-        policy.budget(30, 200, 0, [pld, other])
+        policy.plan(30, 200, 0, [pld, other]).k
         policy.observe(RoundRecord(drafted=0, offers=(("pld", 2, 1, 0), ("suffix", 2, 1, 0))))
-    assert policy.budget(30, 200, 0, [pld, same]) > 0
-    assert policy.budget(30, 200, 0, [pld, other]) == 0
+    assert policy.plan(30, 200, 0, [pld, same]).k > 0
+    assert policy.plan(30, 200, 0, [pld, other]).k == 0
 
 
 # ------------------------------------------------------------------------ replay and oracle
 @pytest.mark.parametrize("with_model", [True, False])
 def test_replay_redoes_the_portfolio_s_rounds_and_sources(models, with_model):
-    from specdec.bench.replaycli import replay_portfolio
+    from specdec.traces.runs import replay_portfolio
 
     target, draft = models
     tt, dt = cheap_wide(step=0.05, per_token=0.004), draft_table()
@@ -232,7 +232,7 @@ def test_the_fitted_bound_s_rates_are_the_answers_shares_censored_as_the_portfol
     import numpy as np
 
     from specdec.core.acceptance import COPY_PRIOR, run_bin
-    from specdec.bench.replaycli import FittedRates, fitted_copy_rates
+    from specdec.traces.runs import FittedRates, fitted_copy_rates
 
     arr = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
     # t=0: 3 offered from run 2, 1 kept (judged: run 2 kept, run 3 missed); t=2: 2 offered from run 5,
@@ -341,7 +341,7 @@ def long_copy_k(table: CostTable, prompt: int = 600, t: int = 200, run: int = 20
     policy = PortfolioK(table, has_model=False)
     policy.begin(512, prompt_tokens=prompt)
     offer = Offer("pld", tuple(range(3, 130)), run)
-    return policy.budget(t, 300, 0, [offer])
+    return policy.plan(t, 300, 0, [offer]).k
 
 
 def test_a_copy_kept_whole_is_drafted_long_where_a_wide_pass_is_cheap_per_token_and_not_where_it_is_dear():
@@ -356,8 +356,8 @@ def test_a_copy_kept_whole_is_drafted_long_where_a_wide_pass_is_cheap_per_token_
 def source_of(table: CostTable) -> str | None:
     policy = PortfolioK(table, has_model=False)
     policy.begin(512, prompt_tokens=600)
-    policy.budget(200, 300, 0, [Offer("pld", tuple(range(3, 130)), 200)])
-    return policy.source
+    policy.plan(200, 300, 0, [Offer("pld", tuple(range(3, 130)), 200)]).k
+    return policy.chosen.source
 
 
 def test_a_round_is_priced_at_its_context():

@@ -72,7 +72,7 @@ def test_replay_redoes_the_engine_s_rounds_exactly(k, window):
 @pytest.mark.parametrize("k", [2, "auto"])
 @pytest.mark.parametrize("drafter", ["pld", "suffix"])
 def test_replay_runs_drafters_without_a_model_as_the_engine_does(drafter, k):
-    from specdec.bench.replaycli import replay_all
+    from specdec.traces.runs import replay_all
 
     target = CausalLM(tiny_model(7))
     tt = bf16_like(step=0.05, per_token=0.002)
@@ -154,7 +154,7 @@ def test_short_answers_after_long_prompts_do_not_read_the_prompt_once_answers_ar
                        drafter_params={"draft_window": "all"})
     for _ in range(3):
         out = engine.generate(prompt, cfg)
-    assert out.stats.drafted == 0 and out.stats.backlog_declined > 0
+    assert out.stats.drafted == 0 and out.stats.declined_rounds > 0
 
 
 # ------------------------------------------------------------------------------- the oracle
@@ -297,7 +297,7 @@ def test_calibrate_exports_what_replay_reads_and_an_unwritable_path_is_one_line(
 
 
 def test_the_stop_threshold_policy_stops_after_a_draft_below_its_threshold():
-    from specdec.bench.replaycli import StopBelow
+    from specdec.traces.runs import StopBelow
 
     trace = hand_trace("1101111011")  # top1 0.9 where the draft agrees, 0.4 where it does not
     clock = Clock(bf16_like(), draft_table())
@@ -309,7 +309,7 @@ def test_the_stop_threshold_policy_stops_after_a_draft_below_its_threshold():
 
 
 def test_a_bad_long_read_or_prompt_in_a_file_is_a_one_line_error(tmp_path):
-    from specdec.bench.replaycli import read_tables
+    from specdec.traces.runs import read_tables
 
     table = {**bf16_like().to_dict(), "long_read": [512]}
     path = tmp_path / "t.json"

@@ -739,3 +739,66 @@ def test_test_helpers_are_not_in_the_installed_package():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 assert not any(n.split(".")[0] == "scipy" for n in names), path
+
+
+def test_each_name_and_limit_is_declared_once_and_compared_by_its_name():
+    """Plain decoding's name (``specdec.core.names.AR``), the portfolio's sources
+    (``specdec.core.names.Source``), the draft window's words (``specdec.core.window``) and the longest
+    chain the planners plan (``specdec.draftlength.MAX_CHAIN``) are each declared once; code compares
+    with the name, never the literal, and never derives the limit again."""
+    from specdec.core.drafters.auto import SOURCES
+    from specdec.core.names import AR, Source
+    from specdec.core.verify import Plain
+    from specdec.draftlength import MAX_CHAIN, MAX_K
+
+    assert Plain().name == AR and MAX_CHAIN == MAX_K - 1 and SOURCES == tuple(Source)
+    assert [str(s) for s in Source] == ["model", "pld", "suffix"] and Source.MODEL == "model"
+    bad = []
+    for path in SRC.rglob("*.py"):
+        rel = path.relative_to(SRC).as_posix()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                items = sides + [e for s in sides if isinstance(s, (ast.Tuple, ast.List, ast.Set)) for e in s.elts]
+                words = {c.value for c in items if isinstance(c, ast.Constant)} & {"ar", "model", "pld", "suffix"}
+                bad += [f"{rel}:{node.lineno} compares with {w!r}" for w in sorted(words)]
+            if isinstance(node, ast.Tuple) and rel != "core/window.py":
+                if {c.value for c in node.elts if isinstance(c, ast.Constant)} >= {"auto", "all"}:
+                    bad.append(f"{rel}:{node.lineno} spells the draft window's words")
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and rel != "draftlength.py"
+                    and getattr(node.left, "id", None) == "MAX_K" and getattr(node.right, "value", None) == 1):
+                bad.append(f"{rel}:{node.lineno} derives MAX_CHAIN again")
+    assert not bad, bad
+
+
+def test_a_round_s_plan_is_one_value_the_engine_hands_on():
+    """The K policy answers each round with one :class:`~specdec.core.rounds.Plan` (K, a portfolio's
+    source, why it is plain) and the drafter drafts from it: the engine sets no attribute on the
+    policy or the drafter to carry the choice, and a replay asks the same ``plan``."""
+    from specdec.core.autok import KPolicy
+    from specdec.core.drafters.base import Drafter
+
+    assert not hasattr(KPolicy, "source") and not hasattr(Drafter, "source")
+    for rel in ("core/engine.py", "traces/replay.py"):
+        tree = ast.parse((SRC / rel).read_text())
+        sets = [f"{rel}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AugAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Attribute)
+                and t.value.attr in ("kpolicy", "drafter") and t.attr not in ("more", "guide", "should_stop")]
+        assert not sets, sets
+        calls = {n.func.attr for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+        assert "plan" in calls and "budget" not in calls, rel
+
+
+def test_scripts_use_the_library_s_public_names():
+    """The scripts import no underscore name of specdec and override no underscore method, so a
+    refactor of the library breaks them loudly (the replay library lives in ``specdec.traces.runs``)."""
+    bad = []
+    for path in (SRC.parent.parent / "scripts").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec"):
+                bad += [f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("_")]
+            if isinstance(node, ast.ClassDef):
+                bad += [f"{path.name}:{f.lineno} overrides {f.name}" for f in node.body
+                        if isinstance(f, ast.FunctionDef) and f.name.startswith("_") and not f.name.startswith("__")]
+    assert not bad, bad

@@ -99,7 +99,7 @@ def decoding_notes(s, pair) -> list[str]:
     if s.drafts and s.rounds >= 4 and s.k_chosen and zero >= len(s.k_chosen) / 2:
         why = "by this machine's measured pass costs drafting does not pay here"
         table = pair.costs.target
-        if s.backlog_declined and s.backlog_declined >= zero / 2:
+        if s.declined_rounds and s.declined_rounds >= zero / 2:
             why = why_backlog(s, pair.costs.draft)
         elif table is not None:
             why = why_plain_steps(table, pair.costs.draft, drafter_class(s.drafter).uses_model and pair.draft is not None,

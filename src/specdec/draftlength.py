@@ -10,8 +10,8 @@ auto as the word ``"auto"`` (:data:`AUTO_WORD`); :meth:`K.parse` turns a loose v
 :data:`MAX_K` is the one draft-length limit: the most draft tokens a request may ask for (``k``, a
 tree's depth) and the widest verify pass the cost tables measure (:data:`specdec.models.costmodel.WIDTHS`
 ends at it). A chain of K drafts is verified in one pass of K + 1 tokens, so the planners (k=auto,
-the replay's oracle, the dtype choice) plan chains of at most ``MAX_K - 1`` drafts: the passes the
-tables measured.
+the replay's oracle, the dtype choice) plan chains of at most :data:`MAX_CHAIN` drafts (``MAX_K - 1``):
+the passes the tables measured.
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ from .errors import SpecdecError
 #: cost tables measure; a round's work, which a client that leaves waits out, grows with K. 32 (not
 #: 31) also because benchmark folders made with chains of K=32 and trees of depth 32 must re-report
 MAX_K = 32
+#: the longest chain the planners plan (k=auto, the replay's oracle, the dtype choice): its verify
+#: pass of ``MAX_CHAIN + 1`` tokens is the widest the short-context cost tables measured
+MAX_CHAIN = MAX_K - 1
 #: how flags, config files, keywords and JSON write k=auto
 AUTO_WORD = "auto"
 

@@ -27,6 +27,7 @@ import math
 import statistics
 from typing import Any, Iterable
 
+from ..core.names import AR
 from .summary import bonett_price_ratio, same_speed
 
 #: the default one-sided confidence of a tuned pick
@@ -145,7 +146,7 @@ def first_divergence(ids: list[int], ref: list[int]) -> int | None:
     return None if len(ids) == len(ref) else min(len(ids), len(ref))
 
 
-def divergence(records: Iterable[dict], config: str, ar: str = "ar") -> dict[str, Any]:
+def divergence(records: Iterable[dict], config: str, ar: str = AR) -> dict[str, Any]:
     """The proxy's agreement figures of ``config`` against ``ar`` over the samples both ran (first
     repeat): ``n``, ``diverged`` (share of samples whose tokens differ from ``ar``'s),
     ``first_divergence`` (mean position of the first differing token, over those that differ; None
@@ -169,7 +170,7 @@ def divergence(records: Iterable[dict], config: str, ar: str = "ar") -> dict[str
             "tokens_before_divergence": (sum(before) / len(before)) if before else None}
 
 
-def decode_speedup(records: Iterable[dict], config: str, ar: str = "ar") -> float | None:
+def decode_speedup(records: Iterable[dict], config: str, ar: str = AR) -> float | None:
     """Tokens/s of ``config`` over ``ar``'s in the steady state, on the samples both ran (first
     repeat, timed at one machine speed: :func:`specdec.bench.summary.same_speed`): the tokens after
     the first round over the time after it (the engine's

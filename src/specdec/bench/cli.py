@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import SpecdecError
 from ..core.request import DEFAULTS
+from ..core.names import AR
 from . import configs as cfgs
 from .datasets import load_dataset
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
@@ -365,7 +366,7 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
            "hardware": {"cpu": made.get("cpu"), "cpu_flags": made.get("cpu_flags") or [], "cpu_cores": None,
                         "torch_threads": None, "gpu": made.get("gpu"), "platform": None}}
     dtypes = sorted({(r["dtypes"].get("target"), r["dtypes"].get("draft")) for r in records
-                     if isinstance(r.get("dtypes"), dict) and r.get("config") != "ar"} or {(None, None)},
+                     if isinstance(r.get("dtypes"), dict) and r.get("config") != AR} or {(None, None)},
                     key=str)
     models = {"target": made.get("target"), "draft": made.get("draft"), "draft_quant": made.get("draft_quant"),
               "dtype": ", ".join(str(t) for t, _ in dtypes) if dtypes != [(None, None)] else

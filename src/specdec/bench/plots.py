@@ -9,6 +9,7 @@ import io
 from collections import defaultdict
 from pathlib import Path
 
+from ..core.names import AR
 from ..models.files import write_inside
 
 
@@ -40,15 +41,15 @@ def make_plots(summary: dict, out_dir: Path) -> list[str]:
 
 
 #: marker, color and legend name per kind of configuration
-STYLES = {"ar": ("D", "black", "plain decoding"), "lossless": ("o", "tab:blue", "lossless"),
+STYLES = {AR: ("D", "black", "plain decoding"), "lossless": ("o", "tab:blue", "lossless"),
           "lossy": ("^", "tab:orange", "lossy (loose rules)"), "peer": ("s", "tab:grey", "peers")}
 
 
 def _style_of(row: dict) -> str:
     if row.get("kind") == "peer":
         return "peer"
-    if row.get("policy") == "ar":
-        return "ar"
+    if row.get("policy") == AR:
+        return AR
     return "lossy" if row.get("lossy") else "lossless"
 
 
@@ -154,7 +155,7 @@ def _acceptance(plt, rows, summary):
 def _k_sweep(plt, rows, summary):
     groups = defaultdict(list)
     for cid, row in rows.items():
-        if row.get("kind") == "specdec" and row.get("policy") != "ar" and isinstance(row.get("k"), int) and row["k"]:
+        if row.get("kind") == "specdec" and row.get("policy") != AR and isinstance(row.get("k"), int) and row["k"]:
             groups[cid.rsplit("/k", 1)[0]].append(row)
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
     for name, rs in groups.items():

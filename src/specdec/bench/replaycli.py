@@ -9,14 +9,13 @@ import math
 import sys
 from pathlib import Path
 
-from ..core.acceptance import COPY_PRIOR, RUN_EDGES, CopyKey, RunRates, copy_situation, run_bin
-from ..core.autok import KPolicy
-from ..draftlength import MAX_K
+from ..core.drafters.model import ModelDrafter
+from ..core.names import AR
+from ..core.window import WINDOW_WORDS
+from ..draftlength import MAX_CHAIN
 from ..errors import SpecdecError
+from ..traces.runs import DEFAULT_KS, LOOKUP_DRAFTERS, read_tables, replay_all, replay_portfolio
 
-DEFAULT_KS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15)
-#: the most bytes one cost table file may have
-COSTS_LIMIT = 16 << 20
 
 
 def register(sub) -> None:
@@ -89,7 +88,7 @@ def ar_answers(folder: Path) -> dict[str, dict]:
 
     out = {}
     for rec in ResultsFile(folder).load():
-        if rec.get("config") == "ar" and rec.get("repeat", 0) == 0 and rec.get("token_ids") is not None:
+        if rec.get("config") == AR and rec.get("repeat", 0) == 0 and rec.get("token_ids") is not None:
             out[rec["sample_id"]] = rec
     if not out:
         raise SpecdecError(f"{folder}: no plain-decoding (ar) answers to trace; run the bench with 'ar' among --policies")
@@ -111,7 +110,7 @@ def cmd_trace(a: argparse.Namespace) -> int:
     answers = ar_answers(folder)
     windows = [w.strip() for w in a.windows.split(",") if w.strip()]
     for w in windows:
-        if w not in ("auto", "all") and not (w.isdigit() and int(w) > 0):
+        if w not in WINDOW_WORDS and not (w.isdigit() and int(w) > 0):
             raise SpecdecError(f"--windows: {w!r} is not a positive number, auto or all")
     limit, positions = parse_selection(b)
     dataset = load_dataset(b.dataset, limit, b.data, positions)
@@ -168,56 +167,20 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
         lm = load(source, draft=None, backend=backend, calibrate=False, progress=True, **draft_opts).target
         priors[source] = measure_prior(pair.target, lm, ref, source=f"reference text, {source}").to_dict()
         for j, w in enumerate(windows):
-            window = w if w in ("auto", "all") else int(w)
+            window = w if w in WINDOW_WORDS else int(w)
             chains = 16 if a.chains == "all" or (a.chains == "first" and i == 0 and j == 0) else 0
             drafts[draft_name(source, w)] = (lm, window, chains)
     return pair, drafts, priors
 
 
 # ----------------------------------------------------------------------------------- replay
-def read_tables(paths: list[str]) -> dict[str, object]:
-    """Cost tables by model name (before any ``|``), from export files, table files or folders."""
-    from ..models.costmodel import CostTable
-    from ..models.files import read_regular
-
-    tables: dict[str, object] = {}
-    files: list[Path] = []
-    for p in map(Path, paths):
-        if p.is_dir():
-            files += sorted(p.glob("*.json"))
-        elif p.exists():
-            files.append(p)
-        else:
-            raise SpecdecError(f"--costs {p}: no such file or folder")
-    for f in files:
-        raw = read_regular(f, COSTS_LIMIT, "cost table file")  # a FIFO or a link to /dev/zero is refused, not read
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError) as exc:
-            raise SpecdecError(f"{f}: not a JSON cost table ({exc.__class__.__name__})") from None
-        items = data.get("tables", []) if isinstance(data, dict) and data.get("kind") == "specdec-costs" else [data]
-        if not isinstance(items, list):
-            raise SpecdecError(f"{f}: its 'tables' is not a list of cost tables")
-        for d in items:
-            if not isinstance(d, dict) or "widths" not in d:
-                continue
-            try:
-                t = CostTable.from_dict(d)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise SpecdecError(f"{f}: not a cost table this specdec reads ({exc})") from None
-            tables[t.model.split("|")[0]] = t
-    if not tables:
-        raise SpecdecError(f"--costs {', '.join(paths)}: no cost tables found")
-    return tables
-
-
 def parse_ks(text: str) -> list[int]:
     try:
         ks = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError:
         raise SpecdecError(f"--k: {text!r} is not a comma list of integers") from None
-    if not ks or ks[0] < 1 or ks[-1] > MAX_K - 1:  # K drafts: a pass of K + 1 tokens, the widest measured MAX_K
-        raise SpecdecError(f"--k: each K must be in 1..{MAX_K - 1}")
+    if not ks or ks[0] < 1 or ks[-1] > MAX_CHAIN:  # K drafts: a pass of K + 1 tokens, the widest measured MAX_K
+        raise SpecdecError(f"--k: each K must be in 1..{MAX_CHAIN}")
     return ks
 
 
@@ -332,7 +295,7 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
         if rec.get("sample_id") not in ids or rec.get("repeat", 0) != 0:
             continue
         cfg = rec["config"]
-        if cfg == "ar" or (rec.get("policy") == "lossless" and rec.get("drafter") == "model"
+        if cfg == AR or (rec.get("policy") == "lossless" and rec.get("drafter") == ModelDrafter.name
                            and not rec.get("params")):
             measured[cfg] = measured.get(cfg, 0.0) + float(rec["stats"]["total_seconds"])
     name = next(iter(results))
@@ -340,7 +303,7 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
     lines = ["", f"measured ({folder}) against replayed ({name}):", "| configuration | measured s | replayed s | replayed / measured |",
              "|---|---:|---:|---:|"]
     for cfg, sec in sorted(measured.items()):
-        if cfg == "ar":
+        if cfg == AR:
             rep = r["plain"]
         elif cfg.endswith("kauto"):
             rep = r["auto"]
@@ -356,164 +319,3 @@ def compare(folder: Path, traces, results: dict) -> list[str]:
     return lines
 
 
-def _sum(rows: list[dict]) -> dict:
-    out = {"plain": sum(r["plain"] for r in rows), "auto": sum(r["auto"] for r in rows),
-           "oracle": None if any(r["oracle"] is None for r in rows) else sum(r["oracle"] for r in rows), "tokens": sum(r["tokens"] for r in rows),
-           "rounds": sum(r["auto_rounds"] for r in rows), "prompts": len(rows)}
-    out["fixed"] = {k: sum(r["fixed"][k] for r in rows) for k in rows[0]["fixed"]} if rows else {}
-    out["threshold"] = {k: sum(r["threshold"][k] for r in rows) for k in rows[0]["threshold"]} if rows else {}
-    out["auto_tau"] = out["tokens"] / out["rounds"] if out["rounds"] else 0.0
-    if rows and all("fitted" in r for r in rows):
-        out["fitted"] = sum(r["fitted"] for r in rows)
-    return out
-
-
-class FittedRates(RunRates):
-    """A copy source's chances per run bin fixed to what the replayed traces show (learns nothing)."""
-
-    def update(self, run: int, reached: int, kept: int) -> None:
-        return None
-
-
-def fitted_copy_rates(offered: list[dict]) -> dict[CopyKey, tuple[float, ...]]:
-    """The portfolio's realistic bound's rates: per copy source and situation (as the portfolio
-    keeps them apart, :func:`~specdec.core.acceptance.copy_situation`), the share of offered tokens
-    the answers kept, per run bin, over every offer at every position of the traces
-    (:func:`specdec.traces.replay.copy_offers`, censored as the portfolio learns: a copy matched to its
-    end says nothing past it), fitted with hindsight; a bin never judged keeps the prior."""
-    bins = len(RUN_EDGES) + 1
-    counts: dict[CopyKey, tuple[list[float], list[float]]] = {}
-    for per_trace in offered:
-        for source, (length, kept, run, first) in per_trace.items():
-            others = [f for s, (_, _, _, f) in per_trace.items() if s != source]
-            for t in length.nonzero()[0]:
-                key = copy_situation(source, int(run[t]), int(t), int(first[t]),
-                                     [int(f[t]) for f in others if f[t] >= 0])
-                reached_n, kept_n = counts.setdefault(key, ([0.0] * bins, [0.0] * bins))
-                for i in range(min(int(kept[t]) + 1, int(length[t]))):
-                    b = run_bin(int(run[t]) + i)
-                    reached_n[b] += 1
-                    kept_n[b] += float(i < kept[t])
-    return {key: tuple(k / r if r else COPY_PRIOR[b] for b, (r, k) in enumerate(zip(reached_n, kept_n)))
-            for key, (reached_n, kept_n) in counts.items()}
-
-
-class StopBelow(KPolicy):
-    """For comparison, not a default (``specdec replay``): up to ``k_max`` drafts, stopping after
-    one the draft model gave less than ``threshold``. The best threshold found with hindsight over
-    a dataset (:data:`THRESHOLDS`) bounds what a controller reading only the draft's own
-    probabilities gets there, far tighter than the oracle on prose."""
-
-    def __init__(self, threshold: float, k_max: int = MAX_K - 1):
-        self.threshold, self.k_max = float(threshold), int(k_max)
-
-    def budget(self, t: int, room: int, backlog: int, offers=()) -> int:
-        return max(0, min(self.k_max, room))
-
-    def more(self, i: int, p: float) -> bool:
-        return p >= self.threshold
-
-
-#: the stop thresholds :class:`StopBelow` is replayed at (the best one is reported)
-THRESHOLDS = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
-
-
-#: drafters without a model that a replay runs itself on the traces' prompts and answers
-LOOKUP_DRAFTERS = ("pld", "suffix")
-
-
-def auto_k(target, draft_table, draft: str, window: int = 0, prior: dict | None = None):
-    """The engine's k=auto controller (:class:`~specdec.core.autok.AutoK`) as a replay runs it for
-    ``draft`` (a draft of the traces, or a drafter of :data:`LOOKUP_DRAFTERS`): one across the
-    traces, warm from one to the next as in one process."""
-    from ..core.acceptance import AcceptancePrior
-    from ..core.autok import AutoK
-
-    lookup = draft in LOOKUP_DRAFTERS
-    return AutoK(target, None if lookup else draft_table, needs_model=not lookup, window=window,
-                 prior=AcceptancePrior.from_dict(prior) if prior and not lookup else None)
-
-
-def replay_all(traces: list, draft: str, target, draft_table,
-               ks: list[int], prior: dict | None = None, window: int = 0, stop_ids=frozenset(),
-               clock: "Clock | None" = None) -> dict:
-    """Every trace in order under plain decoding, each fixed K in ``ks``, k=auto (one controller
-    across the traces, warm from one to the next as in one process) and the oracle: per prompt,
-    per category and in total (seconds; ``fixed`` by K as a string). ``draft``: a draft of the
-    traces, or a drafter without a model (:data:`LOOKUP_DRAFTERS`: run on the prompts, with one
-    suffix cache across the traces as one engine keeps; no oracle, which plans over a model's trace)."""
-    from ..core.autok import Fixed
-    from ..core.drafters import SuffixCache, make_drafter
-    from ..traces.replay import Clock, oracle, replay
-
-    clock = clock or Clock(target, draft_table)
-    lookup = draft in LOOKUP_DRAFTERS
-    auto = auto_k(target, draft_table, draft, window, prior)
-    caches = {}
-
-    def drafter(run: str):  # a fresh drafter per request; each run (fixed K, k=auto) its own engine's cache
-        if not lookup:
-            return None
-        cache = caches.setdefault(run, SuffixCache())
-        return make_drafter(draft, None, frozenset(stop_ids), {}, history=cache.scope(""))
-
-    rows = []
-    for tr in traces:
-        a = replay(tr, None if lookup else draft, auto, clock, drafter("auto"))
-        rows.append({"sample_id": tr.sample_id, "category": tr.category, "tokens": len(tr.answer),
-                     "prompt_tokens": tr.prompt_tokens, "plain": replay(tr, None, None, clock).seconds,
-                     "auto": a.seconds, "auto_rounds": a.rounds, "auto_drafted": a.drafted, "auto_accepted": a.accepted,
-                     "fixed": {str(k): replay(tr, None if lookup else draft, Fixed(k), clock, drafter(f"k{k}")).seconds
-                               for k in ks},
-                     "oracle": None if lookup else oracle(tr, draft, clock),
-                     "threshold": {} if lookup else {str(th): replay(tr, draft, StopBelow(th), clock).seconds
-                                                     for th in THRESHOLDS}})
-    cats: dict[str, list[dict]] = {}
-    for r in rows:
-        cats.setdefault(r["category"] or "all", []).append(r)
-    return {"total": _sum(rows), "categories": {c: _sum(rs) for c, rs in cats.items()}, "prompts": rows}
-
-
-def replay_portfolio(traces: list, draft: str | None, target, draft_table, prior: dict | None = None, window: int = 0,
-                     stop_ids=frozenset(), clock: "Clock | None" = None) -> dict:
-    """Every trace in order under the portfolio (``drafter="auto"``: one :class:`PortfolioK` across
-    the traces, warm from one to the next, and one suffix cache, as in one process) with the draft
-    ``draft`` among its sources (None: the copy sources only), against plain decoding and the
-    portfolio's oracle (the source and K of every round chosen with hindsight): per prompt, per
-    category and in total (seconds)."""
-    from ..core.acceptance import AcceptancePrior
-    from ..core.autok import PortfolioK
-    from ..core.drafters import AutoDrafter, SuffixCache
-    from ..traces.replay import Clock, copy_offers, oracle, replay
-
-    clock = clock or Clock(target, draft_table)
-
-    def policy() -> PortfolioK:
-        return PortfolioK(target, draft_table, has_model=draft is not None, window=window,
-                          prior=AcceptancePrior.from_dict(prior) if prior else None)
-
-    def copies(of: SuffixCache) -> list:  # a fresh request's copy sources, as the engine's portfolio makes them
-        return list(AutoDrafter(None, frozenset(stop_ids), of.scope("")).copies.values())
-
-    oracle_cache = SuffixCache()
-    offered = [copy_offers(tr, copies(oracle_cache)) for tr in traces]
-    auto, fit = policy(), policy()
-    fit.rates = {key: FittedRates(prior=rates) for key, rates in fitted_copy_rates(offered).items()}
-    cache, fit_cache = SuffixCache(), SuffixCache()
-    rows = []
-    for tr, offers in zip(traces, offered):
-        a = replay(tr, draft, auto, clock, copies=copies(cache))
-        sources: dict[str, int] = {}
-        for s in a.sources:
-            if s is not None:
-                sources[s] = sources.get(s, 0) + 1
-        rows.append({"sample_id": tr.sample_id, "category": tr.category, "tokens": len(tr.answer),
-                     "prompt_tokens": tr.prompt_tokens, "plain": replay(tr, None, None, clock).seconds,
-                     "auto": a.seconds, "auto_rounds": a.rounds, "auto_drafted": a.drafted, "auto_accepted": a.accepted,
-                     "auto_k_chosen": a.k_chosen, "auto_sources": sources,
-                     "oracle": oracle(tr, draft, clock, copies=offers), "fixed": {}, "threshold": {},
-                     "fitted": replay(tr, draft, fit, clock, copies=copies(fit_cache)).seconds})
-    cats: dict[str, list[dict]] = {}
-    for r in rows:
-        cats.setdefault(r["category"] or "all", []).append(r)
-    return {"total": _sum(rows), "categories": {c: _sum(rs) for c, rs in cats.items()}, "prompts": rows}

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ..core.names import AR
 from .results import atomic_write_text
 
 
@@ -176,7 +177,7 @@ def _structured(summary: dict) -> list[str]:
         st = r["structured"]
         valid = f"{st['valid']}/{st['n']} ({_pct(st['validity'])})"
         vs = _f(st.get("speedup_vs_ar_same_backend"), ".2f", "x")
-        if st.get("vs_ar") not in (None, "ar"):
+        if st.get("vs_ar") not in (None, AR):
             vs += f" (vs {st['vs_ar']})"
         lines.append(f"| {cid} | {valid} | {st['truncated']} | {_pct(st.get('same_text_as_ar'))} | "
                      f"{_f(r.get('tokens_per_second'), '.1f')} | {vs} | {_f(r.get('tau'))} | "
@@ -270,7 +271,7 @@ def _definitions(summary: dict) -> list[str]:
             "from each sample to the next (plain decoding is not always first), so machine drift hits all alike."]
     if any(r.get("structured") for r in rows.values()):
         lines.append(STRUCTURED_DEFINITION)
-    ars = [cid for cid, r in rows.items() if r.get("kind") == "specdec" and r.get("policy") == "ar"]
+    ars = [cid for cid, r in rows.items() if r.get("kind") == "specdec" and r.get("policy") == AR]
     if len(ars) > 1 and summary.get("best_ar"):
         best = summary["best_ar"]
         lines.append(f"- best plain decoding in this run: `{best}`; speedup over it (the slowest of the speedups "

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable
 
 from ..errors import SpecdecError
 from ..core.request import BENCH_SEED, DEFAULTS
+from ..core.names import AR
 from ..core.stats import tau_of
 from .configs import Config
 from .datasets import Dataset, Sample
@@ -85,7 +86,7 @@ class Running:
         parts = [cid]
         if self.rounds.get(cid):
             parts.append(f"tau {tau_of(self.accepted[cid], self.rounds[cid]):.2f}")
-        mine, base = tps(cid), tps("ar")
+        mine, base = tps(cid), tps(AR)
         if mine is not None:
             parts.append(f"{mine:.1f} tok/s")
         if mine is not None and base:
@@ -150,7 +151,7 @@ def run(
                 rec = _record(pair, cfg, sample, rep, prompts[sample.id], prompt_ids, settings, models, constraints)
                 rec["step_ms"] = step_ms
                 rec["quality"] = scorer.score(sample, rec["text"], rec.get("finish_reason"))
-                _add_agreement(rec, existing.get(record_key(sample.id, "ar", rep)))
+                _add_agreement(rec, existing.get(record_key(sample.id, AR, rep)))
                 results.append(rec)
                 existing[rec["key"]] = rec
                 running.add(rec)
@@ -233,7 +234,7 @@ def speed_warning(existing: Iterable[dict], step_ms: float | None) -> str | None
 
 def _add_agreement(rec: dict, ar: dict | None) -> None:
     """``rec["agreement"]`` with ``ar``'s record of the same sample and repeat (when there is one)."""
-    if rec["config"] == "ar":
+    if rec["config"] == AR:
         rec["agreement"] = {"exact": True, "token": 1.0}
     elif ar is not None:
         exact, token = agreement(rec["token_ids"], ar["token_ids"])

@@ -66,9 +66,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..core.names import AR
 from ..core.stats import tau_of
 
-AR_ID = "ar"
+AR_ID = AR  # plain decoding's configuration id
 #: the per-record verdict behind each quality metric
 OUTCOME_KEY = {"pass@1": "passed", "math_accuracy": "correct", "json_validity": "json_valid"}
 #: records whose machine speeds (``step_ms``) differ more than this factor are not timed against each

@@ -53,6 +53,7 @@ from ..checks import check_number
 from ..draftlength import K
 from ..errors import SpecdecError
 from ..core.request import DEFAULTS
+from ..core.names import AR
 from . import certify
 from . import configs as cfgs
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
@@ -168,7 +169,7 @@ def check_policy(name: str):
     """The policy object of ``name``, refusing ``ar`` (the baseline) and unknown names."""
     from ..core.verify import make_policy
 
-    if name == "ar":
+    if name == AR:
         raise SpecdecError("policy 'ar' (plain decoding) has nothing to tune; it is the baseline")
     return make_policy(name)
 

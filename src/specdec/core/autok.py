@@ -50,8 +50,9 @@ from typing import Sequence
 from .acceptance import MAX_RATE, AcceptanceEstimate, AcceptancePrior, Bins, CopyKey, RunRates, copy_situation
 from ..models.costmodel import (
     FALLBACK_K, TIE_TOLERANCE, CostTable, best_k, best_k_rate, expected_tokens, tokens_per_second)
-from ..draftlength import MAX_K, K
-from .rounds import RoundRecord
+from ..draftlength import MAX_CHAIN, MAX_K, K
+from .names import Source
+from .rounds import Plan, RoundRecord
 
 #: a backlog of at most this many tokens is a normal round's feed (the last bonus token, and the last
 #: draft when every draft was kept): part of the per-draft cost, not a reading to weigh
@@ -96,7 +97,7 @@ def break_even_rate(target: CostTable, step: float) -> float | None:
     allowed = allowed_ks(target)
 
     def drafts(rate: float) -> bool:
-        return block_at(target.forward, step, rate, MAX_K - 1, allowed)[0] > 0
+        return block_at(target.forward, step, rate, MAX_CHAIN, allowed)[0] > 0
 
     if not drafts(MAX_RATE):
         return None
@@ -108,29 +109,34 @@ def break_even_rate(target: CostTable, step: float) -> float | None:
 
 
 class KPolicy:
-    """What the engine (and a replay) asks each round. ``budget(t, room, backlog)``: the most drafts
-    this round (0: a plain step) when ``t`` tokens are written, ``room`` drafts fit, and the drafter
-    must first read ``backlog`` tokens; ``more(i, p)``: after draft ``i`` (1-based), of draft
-    probability ``p``, propose another?; ``observe(record)``: the round's record (what it drafted
-    and kept, its seconds by part: :class:`~specdec.core.rounds.RoundRecord`); ``begin``/``end``: a
-    request starts / ends with ``tokens`` written (``cut``: by the length limit, so the answer
-    would have run longer). ``declined``: rounds of this request not drafted only because reading
-    the backlog would not pay (for the stats)."""
+    """What the engine (and a replay) asks each round. ``plan(t, room, backlog, offers)``: the round's
+    :class:`~specdec.core.rounds.Plan` (how many drafts, 0 for a plain step; a portfolio's source)
+    when ``t`` tokens are written, ``room`` drafts fit, the drafter must first read ``backlog``
+    tokens, and a portfolio's copy sources make ``offers``; ``more(i, p)``: after draft ``i``
+    (1-based), of draft probability ``p``, propose another?; ``observe(record)``: the round's record
+    (what it drafted and kept, its seconds by part: :class:`~specdec.core.rounds.RoundRecord`);
+    ``begin``/``end``: a request starts / ends with ``tokens`` written (``cut``: by the length
+    limit, so the answer would have run longer). A policy of one source implements
+    ``budget(t, room, backlog)``, the plan's K. ``declined``: rounds of this request not drafted only
+    because reading the backlog would not pay (for the stats)."""
 
     declined = 0
     #: the cost tables and prior it was made for (the engine makes a new one when they change)
     tables: tuple = ()
-    #: a portfolio's source this round (:class:`PortfolioK`); None otherwise
-    source: str | None = None
 
     def begin(self, max_new_tokens: int, prompt_tokens: int = 0, draft_context: int | None = None) -> None:
         """A request starts: at most ``max_new_tokens`` to write after ``prompt_tokens`` of prompt, of
         which the draft model reads ``draft_context`` (its window; None: all)."""
         self.declined = 0
 
-    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
-        """``offers``: a portfolio's free drafts this round (:class:`~specdec.core.drafters.base.Offer`);
-        only :class:`PortfolioK` reads them."""
+    def plan(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> Plan:
+        """The round's plan; ``offers``: a portfolio's free drafts this round
+        (:class:`~specdec.core.drafters.base.Offer`), which only :class:`PortfolioK` reads."""
+        declined = self.declined
+        return Plan(self.budget(t, room, backlog), declined=self.declined > declined)
+
+    def budget(self, t: int, room: int, backlog: int) -> int:
+        """The most drafts this round (0: a plain step), for a policy of one source."""
         raise NotImplementedError
 
     def more(self, i: int, p: float) -> bool:
@@ -149,7 +155,7 @@ class Fixed(KPolicy):
     def __init__(self, k: int):
         self.k = max(0, int(k))
 
-    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
+    def budget(self, t: int, room: int, backlog: int) -> int:
         return max(0, min(self.k, room))
 
 
@@ -157,7 +163,7 @@ class AutoK(KPolicy):
     """``k="auto"`` for chains (module docstring)."""
 
     def __init__(self, target: CostTable, draft: CostTable | None = None, needs_model: bool = True,
-                 window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_K - 1):
+                 window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_CHAIN):
         self.target = target
         self.needs_model = needs_model
         self.draft = draft
@@ -192,7 +198,7 @@ class AutoK(KPolicy):
             self._plans.clear()
 
     # ------------------------------------------------------------------ estimates
-    def plan(self, rate: float | None = None) -> tuple[int, float]:
+    def block(self, rate: float | None = None) -> tuple[int, float]:
         """The best block at a constant acceptance ``rate`` (the pooled one by default) and its
         seconds per token (a plain step's for K = 0)."""
         rate = self.rate() if rate is None else rate
@@ -211,7 +217,7 @@ class AutoK(KPolicy):
         expect: the recent answers still going at ``t`` (one cut by its length limit, as long as the
         room allows); with none yet, as long as the room allows; with every recent answer shorter,
         as long again as it has run."""
-        k, spt = self.plan()
+        k, spt = self.block()
         saving = self.target.forward(1) - spt
         ends = [t + room + 1 if cut else n for n, cut in self.lengths if cut or n > t]
         if not ends:
@@ -248,12 +254,12 @@ class AutoK(KPolicy):
                 self.step = step
                 self._plans.clear()
 
-    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
+    def budget(self, t: int, room: int, backlog: int) -> int:
         self.probs, self.kept_p, self.limit = [], 1.0, 0
         if room <= 0:
             return 0
         self._reprice(t)
-        k, spt = self.plan()
+        k, spt = self.block()
         if k == 0:  # nothing is learned at K = 0: the prior slowly returns
             self._fade()
             return 0
@@ -287,7 +293,7 @@ class AutoK(KPolicy):
         if i <= self.window:
             return True
         c = self.rate()
-        _, spt = self.plan(c)
+        _, spt = self.block(c)
         base = self.target.forward(i + 1)
         gain = 0.0
         run = self.kept_p
@@ -361,7 +367,7 @@ class PassGate(KPolicy):
             return True
         return False
 
-    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
+    def budget(self, t: int, room: int, backlog: int) -> int:
         return max(0, min(self.depth, room)) if self.choose() else 0
 
     def observe(self, r: RoundRecord) -> None:
@@ -419,7 +425,8 @@ class PortfolioK(KPolicy):
     expected kept tokens (the model at its prior's mean acceptance), a plain step when none offers."""
 
     def __init__(self, target: CostTable | None, draft: CostTable | None = None, *, has_model: bool,
-                 prior: AcceptancePrior | None = None, window: int = 0, fixed: int | None = None):
+                 prior: AcceptancePrior | None = None, window: int = 0, fixed: int | None = None,
+                 rates: dict[CopyKey, RunRates] | None = None):
         self.target, self.fixed = target, None if fixed is None else max(0, int(fixed))
         self.prompt = 0  # this request's prompt tokens: a round's context is the prompt and the answer so far
         self._priced: dict[int, tuple[CostTable, frozenset[int]]] = {}  # per context step: the table and its Ks
@@ -427,9 +434,11 @@ class PortfolioK(KPolicy):
             if has_model and target is not None and fixed is None else None
         self.model_rate = (prior or AcceptancePrior.assumed()).mean if has_model else 0.0  # k=N: the model's
         self.window = max(0, int(window))  # a policy's lookahead: a copy drafts more than it, or nothing
-        self.rates: dict[CopyKey, RunRates] = {}
+        #: the copy sources' chances per run bin, per source and situation (``rates``: to start from,
+        #: e.g. a replay's rates fitted with hindsight, which learn nothing)
+        self.rates: dict[CopyKey, RunRates] = dict(rates or {})
         self.situations: dict[str, CopyKey] = {}  # this round's offers' situations, by source
-        self.limit = 0
+        self.chosen = Plan()  # this round's plan (what :meth:`more` drafts by)
 
     def begin(self, max_new_tokens: int, prompt_tokens: int = 0, draft_context: int | None = None) -> None:
         self.declined = 0
@@ -449,7 +458,7 @@ class PortfolioK(KPolicy):
             self._priced[step] = (table, copy_ks(table))
         return self._priced[step]
 
-    def _copy(self, offer, room: int, table: CostTable | None = None,
+    def copy_price(self, offer, room: int, table: CostTable | None = None,
               ks: frozenset[int] = frozenset()) -> tuple[int, float]:
         """``(K, expected tokens per second)`` of the offer's best prefix on ``table`` (``(0, 0)``:
         none); with ``k=N`` or no table, ``(K, expected kept tokens)``."""
@@ -464,7 +473,7 @@ class PortfolioK(KPolicy):
         return best_k_rate(table.forward, 0.0, chances, n, k_min=self.window + 1, allow_zero=False, allowed=ks)
 
     def rates_of(self, source: str) -> RunRates:
-        """The chances per run bin of ``source``'s copies in this round's situation (:meth:`budget`
+        """The chances per run bin of ``source``'s copies in this round's situation (:meth:`plan`
         sets it; a source it has not seen counts as mid-answer, alone)."""
         key = self.situations.get(source) or (source, "part", False)
         rates = self.rates.get(key)
@@ -472,50 +481,55 @@ class PortfolioK(KPolicy):
             rates = self.rates[key] = RunRates()
         return rates
 
-    def budget(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> int:
-        self.source, self.limit = None, 0
+    def plan(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> Plan:
         firsts = {o.source: o.tokens[0] for o in offers if o.tokens}
         self.situations = {o.source: copy_situation(o.source, o.run, t, firsts.get(o.source, -1),
                                                     [f for s, f in firsts.items() if s != o.source]) for o in offers}
-        if room <= 0:
-            return 0
-        if self.fixed is not None or self.target is None:
-            return self._fixed(room, offers)
+        self.chosen = Plan()
+        if room > 0:
+            self.chosen = (self._fixed(room, offers) if self.fixed is not None or self.target is None
+                           else self._priced(t, room, backlog, offers))
+        self.declined += self.chosen.declined
+        return self.chosen
+
+    def budget(self, t: int, room: int, backlog: int) -> int:
+        """The plan's K with no copy offers (the draft model or a plain step)."""
+        return self.plan(t, room, backlog).k
+
+    def _priced(self, t: int, room: int, backlog: int, offers: Sequence) -> Plan:
         table, ks = self.priced_at(self.prompt + t)
-        best, choice = 1.0 / table.forward(1), (None, 0)
+        best, choice = 1.0 / table.forward(1), Plan()
         for offer in offers:
-            k, rate = self._copy(offer, room, table, ks)
+            k, rate = self.copy_price(offer, room, table, ks)
             if k and rate > best * (1 + TIE_TOLERANCE):
-                best, choice = rate, (offer.source, k)
+                best, choice = rate, Plan(k, offer.source)
         if self.model is not None:
             declined = self.model.declined
             k = self.model.budget(t, room, backlog)
-            if k and 1.0 / self.model.plan()[1] > best * (1 + TIE_TOLERANCE):
-                choice = ("model", k)
-            elif choice[0] is None and self.model.declined > declined:
-                self.declined += 1  # plain only because reading the backlog would not pay
-        self.source, self.limit = choice
-        return self.limit
+            if k and 1.0 / self.model.block()[1] > best * (1 + TIE_TOLERANCE):
+                choice = Plan(k, Source.MODEL)
+            elif choice.source is None and self.model.declined > declined:
+                choice = Plan(declined=True)  # plain only because reading the backlog would not pay
+        return choice
 
-    def _fixed(self, room: int, offers: Sequence) -> int:
+    def _fixed(self, room: int, offers: Sequence) -> Plan:
         k = min(room, self.fixed if self.fixed is not None else FALLBACK_K)
-        best, choice = 0.0, (None, 0)
+        best, choice = 0.0, Plan()
         if self.model_rate > 0:
-            best, choice = expected_tokens([self.model_rate] * k, k), ("model", k)
+            best, choice = expected_tokens([self.model_rate] * k, k), Plan(k, Source.MODEL)
         for offer in offers:
-            kk, kept = self._copy(offer, k)
+            kk, kept = self.copy_price(offer, k)
             if kk and kept > best * (1 + TIE_TOLERANCE):
-                best, choice = kept, (offer.source, kk)
-        self.source, self.limit = choice
-        return self.limit
+                best, choice = kept, Plan(kk, offer.source)
+        return choice
 
     def more(self, i: int, p: float) -> bool:
-        if self.source == "model" and self.model is not None:
+        if self.chosen.source == Source.MODEL and self.model is not None:
             return self.model.more(i, p)
-        return i < self.limit
+        return i < self.chosen.k
 
     def observe(self, r: RoundRecord) -> None:
-        if r.source == "model" and self.model is not None:
+        if r.source == Source.MODEL and self.model is not None:
             self.model.observe(r)
         for source, run, reached, kept in r.offers:
             self.rates_of(source).update(run, reached, kept)

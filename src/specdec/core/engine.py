@@ -34,9 +34,9 @@ from ..models.costmodel import FALLBACK_K, CostTable
 from ..errors import SpecdecError
 from ..models.backends.base import Model, Scores
 from .logprobs import TokenLogprob, token_logprobs
-from .request import DecodeConfig, lookahead_of  # noqa: F401 (re-exported: the request type lives in request.py)
+from .request import DecodeConfig, check_tree_fits, lookahead_of  # noqa: F401 (DecodeConfig re-exported: the request type lives in request.py)
 from .sampling import make_generator, next_token, penalize, probabilities
-from .rounds import SECONDS, RoundRecord
+from .rounds import SECONDS, Plan, RoundRecord
 from .scopes import Caches
 from .stats import Stats, peak_rss_mb
 from .verify import Policy, Verdict
@@ -201,7 +201,16 @@ class Engine:
                                "(constraints=specdec.core.constrain.Constraints(tokenizer, ...))")
         return self.constraints.guide(cfg.constraint)
 
+    def admit(self, cfg: DecodeConfig, prompt_ids: Sequence[int]) -> None:
+        """The one check that a request fits the loaded models, before any work: its settings
+        (:meth:`check_config`), its prompt (:meth:`check_prompt`) and, for a token-tree drafter, a
+        whole tree after the prompt (:func:`~specdec.core.request.check_tree_fits`)."""
+        self.check_config(cfg)
+        self.check_prompt(prompt_ids)
+        check_tree_fits(cfg, len(prompt_ids), self.target.max_length)
+
     def check_prompt(self, prompt_ids: Sequence[int]) -> None:
+        """The prompt is not empty and leaves room in the target's context."""
         if len(prompt_ids) == 0:
             raise SpecdecError("the prompt is empty")
         limit = self.target.max_length
@@ -225,24 +234,23 @@ class Engine:
         The steps of the module docstring: prefill once, then each round (0) choose K, (1) propose,
         (2) score, (3) verify, (4) commit, (5) roll back, (6) learn from the round's record."""
         if check:
-            self.check_config(cfg)
-            self.check_prompt(prompt_ids)
+            self.admit(cfg, prompt_ids)
         run = self._start(prompt_ids, cfg, out)
         if run.drafter is not None:
             run.drafter.should_stop = should_stop
         while not self._cancelled(run, should_stop):
             clock = _Clock(run.guide)
-            k, declined = self._choose_k(run)  # 0.
+            plan, backlog = self._plan(run)  # 0.
             with clock("draft_seconds", grammar="draft_mask_seconds"):
-                draft = run.drafter.propose(run.context, k, cfg.sampling, run.generator) if k else Draft()  # 1.
+                draft = run.drafter.draft(run.context, plan, cfg.sampling, run.generator) if plan.k else Draft()  # 1.
             if self._cancelled(run, should_stop):  # the client left while the drafter ran
                 break
             with clock("verify_seconds"):
                 scores = draft.score(self.target, run.context, hidden=run.policy.needs_hidden)  # 2.
                 verdict = self._verify(run, draft, scores, clock)  # 3.
             new = self._commit(run, draft, verdict, stop_check, scores.logits, clock)  # 4.
-            self._roll_back(run, k, draft, verdict, scores)  # 5.
-            self._learn(run, self._record(run, k, declined, draft, verdict, clock, new))  # 6.
+            self._roll_back(run, plan.k, draft, verdict, scores)  # 5.
+            self._learn(run, self._record(run, plan, backlog, draft, verdict, clock, new))  # 6.
             if new:
                 yield run.out
             if run.out.finish_reason is not None:
@@ -314,21 +322,20 @@ class Engine:
         if len(ids) > keep:
             self.target.forward(ids[keep:])
 
-    def _choose_k(self, run: "_Run") -> tuple[int, int | None]:
-        """This round's most drafts (a tree drafter: its depth limit), by the request's K policy,
-        within the room left; and, when the policy left the round plain only because the draft
-        model's reading of its backlog would not pay, that backlog (else None)."""
+    def _plan(self, run: "_Run") -> tuple[Plan, int]:
+        """This round's plan by the request's K policy (its most drafts, a tree drafter's depth limit;
+        a portfolio's source), within the room left, and the drafter's backlog (what its model must
+        read before its next draft)."""
         if run.drafter is None:
-            return 0, None
+            return Plan(), 0
         room = min(run.cfg.max_new_tokens - len(run.out.token_ids), run.limit - len(run.context))
         backlog = run.drafter.backlog(run.context)
-        declined = run.kpolicy.declined
         run.offers = run.drafter.offers(run.context, room - 1)  # a portfolio's free drafts, priced by the policy
-        k = max(0, min(run.kpolicy.budget(len(run.out.token_ids), room - 1, backlog, run.offers), room - 1))
+        plan = run.kpolicy.plan(len(run.out.token_ids), room - 1, backlog, run.offers)
+        k = max(0, min(plan.k, room - 1))
         if k and len(run.context) + run.tree_size > run.limit:
-            k, declined = 0, run.kpolicy.declined  # no room left in the context for a whole tree: a plain step
-        run.drafter.source = run.kpolicy.source if k else None
-        return k, backlog if run.kpolicy.declined > declined else None
+            k = 0  # no room left in the context for a whole tree: a plain step
+        return (plan if k == plan.k else Plan(k, plan.source if k else None, plan.declined and not k)), backlog
 
     def _verify(self, run: "_Run", draft: Draft, scores: Scores, clock: _Clock) -> Verdict:
         """The policy's decision on the round the draft makes of the pass (no drafts: the target's
@@ -403,7 +410,7 @@ class Engine:
                 run.drafter.observe(draft, scores.logits.argmax(dim=-1).tolist())
             run.drafter.commit(run.context, len(draft), verdict.accepted)
 
-    def _record(self, run: "_Run", k: int, declined: int | None, draft: Draft, verdict: Verdict,
+    def _record(self, run: "_Run", plan: Plan, backlog: int, draft: Draft, verdict: Verdict,
                 clock: _Clock, new: list[int]) -> RoundRecord:
         """The round's one record: what it drafted and kept, its seconds by part (and what the target's
         cost table predicted for its pass), the answer's length and the time at its end; a portfolio's
@@ -412,10 +419,10 @@ class Engine:
         if self.target_costs is not None:  # for the stats' drift
             seconds["predicted_verify_seconds"] = self.target_costs.forward(len(draft) + 1)
         offers = tuple((o.source, o.run, *o.outcome(new)) for o in run.offers)
-        return RoundRecord(budget=k, drafted=len(draft), accepted=verdict.accepted, depth=draft.depth,
-                           relaxed=dict(verdict.relaxed), declined_backlog=declined, tokens=len(run.out.token_ids),
-                           end=time.perf_counter() - run.t_start, source=run.drafter.source if run.drafter is not None and len(draft) else None,
-                           offers=offers, **seconds)
+        return RoundRecord(budget=plan.k, drafted=len(draft), accepted=verdict.accepted, depth=draft.depth,
+                           relaxed=dict(verdict.relaxed), declined_backlog=backlog if plan.declined else None,
+                           tokens=len(run.out.token_ids), end=time.perf_counter() - run.t_start,
+                           source=plan.source if len(draft) else None, offers=offers, **seconds)
 
     def _learn(self, run: "_Run", record: RoundRecord) -> None:
         """The round's record, to the one observer: the stats add it up, the K policy learns from it."""

@@ -11,9 +11,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from .names import Source
+
 #: a round's seconds by part, each named as the :class:`~specdec.core.stats.Stats` field that sums it
 SECONDS = ("draft_seconds", "verify_seconds", "rule_seconds", "mask_seconds", "draft_mask_seconds",
            "predicted_verify_seconds")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A round's plan, the K policy's one answer before the round (:meth:`specdec.core.autok.KPolicy.plan`):
+    ``k`` drafts (a tree: its depth limit; 0: a plain step), from ``source`` (a portfolio's choice
+    among its sources; None: the request's one drafter, or a plain step); ``declined``: the round is
+    plain only because the draft model would first read more of its backlog than drafting was
+    expected to repay."""
+
+    k: int = 0
+    source: Source | None = None
+    declined: bool = False
 
 
 @dataclass(frozen=True)
@@ -37,7 +52,7 @@ class RoundRecord:
     tokens: int = 0  # the answer's length after the round
     end: float = 0.0  # seconds from the generation's start to the round's end
     #: a portfolio (drafter ``auto``): the source that drafted (None: a plain step, or one source)
-    source: str | None = None
+    source: Source | None = None
     #: a portfolio's copy offers this round, each scored against what the round committed:
     #: ``(source, run, reached, kept)`` (:meth:`specdec.core.drafters.base.Offer.outcome`)
     offers: tuple[tuple[str, int, int, int], ...] = ()

@@ -53,8 +53,9 @@ class Stats:
     #: k=auto: rounds that took a plain step although drafting would pay at the measured pass costs,
     #: because the draft model would first read more tokens (its backlog: the prompt's window, or
     #: text written since it last drafted) than drafting was expected to save on what is left of the
-    #: answer (:meth:`specdec.core.autok.AutoK.start`); and the last such backlog
-    backlog_declined: int = 0
+    #: answer (:meth:`specdec.core.autok.AutoK.start`); and the last such backlog. (Records made before
+    #: 2026-11-29 call the count `backlog_declined`.)
+    declined_rounds: int = 0
     declined_backlog: int = 0
     accepted_per_round: list[int] = field(default_factory=list)  # drafts kept in each round
     #: a portfolio (drafter ``auto``): per source that drafted, [rounds, drafts, drafts kept]
@@ -115,7 +116,7 @@ class Stats:
             counts = self.sources.setdefault(r.source, [0, 0, 0])
             counts[0], counts[1], counts[2] = counts[0] + 1, counts[1] + r.drafted, counts[2] + r.accepted
         if r.declined_backlog is not None:
-            self.backlog_declined += 1
+            self.declined_rounds += 1
             self.declined_backlog = r.declined_backlog
         for name in SECONDS:
             setattr(self, name, getattr(self, name) + getattr(r, name))

@@ -16,7 +16,7 @@ from ..core.logprobs import TokenLogprob, check_logprobs, token_logprobs
 from ..errors import SpecdecError
 from ..models.backends import AUTO as AUTO_BACKEND, REGISTRY, Costs, Model, Request, resolve_device, stderr_log
 from ..models.sources import AUTO as _AUTO, resolve_draft
-from ..core.request import DecodeConfig, check_tree_fits, make_config
+from ..core.request import DecodeConfig, make_config
 from ..core.scopes import Parked
 from ..core.settings import layer
 from ..core.stats import Stats
@@ -94,8 +94,9 @@ class Pair:
     @property
     def prefix_caching(self) -> bool:
         """Whether a generation reads only the part of its prompt that the target's cache holds from
-        the same caller's request before (:attr:`specdec.core.scopes.Caches.prefix_caching`; on by
-        default). Set it to False to read every prompt whole."""
+        the same caller's request before (:attr:`specdec.core.scopes.Caches.prefix_caching`). Off by
+        default here, so that every generation reads its prompt whole and timings compare; ``specdec
+        serve`` turns it on. Set it to True to keep what a caller's earlier request left."""
         return self.engine.caches.prefix_caching
 
     @prefix_caching.setter
@@ -147,10 +148,9 @@ class Pair:
                                f"got {type(config).__name__}")
         else:
             cfg = config
-        self.engine.check_config(cfg)
+        self.engine.check_config(cfg)  # before encoding: a bad request fails without touching the prompt
         prompt_ids = self.encode(prompt, chat=chat, system=system)
-        self.engine.check_prompt(prompt_ids)
-        check_tree_fits(cfg, len(prompt_ids), self.engine.target.max_length)
+        self.engine.admit(cfg, prompt_ids)
         stops = StopStrings(self.tokenizer, stop)
         gen = Generation(prompt_ids)
         stream = Stream(iter(()))
@@ -189,8 +189,9 @@ class Pair:
 
         prompt: a string, continued as text (as vLLM's ``LLM.generate`` and OpenAI's completions
         do; ``chat=True`` applies the chat template to it, as :meth:`chat` does), a list of chat
-        messages (the chat template applied), or token ids. Keyword arguments: ``policy`` ("ar" |
-        "lossless"), ``drafter`` ("model" | "pld"), ``k``, ``max_new_tokens``, ``temperature``,
+        messages (the chat template applied), or token ids. Keyword arguments: ``policy`` (``ar``,
+        ``lossless`` or a loose rule: :mod:`specdec.core.verify`), ``drafter`` (a name in
+        :data:`specdec.core.drafters.DRAFTERS`; default ``auto``, the portfolio), ``k``, ``max_new_tokens``, ``temperature``,
         ``top_p``, ``top_k``, ``seed``, ``stop``, ``system``, ``on_text`` (called with each text
         delta), drafter options ``ngram_max``/``ngram_min``, the policy's own parameters, and
         structured output: one of ``response_format``, ``json_schema``, ``regex``, ``choice``,

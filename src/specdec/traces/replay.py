@@ -32,9 +32,10 @@ from typing import Sequence
 import numpy as np
 
 from ..models.costmodel import CostTable
-from ..draftlength import MAX_K
+from ..draftlength import MAX_CHAIN
 from ..errors import SpecdecError
-from ..core.rounds import RoundRecord
+from ..core.names import Source
+from ..core.rounds import Plan, RoundRecord
 from .trace import DraftTrace, Trace
 
 
@@ -224,12 +225,12 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
     while t < n:
         room = trace.max_new_tokens - t
         offers = [o for o in (c.offer(t, room - 1) for c in sources) if o is not None] if room > 1 else []
-        k = 0 if policy is None else max(0, min(policy.budget(t, room - 1, model.backlog(t) if model else 0, offers),
-                                                room - 1))
-        chosen = policy.source if k and sources else None
+        plan = Plan() if policy is None else policy.plan(t, room - 1, model.backlog(t) if model else 0, offers)
+        k = max(0, min(plan.k, room - 1))
+        chosen = plan.source if k and sources else None
         drafted = accepted = 0
         seconds = 0.0
-        if k and chosen is not None and chosen != "model":
+        if k and chosen is not None and chosen != Source.MODEL:
             offer = next(o for o in offers if o.source == chosen)
             drafted = min(k, len(offer.tokens))
             accepted = offer.outcome(trace.answer[t:t + drafted])[1]
@@ -252,7 +253,7 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
         out.accepted_per_round.append(accepted)
         out.sources.append(chosen if drafted else None)
         if model is not None:
-            model.commit(t, drafted if chosen in (None, "model") else 0, accepted)
+            model.commit(t, drafted if chosen in (None, Source.MODEL) else 0, accepted)
         for c in ([lookup] if lookup is not None else []) + sources:
             c.commit(t, drafted, accepted)
         t += accepted + 1
@@ -262,7 +263,7 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
     return out
 
 
-def copy_offers(trace: Trace, copies: Sequence, k_max: int = MAX_K - 1) -> dict[str, tuple[np.ndarray, ...]]:
+def copy_offers(trace: Trace, copies: Sequence, k_max: int = MAX_CHAIN) -> dict[str, tuple[np.ndarray, ...]]:
     """Each copy source's offer at every answer position ``t`` (its drafter run on the prompt and
     ``answer[:t]``, as a portfolio asks it): per source, ``(length[t], kept[t], run[t], first[t])``,
     the offer's length (0: none), how many of its tokens the answer goes on with, its run and its
@@ -291,7 +292,7 @@ def runs(dt: DraftTrace, n: int) -> np.ndarray:
     return out
 
 
-def oracle(trace: Trace, draft: str | None, clock: Clock, k_max: int = MAX_K - 1,
+def oracle(trace: Trace, draft: str | None, clock: Clock, k_max: int = MAX_CHAIN,
            copies: dict[str, tuple[np.ndarray, ...]] | None = None) -> float:
     """The least end-to-end seconds of ``trace``'s generation over every K schedule (module
     docstring): ``V[t, b]``, the seconds to finish from answer position ``t`` with a draft backlog

@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 import torch
 
 from ..errors import SpecdecError
-from ..core.window import window_start
+from ..core.window import WINDOW_WORDS, window_start
 
 FORMAT = 1
 KIND = "specdec-trace"
@@ -79,7 +79,7 @@ class DraftTrace:
         chains = None
         if d.get("chains") is not None:
             chains = {int(t): [(float(p), bool(s)) for p, s in c] for t, c in d["chains"].items()}
-        window = d["window"] if d["window"] in ("all", "auto") else int(d["window"])
+        window = d["window"] if d["window"] in WINDOW_WORDS else int(d["window"])
         return cls(window, int(d["view"]), agree, top1, stops, chains)
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..core.window import WINDOW_WORDS
+
 #: the longest answer, ``max_new_tokens`` and draft view a trace may have (the oracle's table is
 #: answer x (view + answer) numbers)
 MAX_TOKENS = 1 << 13
@@ -88,7 +90,7 @@ def _check_header_draft(name: Any, entry: Any) -> None:
     if not isinstance(source, str) or not source or len(source) > MAX_NAME:
         raise ValueError(f"{where}: 'source' must be a draft model's name (a string of 1 to {MAX_NAME} characters), "
                          f"got {_short(source)}")
-    if window not in ("all", "auto"):
+    if window not in WINDOW_WORDS:
         _int(f"{where}: 'window' (or all, auto)", window, 1, MAX_PROMPT)
     if name != f"{source}|w{window}":
         raise ValueError(f"{where} names another source or window than its 'source' and 'window' "
@@ -151,7 +153,7 @@ def check_draft(where: str, d: Any, n: int, prompt_tokens: int) -> None:
         if name not in d:
             raise ValueError(f"{where}: no {name!r}")
     window = d["window"]
-    if window not in ("all", "auto"):
+    if window not in WINDOW_WORDS:
         _int(f"{where}: 'window' (or all, auto)", window, 1, MAX_PROMPT)
     _int(f"{where}: 'view'", d["view"], 0, min(MAX_TOKENS, prompt_tokens))
     agree = d["agree"]

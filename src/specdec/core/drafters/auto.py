@@ -22,6 +22,8 @@ from typing import Sequence
 import torch
 
 from ...checks import option, options_of
+from ..names import Source
+from ..rounds import Plan
 from ..sampling import SamplingParams
 from .base import Draft, Drafter, Offer
 from .lookup import LookupDrafter, LookupOptions
@@ -29,7 +31,7 @@ from .model import ModelDrafter, ModelOptions
 from .suffix import CacheScope, SuffixDrafter, SuffixOptions
 
 #: the portfolio's sources, in the order they are asked (ties go to the first)
-SOURCES = ("model", "pld", "suffix")
+SOURCES = tuple(Source)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,19 @@ class AutoOptions(SuffixOptions, LookupOptions, ModelOptions):
                                   help="suffix: draft at most ceil(factor x match length) tokens (the paper's alpha)")
 
 
+def copy_sources(stop_ids: frozenset[int] = frozenset(), history: CacheScope | None = None, **options
+                 ) -> dict[Source, "LookupDrafter | SuffixDrafter"]:
+    """A request's copy sources as the portfolio makes them, by name (fresh: nothing read yet); the
+    options its sources declare (:class:`AutoOptions`), the rest at the portfolio's defaults."""
+    options = {**{k: default for k, (_, default) in options_of(AutoOptions).items()}, **options}
+
+    def of(source: type) -> dict:
+        return {k: v for k, v in options.items() if k in options_of(source.Options)}
+
+    return {Source.PLD: LookupDrafter(**of(LookupDrafter)),
+            Source.SUFFIX: SuffixDrafter(stop_ids, history=history, prompts=False, **of(SuffixDrafter))}
+
+
 class AutoDrafter(Drafter):
     """The portfolio (module docstring). Without a draft model its sources are the copy sources."""
 
@@ -59,14 +74,9 @@ class AutoDrafter(Drafter):
     def __init__(self, lm=None, stop_ids: frozenset[int] = frozenset(), history: CacheScope | None = None,
                  **options):
         options = {**{k: default for k, (_, default) in options_of(AutoOptions).items()}, **options}  # its own defaults
-
-        def of(source: type) -> dict:
-            return {k: v for k, v in options.items() if k in options_of(source.Options)}
-
-        self.model = ModelDrafter(lm, stop_ids, **of(ModelDrafter)) if lm is not None else None
-        self.copies: dict[str, LookupDrafter | SuffixDrafter] = {
-            "pld": LookupDrafter(**of(LookupDrafter)),
-            "suffix": SuffixDrafter(stop_ids, history=history, prompts=False, **of(SuffixDrafter))}
+        model = {k: v for k, v in options.items() if k in options_of(ModelDrafter.Options)}
+        self.model = ModelDrafter(lm, stop_ids, **model) if lm is not None else None
+        self.copies = copy_sources(stop_ids, history, **{k: v for k, v in options.items() if k not in model})
         self._offers: dict[str, Offer] = {}
 
     @classmethod
@@ -101,15 +111,20 @@ class AutoDrafter(Drafter):
                 self._offers[name] = offer
         return list(self._offers.values())
 
+    def draft(self, context: Sequence[int], plan: Plan, params: SamplingParams, generator: torch.Generator | None
+              ) -> Draft:
+        """From the source the plan names: the model drafts (asking :attr:`more` after each token), a
+        copy source's offer of this round is cut to the plan's K."""
+        if plan.source == Source.MODEL and self.model is not None:
+            self.model.guide, self.model.more, self.model.should_stop = self.guide, self.more, self.should_stop
+            return self.model.propose(context, plan.k, params, generator)
+        offer = self._offers.get(plan.source) if plan.source is not None else None
+        return Draft(list(offer.tokens[:plan.k])) if offer is not None else Draft()
+
     def propose(self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
                 ) -> Draft:
-        """From the source the K policy chose (:attr:`source`): the model drafts (asking
-        :attr:`more` after each token), a copy source's offer is cut to ``k``."""
-        if self.source == "model" and self.model is not None:
-            self.model.guide, self.model.more, self.model.should_stop = self.guide, self.more, self.should_stop
-            return self.model.propose(context, k, params, generator)
-        offer = self._offers.get(self.source or "")
-        return Draft(list(offer.tokens[:k])) if offer is not None else Draft()
+        """``k`` tokens from the draft model (none without one): a plan that names no source."""
+        return self.draft(context, Plan(k, Source.MODEL), params, generator)
 
     def commit(self, context: Sequence[int], drafted: int, accepted: int) -> None:
         for d in self._sources():

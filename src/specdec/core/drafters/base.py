@@ -16,6 +16,7 @@ import torch
 from ...models.backends.base import Model, Scores
 from ...checks import check_int, option
 from ...draftlength import MAX_K
+from ..rounds import Plan
 from ..sampling import SamplingParams
 from ..verify import Policy, Round, Verdict
 from ..verify.tree import TreeRound, tree_depth
@@ -241,9 +242,6 @@ class Drafter(ABC):
     #: drafter that runs a model asks :meth:`stopping` between its passes and ends its proposal
     #: there, so that a round's drafting is cut short; None: never
     should_stop: "Callable[[], bool] | None" = None
-    #: a portfolio (``auto``): the source the K policy chose for this round (set by the engine after
-    #: :meth:`offers`; None: a plain step, or a drafter of one source)
-    source: str | None = None
 
     def stopping(self) -> bool:
         """Whether the generation is being stopped (:attr:`should_stop`)."""
@@ -289,6 +287,12 @@ class Drafter(ABC):
         self, context: Sequence[int], k: int, params: SamplingParams, generator: torch.Generator | None
     ) -> Draft:
         """Up to ``k`` tokens that might follow ``context`` (a tree drafter: nodes up to depth ``k``)."""
+
+    def draft(self, context: Sequence[int], plan: Plan, params: SamplingParams, generator: torch.Generator | None
+              ) -> Draft:
+        """This round's draft by its K policy's ``plan``: :meth:`propose` of ``plan.k`` tokens (a
+        portfolio drafts from the plan's source)."""
+        return self.propose(context, plan.k, params, generator)
 
     def backlog(self, context: Sequence[int]) -> int:
         """Context tokens the drafter must feed its model before its next draft token (a prefill,

@@ -19,6 +19,7 @@ import torch
 from ...checks import check_options, option, options_of
 from ...models.backends.base import Model
 from ..sampling import SamplingParams, next_token, probabilities
+from ..window import WINDOW_AUTO
 from ..verify.base import Lossless, Round
 from .base import Draft
 from .lookup import MAX_NGRAM, LookupDrafter, lookup
@@ -44,7 +45,7 @@ class LookupModelDrafter(ModelDrafter):
 
     def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), ngram_max: int = 4,
                  ngram_min: int = 1, lookup_tokens: int = 6, min_confidence: float = 0.0,
-                 draft_window: int | str = "auto"):
+                 draft_window: int | str = WINDOW_AUTO):
         check_options(f"drafter {self.name!r}", LookupModelOptions, {"lookup_tokens": lookup_tokens})
         self.check(ngram_max=ngram_max, ngram_min=ngram_min)
         super().__init__(lm, stop_ids, min_confidence, draft_window)

@@ -11,7 +11,7 @@ import torch
 from ...checks import check_options, option
 from ...models.backends.base import Model, common_prefix
 from ..sampling import SamplingParams, device_chooser, draw, probabilities
-from ..window import AUTO_WINDOW, window_start  # noqa: F401 (window_start re-exported for the drafters)
+from ..window import AUTO_WINDOW, WINDOW_AUTO, WINDOW_WORDS, window_start  # noqa: F401 (window_start re-exported for the drafters)
 from .base import Draft, Drafter
 
 
@@ -21,7 +21,7 @@ def guided(guide):
 
 
 def window_option():
-    return option("auto", kind=int, lo=1, words=("auto", "all"),
+    return option(WINDOW_AUTO, kind=int, lo=1, words=WINDOW_WORDS,
                   help="model, model+pld, tree: the draft model sees only the prompt's last N tokens (and all "
                        f"generated text), so it never prefills a long prompt; auto: N={AUTO_WINDOW}, all: the "
                        "whole prompt")
@@ -33,7 +33,7 @@ class Windowed:
     never fed to the draft model, so a long prompt costs the draft only the window's prefill."""
 
     lm: Model
-    draft_window: int | str = "auto"
+    draft_window: int | str = WINDOW_AUTO
     offset = 0
 
     def start(self, prompt: Sequence[int]) -> None:
@@ -84,7 +84,7 @@ class ModelDrafter(Windowed, Drafter):
     Options = ModelOptions
 
     def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), min_confidence: float = 0.0,
-                 draft_window: int | str = "auto"):
+                 draft_window: int | str = WINDOW_AUTO):
         check_options(f"drafter {self.name!r}", ModelOptions,
                       {"min_confidence": min_confidence, "draft_window": draft_window})
         self.lm = lm

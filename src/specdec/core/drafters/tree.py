@@ -35,6 +35,7 @@ from ...errors import SpecdecError
 from ...models.backends.base import Model, common_prefix
 from ..sampling import SamplingParams, probabilities
 from .base import Draft, Drafter, depth_option, tree_draft
+from ..window import WINDOW_AUTO
 from .model import Windowed, window_option
 
 
@@ -69,7 +70,7 @@ class TreeDrafter(Windowed, Drafter):
     Options = TreeOptions
 
     def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), tree_nodes: int = 8, tree_width: int = 2,
-                 draft_window: int | str = "auto"):
+                 draft_window: int | str = WINDOW_AUTO):
         self.lm = lm
         self.draft_window = draft_window
         self.stop_ids = stop_ids

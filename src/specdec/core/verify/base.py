@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Protocol
 
 import torch
 
+from ..names import AR
 from ..sampling import SamplingParams, draw
 from .lossless import greedy_accept, leading_true, point_mass, residual, sampling_accept
 from .tree import TreeRound, walk_tree
@@ -58,16 +59,12 @@ class Verdict:
 
     ``relaxed`` counts, per loose rule, the kept drafts that the lossless rule alone would have
     rejected (empty for lossless policies). After a token tree, ``path`` names the kept nodes.
-    ``inner``: for a policy with a lookahead (a window rule), the leading drafts the round would
-    have kept by its token-wise decisions alone (what ``k="auto"`` expects of blocks too short for
-    the window to act); else None.
     """
 
     accepted: int
     token: int
     relaxed: Mapping[str, int] = field(default_factory=dict)
     path: tuple[int, ...] | None = None  # a tree round: the kept nodes, root first (``accepted`` of them)
-    inner: int | None = None
 
 
 class Policy(Protocol):
@@ -78,8 +75,7 @@ class Policy(Protocol):
     - ``needs_hidden``: the engine must pass the target's final hidden states (``Round.target_hidden``);
     - ``lookahead``: 0 for token-wise policies; ``W > 0`` when a rule judges a draft by the ``W``
       drafts after it (:class:`WindowRule`), so it acts only on blocks of more than ``W`` drafts:
-      a fixed ``k <= W`` is refused up front, and ``k="auto"`` weighs short blocks by
-      ``Verdict.inner`` and long ones by ``Verdict.accepted``;
+      a fixed ``k <= W`` is refused up front, and ``k="auto"`` drafts at least ``W + 1`` when it drafts;
     - ``lookahead_label`` / ``lookahead_remedy``: how errors name that lookahead and how to shrink it;
     - ``verifies_trees``: :meth:`verify_tree` judges token trees (else only chains are drafted);
     - ``drafts``: it verifies drafts (False only for plain decoding, :class:`Plain`: no drafter runs
@@ -211,6 +207,6 @@ class Plain(Lossless):
     its next token (the engine runs no drafter for it). The same loop and model wrapper as every
     other policy, so speed comparisons against it are fair."""
 
-    name: str = "ar"
+    name: str = AR
     verifies_trees = False
     drafts = False

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ...checks import option
-from ...draftlength import MAX_K
+from ...draftlength import MAX_CHAIN
 from .base import Round
 
 
@@ -62,7 +62,7 @@ class Fly:
 
     theta: float = option(0.3, lo=0.0, help="top-3 entropy gate; lower mismatches are rejected")
     #: a fixed k must exceed the window for the rule to act, and k is at most MAX_K (:mod:`specdec.draftlength`)
-    window: int = option(6, lo=1, hi=MAX_K - 1, help="a mismatch needs window-1 later agreements in the block")
+    window: int = option(6, lo=1, hi=MAX_CHAIN, help="a mismatch needs window-1 later agreements in the block")
     #: what ``specdec tune`` sweeps by default (higher theta = stricter gate; a longer window defers more)
     tune_grid = {"theta": (0.3, 0.5, 0.8), "window": (3, 6)}
     name = "fly"

@@ -36,7 +36,7 @@ import torch
 from ...checks import options_of
 from ...errors import SpecdecError
 from ..sampling import draw
-from .base import Lossless, Round, Verdict, WindowRule, finish, lossless_mask
+from .base import AR, Lossless, Round, Verdict, WindowRule, finish, lossless_mask
 from .block import Block
 from .dropmatch import DropMatch
 from .fly import Fly
@@ -56,8 +56,6 @@ RULES: dict[str, type] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typic
 #: the parameters every loose policy takes besides its rules' (its relaxation schedule), never prefixed
 SCHEDULE_PARAMS = tuple(options_of(Schedule))
 
-#: plain decoding's name: no drafts (:class:`~specdec.core.verify.base.Plain`)
-AR = "ar"
 #: The exact policies by name: each one class, taking no parameters, that verifies on its own (it
 #: does not combine with loose rules, which compose with the token-wise lossless rule already).
 EXACT: dict[str, type] = {"lossless": Lossless, "block": Block}
@@ -129,14 +127,12 @@ class LoosePolicy:
         for rule in self.rules:
             added[rule.name] = rule.accepts(rnd, allowed) & allowed  # [K], only where lossless rejected
             accept |= added[rule.name]
-        inner = None
         if self.window is not None:
-            inner = leading_true(accept)
             added[self.window.name] = self.window.flips(rnd, accept) & allowed
             accept |= added[self.window.name]
         n = leading_true(accept)
         relaxed = {name: int(mask[:n].sum()) for name, mask in added.items()}
-        return Verdict(n, finish(rnd, n), relaxed, inner=inner)
+        return Verdict(n, finish(rnd, n), relaxed)
 
     def verify_tree(self, rnd: TreeRound) -> Verdict:
         """The same composition on a token tree: token rules judge each node against its parent's

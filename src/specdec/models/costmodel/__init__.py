@@ -16,17 +16,16 @@ widely, or that disagrees with its neighbours (a wider pass cheaper than a narro
 than noise, or dearer than proportional to its width by half again), is timed afresh, twice at
 most, after which the table is repaired to be monotone and recorded as ``noisy``. A 1-minute load
 average above the cores left over for the measurement gets a warning and also makes the table
-``noisy``; a noisy table is measured again at a later load that finds the machine quiet. While
-decoding, k=auto compares each pass with the table (:class:`specdec.core.autok.KController`); a large
-sustained drift marks the cached table ``stale`` (:func:`mark_stale`), so the next load measures
-again.
+``noisy``; a noisy table is measured again at a later load that finds the machine quiet. A
+generation compares its target passes with the table and reports the ratio (``stats.cost_drift``;
+the CLI's note then suggests ``specdec calibrate``).
 
 The package, by concern (every name below is importable from ``specdec.models.costmodel`` itself):
 
 - :mod:`.fingerprints`  the machine's fingerprint and a model's key (what a table is cached under)
 - :mod:`.table`         :class:`CostTable`: the measured seconds and the costs between them
 - :mod:`.timing`        measuring: :func:`measure`, :func:`time_step`, :func:`machine_load`
-- :mod:`.cache`         the JSON files: :func:`load_cached`, :func:`save`, :func:`mark_stale`,
+- :mod:`.cache`         the JSON files: :func:`load_cached`, :func:`save`,
                         :func:`table_for` (measure now and cache)
 - :mod:`.decide`        pure functions: :func:`expected_tokens`, :func:`best_k`, :func:`choose_dtypes`
 
@@ -35,7 +34,7 @@ A name is read where it is defined: a test that replaces one (``measure``, ``mac
 """
 
 from . import cache, decide, fingerprints, table, timing
-from .cache import (CACHE_NAME_CHARS, cache_path, cached_tables, costs_dir, load_cached, mark_stale, read_table,
+from .cache import (CACHE_NAME_CHARS, cache_path, cached_tables, costs_dir, load_cached, read_table,
                     save, table_for)
 from .decide import (FALLBACK_K, MIN_ROUND_SECONDS, PRIOR_ACCEPTANCE, REFERENCE_NEW, REFERENCE_PROMPT,
                      TIE_TOLERANCE, DtypeChoice, best_k, best_k_rate, choose_dtypes, expected_tokens,
@@ -56,7 +55,7 @@ __all__ = [
     "PROPORTIONAL_TOLERANCE", "REPEATS", "SLOW_PASS", "SPREAD_LIMIT", "STEP_CONTEXT", "STEP_REPEATS",
     "WARMUP_TOKENS", "WIDTHS", "Measured", "machine_load", "measure", "repair", "suspect_widths", "time_step",
     # cache
-    "CACHE_NAME_CHARS", "cache_path", "cached_tables", "costs_dir", "load_cached", "mark_stale", "read_table",
+    "CACHE_NAME_CHARS", "cache_path", "cached_tables", "costs_dir", "load_cached", "read_table",
     "save", "table_for",
     # decide
     "FALLBACK_K", "MIN_ROUND_SECONDS", "PRIOR_ACCEPTANCE", "REFERENCE_NEW", "REFERENCE_PROMPT",

@@ -3,8 +3,7 @@
 The file's name hashes the machine fingerprint (:mod:`.fingerprints`), the model key and the
 dtype, and the fingerprint inside must match too; a missing, unreadable or foreign file means a
 new measurement (:func:`table_for`), never a failed load. A table is measured again when it is
-``stale`` (the passes k=auto observed drifted far from it, :func:`mark_stale`) or ``noisy`` and
-the machine is quiet now.
+``noisy`` and the machine is quiet now.
 
 :func:`table_for` calls :func:`.timing.measure` and :func:`.timing.machine_load` through the
 :mod:`.timing` module, so a test that replaces them there replaces them here too.
@@ -58,29 +57,9 @@ def load_cached(fp: Mapping, model: str, dtype: str) -> CostTable | None:
         return None
     if table.format != FORMAT:  # an older format (no wide passes): measure again
         return None
-    if table.stale:  # observed passes drifted far from it: measure again
-        return None
     if table.noisy and timing.machine_load(int(fp.get("threads") or 1)) is None:
         return None  # measured on a busy machine, and this one is quiet now: measure again
     return table
-
-
-def mark_stale(table: CostTable, why: str) -> bool:
-    """Mark ``table``'s cached copy stale (observed passes drifted far from it), so the next load
-    measures again. Only the copy made by the same measurement is marked; True when one was."""
-    path = cache_path(table.fingerprint, table.model, table.dtype)
-    cached = read_table(path)
-    if cached is None or cached.measured_at != table.measured_at or cached.seconds != table.seconds:
-        return False
-    if cached.stale:
-        return True
-    cached.stale = why
-    try:
-        save(cached)
-    except OSError:
-        return False
-    table.stale = why
-    return True
 
 
 def save(table: CostTable) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Collection, Mapping, Sequence
 
-from ...draftlength import MAX_K
+from ...draftlength import MAX_CHAIN
 from .table import CostTable
 
 #: The request a dtype choice is made for: a typical chat prompt and completion.
@@ -72,7 +72,7 @@ def best_k_rate(verify: Callable[[int], float], draft_step: float, rates: Sequen
 
 
 def seconds_per_token(target: CostTable, draft: CostTable | None, rate: float = PRIOR_ACCEPTANCE,
-                      k_max: int = MAX_K - 1) -> tuple[float, int]:
+                      k_max: int = MAX_CHAIN) -> tuple[float, int]:
     """Expected decoding seconds per token with the best K under a constant acceptance ``rate``
     (plain decoding when there is no draft table), and that K (at most ``k_max``: K drafts are
     verified in a pass of K + 1 tokens, and the widest measured is :data:`~specdec.draftlength.MAX_K`)."""

@@ -41,8 +41,6 @@ class CostTable:
     #: why the timings are not to be trusted ("" when they are): the machine looked loaded, or
     #: timings stayed noisy or inconsistent after re-measuring. Measured again at a quiet load.
     noisy: str = ""
-    #: set on the cached copy when observed passes drifted far from it (:func:`specdec.models.costmodel.mark_stale`)
-    stale: str = ""
     #: a pass's extra seconds per token of context beyond ``context``, as a share of its seconds
     #: (``specdec calibrate --export`` measures it; 0: not measured)
     context_slope: float = 0.0
@@ -155,7 +153,7 @@ class CostTable:
                    prefill_seconds=None if d.get("prefill_seconds") is None else float(d["prefill_seconds"]),
                    kernels=[str(k) for k in d.get("kernels") or []],
                    spread=[float(x) for x in d.get("spread") or []], noisy=str(d.get("noisy") or ""),
-                   stale=str(d.get("stale") or ""), context_slope=float(d.get("context_slope") or 0.0),
+                   context_slope=float(d.get("context_slope") or 0.0),
                    long_read=_long_read(d.get("long_read")), format=int(d["format"]),
                    wide_context=int(d.get("wide_context") or 0),
                    wide_widths=[int(w) for w in d.get("wide_widths") or []],
