@@ -209,9 +209,9 @@ def main(argv=None) -> int:
 def llama_server(mode: str, target: str):
     """llama.cpp's server in ``mode`` on the target's GGUF file (the bench's peer, kept running)."""
     from specdec.bench.llama_server import LlamaServer
-    from specdec.bench.peers import _threads, gguf_of
+    from specdec.bench.peers import gguf_of, peer_threads
 
-    return LlamaServer(mode, gguf_of(target), None, _threads(), {})
+    return LlamaServer(mode, gguf_of(target), None, peer_threads(), {})
 
 
 def summarize(records: list[dict], names: list[str], pair, target: str, a) -> dict:

@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     import openai
 
     from specdec.bench.llama_server import LlamaServer
-    from specdec.bench.peers import _threads, gguf_of
+    from specdec.bench.peers import gguf_of, peer_threads
     from specdec.models.bundled import DEFAULT_TARGET
 
     a = parse_args(argv)
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
             if name in OURS:
                 urls[name], pair = our_server(target, a.max_tokens, stack)
             else:
-                server = LlamaServer(name, gguf_of(target), None, _threads(), {})
+                server = LlamaServer(name, gguf_of(target), None, peer_threads(), {})
                 stack.callback(server.close)  # stopped and freed when the session ends
                 urls[name], settings[name] = server.url, server.settings
         clients = {n: openai.OpenAI(base_url=u + "/v1", api_key="unused", max_retries=0, timeout=3600)

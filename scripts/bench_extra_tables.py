@@ -31,7 +31,7 @@ TUNING = {f"HumanEval/{i}" for i in range(100, 108)}
 def headline(folder: str, finished: int) -> None:
     """The headline row per configuration; warns when summary.json is older than results.jsonl
     (its sample count is not the number every configuration has finished)."""
-    from specdec.bench.report import _ci, _f, _pct
+    from specdec.bench.report import fmt, pct, with_ci
 
     path = Path(folder) / "summary.json"
     if not path.is_file():
@@ -45,9 +45,9 @@ def headline(folder: str, finished: int) -> None:
     for c in configs.values():
         paired = c.get("paired") or {}
         lost = f"{paired['lost']} / {paired['gained']}" if paired else "–"
-        print(f"| {c['id']} | {c['samples']} | {_f(c['tau'])} | {_f(c['tokens_per_second'])} | "
-              f"{_f(c['speedup_vs_ar'], suffix='x')} | {_pct(c.get('quality'))} | "
-              f"{_ci(c.get('recovery'), paired.get('recovery_ci'))} | {lost} |")
+        print(f"| {c['id']} | {c['samples']} | {fmt(c['tau'])} | {fmt(c['tokens_per_second'])} | "
+              f"{fmt(c['speedup_vs_ar'], suffix='x')} | {pct(c.get('quality'))} | "
+              f"{with_ci(c.get('recovery'), paired.get('recovery_ci'))} | {lost} |")
     print()
 
 

@@ -60,7 +60,7 @@ def llama_model(pair, params: dict, models: BenchModels):
     if key not in cache:
         from llama_cpp import Llama
 
-        threads = int(params.get("n_threads") or _threads())
+        threads = int(params.get("n_threads") or peer_threads())
         draft = None
         if "num_pred_tokens" in params:  # llama-cpp-pld: its own prompt lookup as the draft model
             from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
@@ -127,7 +127,7 @@ def run_llama_spec(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequenc
     if pair.draft_name is None:
         raise SpecdecError("peer llama-cpp-spec needs a draft model; load one or drop it from --peers")
     params = {**PEERS[peer.policy]["defaults"], **peer.params}
-    threads = int(params.get("n_threads") or _threads())
+    threads = int(params.get("n_threads") or peer_threads())
     text = pair.tokenizer.decode(list(prompt_ids), skip_special_tokens=False)
     res = run_speculative_simple(
         gguf_of(pair.target_name), gguf_of(pair.draft_name), text, n_predict=max_new_tokens,
@@ -201,7 +201,7 @@ def run_openvino(pair, peer: Config, prompt_ids: Sequence[int], stops: Sequence[
     import openvino_genai as og
 
     params = {**PEERS[peer.policy]["defaults"], **peer.params}
-    threads = int(params.get("n_threads") or _threads())
+    threads = int(params.get("n_threads") or peer_threads())
     pld = peer.policy == "ov-pld"
     pipe = openvino_pipeline(pair, pld, threads, models)
     eos = list(pair.eos_ids)
@@ -260,7 +260,7 @@ def _ov_config(og, pld: dict | None, eos: list[int], stops: Sequence[str], *, ma
     return cfg
 
 
-def _threads() -> int:
+def peer_threads() -> int:
     """The threads specdec's llama.cpp backend runs with by default."""
     return REGISTRY.get("llama.cpp").threads()
 
@@ -283,7 +283,7 @@ def run_peer(
             models.close()
     if peer.policy in MODES:
         return run_llama_server(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,
-                                top_p=top_p, top_k=top_k, seed=seed, models=models, threads=_threads(),
+                                top_p=top_p, top_k=top_k, seed=seed, models=models, threads=peer_threads(),
                                 defaults=PEERS[peer.policy]["defaults"], gguf_of=gguf_of, cut=_cut_tokens)
     if peer.policy == "llama-cpp-spec":
         return run_llama_spec(pair, peer, prompt_ids, stops, max_new_tokens=max_new_tokens, temperature=temperature,

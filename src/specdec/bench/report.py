@@ -12,19 +12,19 @@ from ..core.names import AR
 from .results import atomic_write_text
 
 
-def _f(x: Any, spec: str = ".2f", suffix: str = "") -> str:
+def fmt(x: Any, spec: str = ".2f", suffix: str = "") -> str:
     if x is None or (isinstance(x, float) and not math.isfinite(x)):
         return "–"
     return f"{x:{spec}}{suffix}"
 
 
-def _pct(x: Any) -> str:
-    return _f(None if x is None else 100 * x, ".1f", "%")
+def pct(x: Any) -> str:
+    return fmt(None if x is None else 100 * x, ".1f", "%")
 
 
-def _ci(x: Any, ci: Any, spec: str = ".3f", ci_spec: str = ".2f", scale: float = 1.0) -> str:
+def with_ci(x: Any, ci: Any, spec: str = ".3f", ci_spec: str = ".2f", scale: float = 1.0) -> str:
     """``x [lo, hi]`` (``x`` alone without an interval); values multiplied by ``scale``."""
-    cell = _f(None if x is None else scale * x, spec)
+    cell = fmt(None if x is None else scale * x, spec)
     return cell if not ci or x is None else f"{cell} [{scale * ci[0]:{ci_spec}}, {scale * ci[1]:{ci_spec}}]"
 
 
@@ -41,7 +41,7 @@ def _paired_table(rows: dict) -> list[str]:
              "| configuration | samples | lost | gained | McNemar p | difference [95% CI] |",
              "|---|---:|---:|---:|---:|---:|"]
     for cid, q in paired.items():
-        diff = _ci(q["difference"], q["difference_ci"], "+.1f", "+.1f", 100)
+        diff = with_ci(q["difference"], q["difference_ci"], "+.1f", "+.1f", 100)
         lines.append(f"| {cid} | {q['n']} | {q['lost']} | {q['gained']} | {_p(q['mcnemar_p'])} | {diff} pp |")
     return lines
 
@@ -110,7 +110,7 @@ def time_vs_ar(row: dict) -> str:
     if row.get("speed_withheld"):
         return WITHHELD
     ratio, ci = row.get("time_speedup_vs_ar"), row.get("time_speedup_ci")
-    cell = _f(ratio, ".2f", "x")
+    cell = fmt(ratio, ".2f", "x")
     return cell if not ci or ratio is None else f"{cell} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
 
@@ -126,12 +126,12 @@ def _results(summary: dict) -> list[str]:
     front = set(summary.get("pareto_front") or [])
     for cid, r in rows.items():
         ag = r.get("agreement") or {}
-        rec = _ci(r.get("recovery"), (r.get("paired") or {}).get("recovery_ci"))
-        tps = f"{_f(r.get('tokens_per_second'), '.1f')} ({_f(r.get('tokens_per_second_min'), '.1f')}–{_f(r.get('tokens_per_second_max'), '.1f')})"
+        rec = with_ci(r.get("recovery"), (r.get("paired") or {}).get("recovery_ci"))
+        tps = f"{fmt(r.get('tokens_per_second'), '.1f')} ({fmt(r.get('tokens_per_second_min'), '.1f')}–{fmt(r.get('tokens_per_second_max'), '.1f')})"
         sp = WITHHELD if r.get("speed_withheld") else \
-            f"{_f(r.get('speedup_vs_ar'), '.2f', 'x')} ({_f(r.get('speedup_min'), '.2f')}–{_f(r.get('speedup_max'), '.2f')})"
-        tv = f"{time_vs_ar(r)} ({_f(r.get('length_vs_ar'), '.2f', 'x')})"
-        dv = (f"{_pct(r.get('draft_share'))} / {_pct(r.get('verify_share'))}"
+            f"{fmt(r.get('speedup_vs_ar'), '.2f', 'x')} ({fmt(r.get('speedup_min'), '.2f')}–{fmt(r.get('speedup_max'), '.2f')})"
+        tv = f"{time_vs_ar(r)} ({fmt(r.get('length_vs_ar'), '.2f', 'x')})"
+        dv = (f"{pct(r.get('draft_share'))} / {pct(r.get('verify_share'))}"
               if r.get("draft_share") is not None else "–")
         name = f"**{cid}**" if cid in front else cid
         if r.get("kind") == "peer":
@@ -140,8 +140,8 @@ def _results(summary: dict) -> list[str]:
                      " (llama.cpp's server, xllamacpp wheel)" if policy.startswith("llama-server") else
                      " (OpenVINO GenAI)" if policy in ("ov", "ov-pld") else " (transformers)")
         lines.append(
-            f"| {name} | {_f(r.get('tau'))} | {tps} | {sp} | {tv} | {_pct(r.get('quality'))} | {rec} | "
-            f"{_pct(ag.get('exact_match'))} | {_pct(ag.get('token_agreement'))} | {_pct(r.get('zero_accept_share'))} | "
+            f"| {name} | {fmt(r.get('tau'))} | {tps} | {sp} | {tv} | {pct(r.get('quality'))} | {rec} | "
+            f"{pct(ag.get('exact_match'))} | {pct(ag.get('token_agreement'))} | {pct(r.get('zero_accept_share'))} | "
             f"{dv} | {'yes' if r.get('lossy') else 'no'} |"
         )
     lines += ["", "Time vs ar: plain decoding's seconds over this configuration's on the same samples (how much "
@@ -175,14 +175,14 @@ def _structured(summary: dict) -> list[str]:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for cid, r in rows.items():
         st = r["structured"]
-        valid = f"{st['valid']}/{st['n']} ({_pct(st['validity'])})"
-        vs = _f(st.get("speedup_vs_ar_same_backend"), ".2f", "x")
+        valid = f"{st['valid']}/{st['n']} ({pct(st['validity'])})"
+        vs = fmt(st.get("speedup_vs_ar_same_backend"), ".2f", "x")
         if st.get("vs_ar") not in (None, AR):
             vs += f" (vs {st['vs_ar']})"
-        lines.append(f"| {cid} | {valid} | {st['truncated']} | {_pct(st.get('same_text_as_ar'))} | "
-                     f"{_f(r.get('tokens_per_second'), '.1f')} | {vs} | {_f(r.get('tau'))} | "
-                     f"{_f(st.get('mask_ms_per_pass'), '.3f')} | {_pct(st.get('mask_share'))} | "
-                     f"{_f(st.get('draft_mask_ms_per_pass'), '.3f')} |")
+        lines.append(f"| {cid} | {valid} | {st['truncated']} | {pct(st.get('same_text_as_ar'))} | "
+                     f"{fmt(r.get('tokens_per_second'), '.1f')} | {vs} | {fmt(r.get('tau'))} | "
+                     f"{fmt(st.get('mask_ms_per_pass'), '.3f')} | {pct(st.get('mask_share'))} | "
+                     f"{fmt(st.get('draft_mask_ms_per_pass'), '.3f')} |")
     return lines
 
 
@@ -191,7 +191,7 @@ def _best_k(summary: dict) -> list[str]:
         return []
     lines = ["", "### Best K per rule and drafter", "", "| rule/drafter | best K | speedup | tau |", "|---|---:|---:|---:|"]
     for name, b in summary["best_k"].items():
-        lines.append(f"| {name} | {b['k']} | {_f(b['speedup_vs_ar'], '.2f', 'x')} | {_f(b['tau'])} |")
+        lines.append(f"| {name} | {b['k']} | {fmt(b['speedup_vs_ar'], '.2f', 'x')} | {fmt(b['tau'])} |")
     return lines
 
 
@@ -210,7 +210,7 @@ def _vs_lossless(summary: dict) -> list[str]:
             speed_gain, time_gain = ("–" if g.get(key) is None else f"{100 * (g[key] - 1):+.1f}%"
                                      for key in ("speed_ratio", "time_ratio"))
             lines.append(f"| {cid} | {g['lossless']} | {tau_gain} | {speed_gain} | {time_gain} | "
-                         f"{_pct((rows[cid].get('agreement') or {}).get('exact_match'))} |")
+                         f"{pct((rows[cid].get('agreement') or {}).get('exact_match'))} |")
     return lines
 
 
@@ -221,7 +221,7 @@ def _by_category(summary: dict) -> list[str]:
         lines += ["", "### Speedup vs ar (tau) by category", "",
                   "| configuration | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats)]
         for cid, r in rows.items():
-            cells = [f"{_f(r['by_category'][c].get('speedup_vs_ar'), '.2f', 'x')} ({_f(r['by_category'][c].get('tau'))})"
+            cells = [f"{fmt(r['by_category'][c].get('speedup_vs_ar'), '.2f', 'x')} ({fmt(r['by_category'][c].get('tau'))})"
                      for c in cats]
             lines.append(f"| {cid} | " + " | ".join(cells) + " |")
     return lines
@@ -246,7 +246,7 @@ def _curves(summary: dict) -> list[str]:
         lines += ["", "### Per-position acceptance (token trees: per depth)", "", "| configuration | " + " | ".join(str(i + 1) for i in range(width)) + " |",
                   "|---|" + "---:|" * width]
         for cid, c in curves.items():
-            lines.append(f"| {cid} | " + " | ".join(_f(x) for x in c) + " |" + " |" * (width - len(c)))
+            lines.append(f"| {cid} | " + " | ".join(fmt(x) for x in c) + " |" + " |" * (width - len(c)))
     return lines
 
 
@@ -276,7 +276,7 @@ def _definitions(summary: dict) -> list[str]:
         best = summary["best_ar"]
         lines.append(f"- best plain decoding in this run: `{best}`; speedup over it (the slowest of the speedups "
                      "over each ar variant): " + ", ".join(
-                         f"{cid} {_f(r.get('speedup_vs_best_ar'), '.2f', 'x')}" for cid, r in rows.items()
+                         f"{cid} {fmt(r.get('speedup_vs_best_ar'), '.2f', 'x')}" for cid, r in rows.items()
                          if r.get("speedup_vs_best_ar") is not None and cid not in ars) + ".")
     if peers:
         lines.append("- transformers peers run `generate()` on the same prompts with the same model objects "

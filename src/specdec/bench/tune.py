@@ -58,7 +58,7 @@ from . import certify
 from . import configs as cfgs
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
                       parse_float, parse_selection, parse_settings, run_settings, sandbox_setting)
-from .report import _f, speed_basis
+from .report import fmt, speed_basis
 from .summary import paired_quality, verdicts
 
 #: the tuning split when --samples is not given (HumanEval: the second half; the first half,
@@ -789,7 +789,7 @@ def _speed(row: dict | None) -> str:
     """Tokens/s over ar's, and (in brackets) ar's time over this setting's on the same problems."""
     if not row:
         return "–"
-    return f"{_f(row.get('speedup_vs_ar'), '.2f', 'x')} ({_f(row.get('time_speedup_vs_ar'), '.2f', 'x')}){speed_basis(row)}"
+    return f"{fmt(row.get('speedup_vs_ar'), '.2f', 'x')} ({fmt(row.get('time_speedup_vs_ar'), '.2f', 'x')}){speed_basis(row)}"
 
 
 
@@ -807,13 +807,13 @@ def table_rows(record: dict) -> list[list[str]]:
                    else "")
             out.append([policy, "none qualifies" + (f" (closest {c['setting']}{run})" if c.get("setting") else ""),
                         _speed(conf),
-                        _rec(c.get("recovery"), paired.get("recovery_ci")), _f(c.get("bound"), ".3f"),
-                        f"{_f(c.get('certifies'), '.3f')} (needs ~{c.get('problems_needed') or '∞'} problems)"
+                        _rec(c.get("recovery"), paired.get("recovery_ci")), fmt(c.get("bound"), ".3f"),
+                        f"{fmt(c.get('certifies'), '.3f')} (needs ~{c.get('problems_needed') or '∞'} problems)"
                         if c else "–", *_validation_cells(c.get("validation"))])
             continue
         out.append([policy, pk["setting"], _speed(pk),
                     _rec(pk["recovery"], (pk.get("paired_vs_ar") or {}).get("recovery_ci")),
-                    _f(pk["recovery_bound"], ".3f"),
+                    fmt(pk["recovery_bound"], ".3f"),
                     "–" if pk["recovery_bound"] is None else f"{max(0.0, 1 - pk['recovery_bound']):.3f}",
                     *_validation_cells(pk.get("validation"))])
     return out

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import certify
-from .report import _f, speed_basis
+from .report import fmt, speed_basis
 from .results import ResultsFile
 from .summary import AR_ID, summarize, verdicts
 
@@ -71,9 +71,9 @@ def stage_table(records: list[dict], split: list[str], stage: str, max_loss: flo
                  "|---|---:|---:|---:|---:|"]
         for cid, row in rows.items():
             d = certify.divergence(records, cid) if cid != AR_ID else {}
-            lines.append(f"| {cid} | {row.get('samples') or 0}/{len(split)} | {_f(d.get('diverged'), '.0%')} | "
-                         f"{_f((row.get('agreement') or {}).get('token_agreement'))} | "
-                         f"{_f(1.0 if cid == AR_ID else certify.decode_speedup(records, cid), '.2f', 'x')} |")
+            lines.append(f"| {cid} | {row.get('samples') or 0}/{len(split)} | {fmt(d.get('diverged'), '.0%')} | "
+                         f"{fmt((row.get('agreement') or {}).get('token_agreement'))} | "
+                         f"{fmt(1.0 if cid == AR_ID else certify.decode_speedup(records, cid), '.2f', 'x')} |")
         return lines
     lines = ["| setting | problems | passed | lost / gained vs ar | recovery [95% CI] | "
              f"bound at {confidence:g} | tokens/s vs ar | time vs ar (length) | state |",
@@ -85,13 +85,13 @@ def stage_table(records: list[dict], split: list[str], stage: str, max_loss: flo
             continue
         paired = row.get("paired") or {}
         ci = paired.get("recovery_ci")
-        rec = _f(row.get("recovery"), ".3f") + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        rec = fmt(row.get("recovery"), ".3f") + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
         lost_gained = f"{paired['lost']} / {paired['gained']}" if paired else "–"
         lines.append(
             f"| {cid} | {len(mine)}/{len(split)} | {sum(mine.values())} | {lost_gained} | {rec} | "
-            f"{_f(certify.paired_bound(row.get('paired'), confidence), '.3f')} | "
-            f"{_f(row.get('speedup_vs_ar'), '.2f', 'x')} | "
-            f"{_f(row.get('time_speedup_vs_ar'), '.2f', 'x')} ({_f(row.get('length_vs_ar'), '.2f', 'x')}){speed_basis(row)} | "
+            f"{fmt(certify.paired_bound(row.get('paired'), confidence), '.3f')} | "
+            f"{fmt(row.get('speedup_vs_ar'), '.2f', 'x')} | "
+            f"{fmt(row.get('time_speedup_vs_ar'), '.2f', 'x')} ({fmt(row.get('length_vs_ar'), '.2f', 'x')}){speed_basis(row)} | "
             f"{_state(row, ar, split, mine, stage, max_loss, confidence)} |")
     return lines
 

@@ -488,7 +488,7 @@ class PortfolioK(KPolicy):
         self.chosen = Plan()
         if room > 0:
             self.chosen = (self._fixed(room, offers) if self.fixed is not None or self.target is None
-                           else self._priced(t, room, backlog, offers))
+                           else self._cheapest(t, room, backlog, offers))
         self.declined += self.chosen.declined
         return self.chosen
 
@@ -496,7 +496,7 @@ class PortfolioK(KPolicy):
         """The plan's K with no copy offers (the draft model or a plain step)."""
         return self.plan(t, room, backlog).k
 
-    def _priced(self, t: int, room: int, backlog: int, offers: Sequence) -> Plan:
+    def _cheapest(self, t: int, room: int, backlog: int, offers: Sequence) -> Plan:
         table, ks = self.priced_at(self.prompt + t)
         best, choice = 1.0 / table.forward(1), Plan()
         for offer in offers:
