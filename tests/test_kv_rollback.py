@@ -31,6 +31,9 @@ class ScriptedDrafter:
     def offers(self, context, room):  # a drafter of one source offers no free drafts
         return []
 
+    def draft(self, context, plan, params, generator):  # the round's plan: its K (one source)
+        return self.propose(context, plan.k, params, generator)
+
     def propose(self, context, k, params, generator):
         pos = len(context) - self.prompt_len
         tokens = list(self.truth[pos : pos + k])
