@@ -802,3 +802,13 @@ def test_scripts_use_the_library_s_public_names():
                 bad += [f"{path.name}:{f.lineno} overrides {f.name}" for f in node.body
                         if isinstance(f, ast.FunctionDef) and f.name.startswith("_") and not f.name.startswith("__")]
     assert not bad, bad
+
+
+def test_the_linter_is_clean_on_the_package():
+    """``ruff check src`` (its rules in pyproject.toml: pyflakes' and syntax errors) finds nothing; ruff
+    comes with the ``test`` extra."""
+    ruff = Path(sys.executable).with_name("ruff")
+    if not ruff.exists():
+        pytest.skip("ruff is not installed (pip install -e '.[test]')")
+    done = subprocess.run([str(ruff), "check", str(SRC)], capture_output=True, text=True, cwd=SRC.parent.parent)
+    assert done.returncode == 0, done.stdout + done.stderr

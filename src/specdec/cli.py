@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from .bench.cli import register as register_bench
 from .bench.tune import register as register_tune
@@ -20,6 +20,10 @@ from .errors import SpecdecError
 from .bench.replaycli import register as register_replay
 from .frontends.server.cli import register as register_serve
 from .core.text import surrogate_at
+
+if TYPE_CHECKING:
+    from .models.costmodel import CostTable
+
 
 # ---------------------------------------------------------------------------- commands
 def cmd_generate(a: argparse.Namespace) -> int:

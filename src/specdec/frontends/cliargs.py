@@ -5,7 +5,6 @@ import from here; this module imports no command (no cycles: every CLI imports d
 from __future__ import annotations
 
 import argparse
-import sys
 
 from ..models.bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
 from ..checks import options_of

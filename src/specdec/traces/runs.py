@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..core.acceptance import COPY_PRIOR, RUN_EDGES, CopyKey, RunRates, copy_situation, run_bin
 from ..core.autok import KPolicy
 from ..draftlength import MAX_CHAIN
 from ..errors import SpecdecError
+
+if TYPE_CHECKING:
+    from .replay import Clock
 
 #: the fixed Ks a replay prices by default
 DEFAULT_KS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 15)

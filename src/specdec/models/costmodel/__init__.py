@@ -33,7 +33,7 @@ A name is read where it is defined: a test that replaces one (``measure``, ``mac
 ``time``) patches that module (``costmodel.timing``), not the package's re-exported copy.
 """
 
-from . import cache, decide, fingerprints, table, timing
+from . import cache, decide, fingerprints, table, timing  # noqa: F401 (the modules a test patches)
 from .cache import (CACHE_NAME_CHARS, cache_path, cached_tables, costs_dir, load_cached, read_table,
                     save, table_for)
 from .decide import (FALLBACK_K, MIN_ROUND_SECONDS, PRIOR_ACCEPTANCE, REFERENCE_NEW, REFERENCE_PROMPT,

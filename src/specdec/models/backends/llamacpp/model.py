@@ -489,7 +489,6 @@ class LlamaCppModel(Model):
         node_seqs: list[list[int]] = []
         copies: list[tuple[int, int, int]] = []  # (from seq, to seq, up to position) before the decode
         for j, parent in enumerate(parents):
-            node = first + j
             if parent < 0:
                 taken, rep, p_pos = self._root_has_child, 0, tree.base - 1
                 self._root_has_child = True
