@@ -53,10 +53,6 @@ class Clock:
     token_overhead: float = 0.0
     _at: dict = field(default_factory=dict, repr=False, compare=False)  # the target's table per context step
 
-    @staticmethod
-    def _scale(table: CostTable, context: int) -> float:
-        return 1.0 + getattr(table, "context_slope", 0.0) * max(0, context - table.context)
-
     def verify(self, width: int, context: int) -> float:
         """A verify pass of ``width`` tokens after ``context``: on the target's table at that context
         where its wide passes were measured (:meth:`CostTable.at_context`, per 64 tokens of context),
@@ -67,15 +63,15 @@ class Clock:
             if table is None:
                 table = self._at[step] = self.target.at_context(step)
             return table.forward(width)
-        return self.target.forward(width) * self._scale(self.target, context)
+        return self.target.forward(width) * self.target.slope_scale(context)
 
     def prefill(self, tokens: int) -> float:
-        return self.target.read(tokens) * self._scale(self.target, tokens // 2)
+        return self.target.read(tokens) * self.target.slope_scale(tokens // 2)
 
     def draft_read(self, tokens: int, context: int) -> float:
         if self.draft is None:
             return 0.0
-        return self.draft.read(tokens) * self._scale(self.draft, context)
+        return self.draft.read(tokens) * self.draft.slope_scale(context)
 
     def draft_reads(self, size: int) -> np.ndarray:
         """``draft_read(b, context)`` for ``b`` in ``0..size-1`` at the table's own context (times
@@ -85,7 +81,7 @@ class Clock:
         return np.array([self.draft.read(b) for b in range(size)])
 
     def draft_scale(self, context: int) -> float:
-        return 1.0 if self.draft is None else self._scale(self.draft, context)
+        return 1.0 if self.draft is None else self.draft.slope_scale(context)
 
     def draft_step(self, context: int) -> float:
         return 0.0 if self.draft is None else self.draft.step_at(context)

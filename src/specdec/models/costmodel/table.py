@@ -99,7 +99,12 @@ class CostTable:
         if self.wide_widths and self.wide_widths[0] == 1:
             f = max(0.0, (int(context) - self.context) / (self.wide_context - self.context))
             return max(one + f * (self._wide(1) - one), 1e-9)
-        return one * (1.0 + self.context_slope * max(0, int(context) - self.context))
+        return one * self.slope_scale(context)
+
+    def slope_scale(self, context: int) -> float:
+        """A pass's seconds after ``context`` tokens as a multiple of this table's (at its own
+        context), by the measured ``context_slope`` (1 where none was measured)."""
+        return 1.0 + self.context_slope * max(0, int(context) - self.context)
 
     def _wide(self, width: int) -> float:
         return _interpolate(self.wide_widths, self.wide_seconds, width)
