@@ -191,7 +191,7 @@ def test_exact_policies_take_no_schedule():
 
 def test_flag_request_field_config_file_tune_grid_and_vllm_keys(tmp_path):
     from specdec.frontends.api import make_config
-    from specdec.bench import tune
+    from specdec.bench.tune import command as tune
     from specdec.cli import build_parser
     from specdec.frontends.cliargs import decode_config
     from specdec.core.configfile import read_config

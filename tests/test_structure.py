@@ -334,8 +334,8 @@ def test_every_entry_point_takes_its_defaults_from_request_defaults():
     import inspect
     from dataclasses import asdict
 
-    from specdec.bench.options import parse_settings
-    from specdec.bench.runner import Settings
+    from specdec.bench.running.options import parse_settings
+    from specdec.bench.running.runner import Settings
     from specdec.models import genconfig
     from specdec.models.bundled import DEFAULT_TARGET
     from specdec.frontends.cliargs import decode_kwargs
@@ -428,7 +428,7 @@ def test_one_function_layers_a_requests_settings():
     from specdec.frontends.server import app, params
 
     assert _calls("overlay") == {"core/settings.py", "frontends/vllm/config.py"}
-    assert _calls("read_config") == {"core/settings.py", "bench/configs.py"}
+    assert _calls("read_config") == {"core/settings.py", "bench/running/configs.py"}
     filled = set()
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -576,7 +576,8 @@ def test_target_without_a_draft_uses_the_copy_sources_by_default(tiny_dirs):
 #: tokenizer loader of the llama.cpp backend, and bench's transformers peers and version record
 TRANSFORMERS_IMPORTERS = {*(f"models/backends/transformers/{name}.py" for name in
                             ("model", "load", "weights", "convert", "static")),
-                          "models/backends/llamacpp/model.py", "bench/peers.py", "bench/environment.py"}
+                          "models/backends/llamacpp/model.py", "bench/running/peers.py",
+                          "bench/running/environment.py"}
 
 
 def test_only_the_backends_import_transformers():

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import tune
-from specdec.bench.datasets import load_dataset
-from specdec.bench.prompts import build_prompt
+from specdec.bench.tune import command as tune
+from specdec.bench.tasks.datasets import load_dataset
+from specdec.bench.tasks.prompts import build_prompt
 from specdec.cli import build_parser, main
 from specdec.frontends.cliargs import decode_kwargs
 from specdec.core.configfile import FORMAT, read_config, write_config
@@ -25,8 +25,8 @@ ROBUST = DATA / "humaneval_robust.jsonl"
 @pytest.fixture
 def all_pass(monkeypatch):
     """Every HumanEval check passes (the verdict the robust problems were made to give)."""
-    from specdec.bench import quality
-    from specdec.bench.sandbox import SandboxResult
+    from specdec.bench.scoring import quality
+    from specdec.bench.scoring.sandbox import SandboxResult
 
     monkeypatch.setattr(quality, "run_check", lambda problem, completion, **kw: SandboxResult(
         True, "passed", 0, 0.0, "fake: every check passes"))
@@ -245,8 +245,8 @@ def test_proxy_order_by_speed_agreement_floor_and_dominance():
 
 
 def test_proxy_runs_k_auto_at_a_fixed_k_that_the_rule_can_use():
-    from specdec.bench.configs import Config
-    from specdec.bench.runner import Settings
+    from specdec.bench.running.configs import Config
+    from specdec.bench.running.runner import Settings
 
     def proxy(policy, k, params, proxy_k=4):
         return tune.proxy_config(Config(policy, "model", k, params), proxy_k, Settings()).k
@@ -287,7 +287,7 @@ def test_grid_items_go_to_each_policy_that_takes_them():
 
 
 def test_grid_skips_k_that_fly_window_cannot_act_on():
-    from specdec.bench.runner import Settings
+    from specdec.bench.running.runner import Settings
 
     configs, skipped = tune.grid_configs("fly", "model", ["auto", 4, 8], {"fly_theta": [0.3]}, Settings())
     assert [c.id for c in configs] == ["fly[fly_theta=0.3]/model/kauto", "fly[fly_theta=0.3]/model/k8"]
@@ -409,7 +409,7 @@ def test_default_budget_can_be_certified_on_the_bundled_pairs_split():
     """`specdec tune` with no budget flags must be able to end with a pick on the default split: the
     bundled pair's plain decoding solves 47 of HumanEval's 82 tuning problems (measured), where the
     old defaults (0.02 at 0.95) could certify nothing (floor 0.029)."""
-    from specdec.bench import certify
+    from specdec.bench.tune import certify
 
     a = build_parser().parse_args(["tune", "--policy", "mars", "--out", "x"])
     assert float(a.max_quality_loss) == tune.DEFAULT_MAX_LOSS and float(a.confidence) == tune.DEFAULT_CONFIDENCE
@@ -422,7 +422,7 @@ def test_default_budget_can_be_certified_on_the_bundled_pairs_split():
 
 def test_a_speed_no_pair_timed_at_one_speed_is_a_dash_with_its_basis():
     """As in tune's --status table and bench's report: a missing ratio is a dash, without its unit."""
-    from specdec.bench.tune import _speed
+    from specdec.bench.tune.command import _speed
 
     assert _speed({"speedup_vs_ar": None, "time_speedup_vs_ar": None, "speed_samples": 0, "samples": 82}) == "– (–) on 0/82"
     assert _speed({"speedup_vs_ar": 1.25, "time_speedup_vs_ar": 1.5, "speed_samples": 80, "samples": 82}) == \

@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import SpecdecError
-from ..models.files import read_regular
+from ...errors import SpecdecError
+from ...models.files import read_regular
 
 RESULTS = "results.jsonl"
 RUN = "run.json"

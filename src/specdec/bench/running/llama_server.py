@@ -5,7 +5,7 @@ settings as ours: ``llama-server`` (plain decoding), ``llama-server-ngram-mod`` 
 copies of up to 64 tokens), ``llama-server-ngram-simple``, ``llama-server-ngram-map-k``, and
 ``llama-server-draft`` (the pair's draft model). Each mode is one server (``xllamacpp.Server``,
 llama.cpp's ``llama-server`` embedded in Python, listening on a free loopback port), started once per
-bench run and kept in :class:`~specdec.bench.loaded.BenchModels`; a generation is one POST to its
+bench run and kept in :class:`~specdec.bench.running.loaded.BenchModels`; a generation is one POST to its
 native ``/completion`` endpoint with our prompt token ids (no template applied again), ``n_predict``,
 greedy at T=0 (sampling otherwise), our stop strings, and ``cache_prompt`` off, so that each
 request reads its whole prompt as ours does in the bench. ``seconds`` is the request's wall time,
@@ -26,7 +26,7 @@ import time
 import urllib.request
 from typing import Any, Sequence
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 
 #: what the prebuilt wheel is, said beside its figures
 BUILD = "xllamacpp's prebuilt CPU wheel (llama.cpp's server, built without -march=native)"

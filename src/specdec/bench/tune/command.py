@@ -8,8 +8,8 @@ progress bar), in three run folders under ``--out`` (``confirm/`` first, for ``a
 1. **proxy** (cheap, prunes the grid; it runs after ``ar``'s confirm run, below): every setting of every policy's grid (each rule's declared
    ``tune_grid``, or ``--grid``; times ``--k``) and ``ar`` on ``--proxy-samples`` problems of the
    tuning split at ``--proxy-tokens`` new tokens: speed relative to ``ar`` in the steady state,
-   without the first round's prefills (:func:`specdec.bench.certify.decode_speedup`), token agreement and
-   where the tokens first diverge from ``ar``'s (:func:`specdec.bench.certify.divergence`). A
+   without the first round's prefills (:func:`specdec.bench.tune.certify.decode_speedup`), token agreement and
+   where the tokens first diverge from ``ar``'s (:func:`specdec.bench.tune.certify.divergence`). A
    ``k=auto`` setting runs here at the fixed K ``--proxy-k`` (more for a FLy window that needs
    it): on a short request the controller can sit at K=0 after one unlucky probe, and a rule that
    never sees a draft looks perfectly faithful. Settings below ``--min-agreement`` (off by
@@ -17,14 +17,14 @@ progress bar), in three run folders under ``--out`` (``confirm/`` first, for ``a
    alike are dropped.
 2. **confirm** (the pick): ``ar`` first, on the whole tuning split at ``--max-new-tokens``, scored
    on the task, before anything else runs; if even a setting that agreed with ``ar`` everywhere
-   could not be certified on this split (:func:`specdec.bench.certify.best_case_budget`), tune
+   could not be certified on this split (:func:`specdec.bench.tune.certify.best_case_budget`), tune
    stops there and says which budget the split can certify and how many problems the asked one
    needs. After the proxy, each policy's settings, fastest proxy first (within ``--speed-tie``
    of the fastest left, fewest diverging problems first), ``--confirm`` at a time:
    a setting *qualifies* when the one-sided ``--confidence`` lower bound of its paired recovery
    against ``ar`` is ``>= 1 - --max-quality-loss``; the fastest qualifying setting (confirm-stage
    tokens/s) is the policy's pick. A setting stops part-way as soon as no outcome on the problems
-   left could make it qualify (:func:`specdec.bench.certify.can_still_qualify`, from ``ar``'s
+   left could make it qualify (:func:`specdec.bench.tune.certify.can_still_qualify`, from ``ar``'s
    outcomes there; ``--no-early-stop`` runs every setting to the end): it cannot be the pick, and
    the time goes to the next setting. A pick has always run the whole split. A policy with none
    gets the smallest budget its best setting certifies, and the split size the asked budget needs
@@ -49,17 +49,17 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..checks import check_number
-from ..draftlength import K
-from ..errors import SpecdecError
-from ..core.request import DEFAULTS
-from ..core.names import AR
+from ...checks import check_number
+from ...draftlength import K
+from ...errors import SpecdecError
+from ...core.request import DEFAULTS
+from ...core.names import AR
 from . import certify
-from . import configs as cfgs
-from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
+from ..running import configs as cfgs
+from ..running.options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
                       parse_float, parse_selection, parse_settings, run_settings, sandbox_setting)
-from .report import fmt, speed_basis
-from .summary import paired_quality, verdicts
+from ..outputs.report import fmt, speed_basis
+from ..outputs.summary import paired_quality, verdicts
 
 #: the tuning split when --samples is not given (HumanEval: the second half; the first half,
 #: 0..81, is the default validation split and holds bench's usual report set)
@@ -131,7 +131,7 @@ def register(sub) -> None:
                    help="the config file to write, with one policy (default: OUT/config.json; OUT/config-POLICY.json "
                         "each with several)")
     add_execution_args(o)
-    from ..frontends.cliargs import add_model_args
+    from ...frontends.cliargs import add_model_args
 
     add_model_args(p)
     p.set_defaults(func=cmd_tune)
@@ -167,7 +167,7 @@ def parse_policies(text: str) -> list[str]:
 
 def check_policy(name: str):
     """The policy object of ``name``, refusing ``ar`` (the baseline) and unknown names."""
-    from ..core.verify import make_policy
+    from ...core.verify import make_policy
 
     if name == AR:
         raise SpecdecError("policy 'ar' (plain decoding) has nothing to tune; it is the baseline")
@@ -177,7 +177,7 @@ def check_policy(name: str):
 def grid_axes(policy: str, overrides: list[str] | None) -> dict[str, list[Any]]:
     """``{prefixed parameter: values}``: each rule's ``tune_grid``, replaced by ``--grid`` items
     (with several policies, an item applies to each policy that has the parameter)."""
-    from ..core.verify import RULES
+    from ...core.verify import RULES
 
     pol = check_policy(policy)
     rules = [] if pol is None else sorted(set(policy.split("+")) & set(RULES))
@@ -219,8 +219,8 @@ def grid_for_policies(policies: list[str], overrides: list[str] | None) -> dict[
 
 
 def _prefixed(key: str, rules: list[str], policy: str) -> str:
-    from ..core.verify import rule_params
-    from ..core.verify.policy import SCHEDULE_PARAMS
+    from ...core.verify import rule_params
+    from ...core.verify.policy import SCHEDULE_PARAMS
 
     if any(key == f"{r}_{p}" for r in rules for p in rule_params(r)) or (rules and key in SCHEDULE_PARAMS):
         return key  # prefixed already, or the policy's own (its relaxation schedule: never prefixed)
@@ -235,7 +235,7 @@ def _prefixed(key: str, rules: list[str], policy: str) -> str:
 
 
 def grid_configs(policy: str, drafter: str, ks: list, axes: dict[str, list[Any]], settings) -> tuple[list, list[str]]:
-    """Every setting as a bench Config, validated (:func:`specdec.bench.configs.validate`: its
+    """Every setting as a bench Config, validated (:func:`specdec.bench.running.configs.validate`: its
     DecodeConfig is built once and kept); settings the policy refuses (FLy with K <= window) are
     skipped and returned as notes."""
     out, skipped = [], []
@@ -260,7 +260,7 @@ def grid_configs(policy: str, drafter: str, ks: list, axes: dict[str, list[Any]]
 def proxy_config(c, proxy_k: int, settings):
     """The configuration the proxy stage runs for grid setting ``c``: ``c`` itself at a fixed K,
     or, for ``k=auto``, at ``proxy_k`` (at least one more than a FLy window, so the window can act)."""
-    from ..core.verify import make_policy
+    from ...core.verify import make_policy
 
     if not K.parse(c.k).auto:
         return c
@@ -279,8 +279,8 @@ def parse_ks(text: str) -> list:
 def proxy_order(rows: dict[str, dict], min_agreement: float,
                 speed_tie: float = 0.0) -> tuple[list[str], list[str], list[str]]:
     """Setting ids in confirm order; those dropped for agreement below ``min_agreement``; and those
-    dominated by another setting (:func:`specdec.bench.certify.dominated`). The order is by proxy
-    speed (:func:`specdec.bench.certify.proxy_speed`), fastest first, except that settings within
+    dominated by another setting (:func:`specdec.bench.tune.certify.dominated`). The order is by proxy
+    speed (:func:`specdec.bench.tune.certify.proxy_speed`), fastest first, except that settings within
     ``speed_tie`` (relative) of the fastest left count as equally fast: of those, the one that
     diverges from ``ar`` on the fewest problems goes first (then the most token agreement)."""
     low, kept = [], {}
@@ -316,7 +316,7 @@ def _agreement(row: dict) -> float:
 def pick(rows: dict[str, dict], confirmed: list[str], max_loss: float,
          confidence: float = certify.CONFIDENCE, n: int | None = None) -> str | None:
     """The fastest confirmed setting whose paired recovery is certified within the budget
-    (:func:`specdec.bench.certify.qualifies`) on all ``n`` problems of the split (a setting stopped
+    (:func:`specdec.bench.tune.certify.qualifies`) on all ``n`` problems of the split (a setting stopped
     early never is), or None. Fastest: the highest confirm-stage ``time_speedup_vs_ar`` (the split
     done soonest; a setting writing longer answers is not faster for its tokens/s), else tokens/s."""
     ok = [c for c in confirmed if certify.qualifies(rows[c].get("paired"), max_loss, confidence)
@@ -329,7 +329,7 @@ def pick(rows: dict[str, dict], confirmed: list[str], max_loss: float,
 def stopper(sample_ids: list[str], max_loss: float, confidence: float):
     """The confirm stage's ``skip``: True for a setting (never ``ar``) that can no longer qualify
     on the split ``sample_ids`` whatever it does on the problems it has not run
-    (:func:`specdec.bench.certify.can_still_qualify`; ``ar``'s outcomes must all be in)."""
+    (:func:`specdec.bench.tune.certify.can_still_qualify`; ``ar``'s outcomes must all be in)."""
     wanted = set(sample_ids)
 
     def skip(cfg, records: dict[str, dict]) -> bool:
@@ -348,7 +348,7 @@ def stopper(sample_ids: list[str], max_loss: float, confidence: float):
 
 
 def check_quality_dataset(spec: str) -> None:
-    from .datasets import parse_dataset
+    from ..tasks.datasets import parse_dataset
 
     name, cats = parse_dataset(spec)
     if name in ("humaneval", "fixture") or (name == "spec-bench" and cats and set(cats) == {"math_reasoning"}):
@@ -359,10 +359,10 @@ def check_quality_dataset(spec: str) -> None:
 def stage(pair, a, dataset, configs, settings, out: Path, env: dict, name: str,
           skip=None) -> tuple[dict, list[dict]]:
     """One bench run folder (resumable) -> (its per-configuration summary rows, its records);
-    ``skip`` as :func:`specdec.bench.runner.run` takes it."""
-    from .results import check_run_settings, lock_out, prepare_dir
-    from .runner import run
-    from .summary import summarize
+    ``skip`` as :func:`specdec.bench.running.runner.run` takes it."""
+    from ..outputs.results import check_run_settings, lock_out, prepare_dir
+    from ..running.runner import run
+    from ..outputs.summary import summarize
 
     folder = prepare_dir(out / name)
     with lock_out(folder, "specdec tune"):  # a second tune on the same folder is refused
@@ -422,7 +422,7 @@ def parse_validation(text: str | None) -> tuple[int, int] | str | None:
 def validation_split(a, dataset, positions) -> tuple[Any, list[str]]:
     """The validation Dataset (None with ``--validate-samples none`` or when nothing is left) and
     the ids it shares with the tuning split (empty by default). ``positions``: :func:`parse_validation`."""
-    from .datasets import load_dataset
+    from ..tasks.datasets import load_dataset
 
     if positions == "none":
         return None, []
@@ -439,8 +439,8 @@ def _plan_tune(a: argparse.Namespace) -> _TunePlan:
     """Everything that needs no model, checked first: the selection, tuning and validation
     splits, the budget and confidence, the settings grids, the dataset (and its sandbox setting),
     the output paths and the environment."""
-    from . import environment
-    from .datasets import load_dataset
+    from ..running import environment
+    from ..tasks.datasets import load_dataset
 
     limit, positions = parse_selection(a)
     validate_positions = parse_validation(a.validate_samples)
@@ -506,11 +506,11 @@ def cmd_tune(a: argparse.Namespace) -> int:
     budget at all?), validate, then ``tune.json``, ``report.md`` and a config file per pick
     (module docstring). No policy with a pick is an error (exit 2), as is a split that cannot
     certify the budget."""
-    from ..frontends.cliargs import load_pair, startup_summary
+    from ...frontends.cliargs import load_pair, startup_summary
 
     plan = _plan_tune(a)  # everything that needs no model, first
     if a.status:
-        from .tune_status import status_markdown
+        from .status import status_markdown
 
         splits = {"proxy": plan.proxy_set.samples, "confirm": plan.dataset.samples,
                   "validate": plan.validation.samples if plan.validation is not None else []}
@@ -701,7 +701,7 @@ def _validate_stage(pair, a, plan: _TunePlan, ar, results: dict[str, PolicyResul
 
 
 def _write_configs(a, plan: _TunePlan, results: dict[str, PolicyResult], record: dict) -> int:
-    from ..core.configfile import write_config
+    from ...core.configfile import write_config
 
     written = 0
     for r in results.values():

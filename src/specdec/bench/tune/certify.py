@@ -3,7 +3,7 @@
 A tuned setting *qualifies* for a quality budget ``L`` only when the lower bound of its paired
 recovery interval against plain decoding (``ar``) on the same problems is at least ``1 - L``:
 recovery = (problems the setting solves) / (problems ``ar`` solves), with the Bonett-Price hybrid
-Wilson score interval for a ratio of paired proportions (:func:`specdec.bench.summary.bonett_price_ratio`,
+Wilson score interval for a ratio of paired proportions (:func:`specdec.bench.outputs.summary.bonett_price_ratio`,
 the one bench reports), taken one-sided at the stated ``confidence`` (0.95: the lower end of the
 two-sided 90% interval). A point estimate on a small split cannot resolve a 1-2% budget; this bound
 says what the split *can* resolve:
@@ -27,8 +27,8 @@ import math
 import statistics
 from typing import Any, Iterable
 
-from ..core.names import AR
-from .summary import bonett_price_ratio, same_speed
+from ...core.names import AR
+from ..outputs.summary import bonett_price_ratio, same_speed
 
 #: the default one-sided confidence of a tuned pick
 CONFIDENCE = 0.95
@@ -172,7 +172,7 @@ def divergence(records: Iterable[dict], config: str, ar: str = AR) -> dict[str, 
 
 def decode_speedup(records: Iterable[dict], config: str, ar: str = AR) -> float | None:
     """Tokens/s of ``config`` over ``ar``'s in the steady state, on the samples both ran (first
-    repeat, timed at one machine speed: :func:`specdec.bench.summary.same_speed`): the tokens after
+    repeat, timed at one machine speed: :func:`specdec.bench.outputs.summary.same_speed`): the tokens after
     the first round over the time after it (the engine's
     ``round_ends``; without them, the time after ``prefill_seconds``). The first round holds the
     target's prefill and a model drafter's (it prefills on its first proposal); at the proxy's few

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..models.cache import sha256_file
-from ..errors import SpecdecError
+from ...models.cache import sha256_file
+from ...errors import SpecdecError
 
 DATASETS = ("humaneval", "spec-bench", "json-extraction", "edits", "fixture")
 SPEC_BENCH_CATEGORIES = (

@@ -23,18 +23,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from ..errors import SpecdecError
-from ..core.request import BENCH_SEED, DEFAULTS
-from ..core.names import AR
-from ..core.stats import tau_of
+from ...errors import SpecdecError
+from ...core.request import BENCH_SEED, DEFAULTS
+from ...core.names import AR
+from ...core.stats import tau_of
 from .configs import Config
-from .datasets import Dataset, Sample
+from ..tasks.datasets import Dataset, Sample
 from .loaded import BenchModels
 from .peers import run_peer
-from .prompts import Prompt, build_prompt
-from .quality import Scorer, agreement
-from .results import ResultsFile, record_key
-from .summary import same_speed
+from ..tasks.prompts import Prompt, build_prompt
+from ..scoring.quality import Scorer, agreement
+from ..outputs.results import ResultsFile, record_key
+from ..outputs.summary import same_speed
 
 
 @dataclass
@@ -118,7 +118,7 @@ def run(
     ``skip(config, records by key)`` leaves a generation out when True (nothing is recorded: a
     rerun asks again; tune's stop rule). ``label`` names the progress bar.
     Unusable lines already in the folder are reported in one line on stderr and run again. The
-    caller holds the folder's lock (:func:`specdec.bench.results.lock_out`). The models the run
+    caller holds the folder's lock (:func:`specdec.bench.outputs.results.lock_out`). The models the run
     loads besides ``pair`` are kept in ``models``; without it, in a :class:`BenchModels` of its
     own, closed at the end, finished or not (llama.cpp's servers stop)."""
     own, models = models is None, BenchModels() if models is None else models
@@ -202,8 +202,8 @@ def machine_step_ms(pair) -> float:
     """This machine's speed as the run starts: milliseconds of one plain decoding step of the
     target (best of a few, :func:`specdec.models.costmodel.time_step`), stored in every record the run
     writes as ``step_ms``, so a folder resumed on a slower or faster machine is not timed across
-    the two (:func:`specdec.bench.summary.same_speed`). About a second on a CPU."""
-    from ..models.costmodel import time_step
+    the two (:func:`specdec.bench.outputs.summary.same_speed`). About a second on a CPU."""
+    from ...models.costmodel import time_step
 
     return round(1000.0 * time_step(pair.target), 3)
 
@@ -247,7 +247,7 @@ def sample_constraints(dataset: Dataset) -> dict[str, Any]:
     out = {}
     for s in dataset.samples:
         if s.constraint_schema is not None:
-            from ..core.constrain import constraint_from
+            from ...core.constrain import constraint_from
 
             out[s.id] = constraint_from(json_schema=s.constraint_schema)
     return out
@@ -300,7 +300,7 @@ def pair_for(pair, cfg: Config, models: BenchModels):
     variants = models.variants
     key = (dtype, backend, cfg.is_ar)
     if key not in variants:
-        from ..frontends.api import load
+        from ...frontends.api import load
 
         # calibrated (a cached table after the first run): the variant gets this machine's kernel choices
         draft = None if cfg.is_ar else pair.draft_name
@@ -323,7 +323,7 @@ def _our_record(pair, cfg: Config, sample: Sample, rep: int, prompt: Prompt, set
     pair = pair_for(pair, cfg, models)
     request = cfg.request_for(settings.max_new_tokens, constraint, **settings.sampling(rep))
     if constraint is not None:  # compiled (and cached) for this pair's tokenizer before the clock starts
-        from ..core.constrain import compile_constraint
+        from ...core.constrain import compile_constraint
 
         compile_constraint(pair.tokenizer, constraint)
     start = time.perf_counter()

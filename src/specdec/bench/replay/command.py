@@ -8,12 +8,12 @@ import json
 import math
 from pathlib import Path
 
-from ..core.drafters.model import ModelDrafter
-from ..core.names import AR
-from ..core.window import WINDOW_WORDS
-from ..draftlength import MAX_CHAIN
-from ..errors import SpecdecError
-from ..traces.runs import DEFAULT_KS, LOOKUP_DRAFTERS, read_tables, replay_all, replay_portfolio
+from ...core.drafters.model import ModelDrafter
+from ...core.names import AR
+from ...core.window import WINDOW_WORDS
+from ...draftlength import MAX_CHAIN
+from ...errors import SpecdecError
+from ...traces.runs import DEFAULT_KS, LOOKUP_DRAFTERS, read_tables, replay_all, replay_portfolio
 
 
 
@@ -65,9 +65,9 @@ def register(sub) -> None:
 # ----------------------------------------------------------------------------------- trace
 def bench_args(folder: Path) -> tuple[argparse.Namespace, dict]:
     """The ``specdec bench`` flags a folder was made with (its run.json's last invocation)."""
-    from ..models.files import read_regular
-    from .cli import register as register_bench
-    from .results import RUN_LIMIT
+    from ...models.files import read_regular
+    from ..running.command import register as register_bench
+    from ..outputs.results import RUN_LIMIT
 
     try:  # a regular file only (a FIFO would hang the read)
         run = json.loads(read_regular(folder / "run.json", RUN_LIMIT, "run.json"))
@@ -83,7 +83,7 @@ def bench_args(folder: Path) -> tuple[argparse.Namespace, dict]:
 
 
 def ar_answers(folder: Path) -> dict[str, dict]:
-    from .results import ResultsFile
+    from ..outputs.results import ResultsFile
 
     out = {}
     for rec in ResultsFile(folder).load():
@@ -95,10 +95,10 @@ def ar_answers(folder: Path) -> dict[str, dict]:
 
 
 def cmd_trace(a: argparse.Namespace) -> int:
-    from .datasets import load_dataset
-    from .options import parse_selection
-    from .prompts import build_prompt
-    from ..traces.trace import header, tokenizer_fingerprint, trace_answer, write_traces
+    from ..tasks.datasets import load_dataset
+    from ..running.options import parse_selection
+    from ..tasks.prompts import build_prompt
+    from ...traces.trace import header, tokenizer_fingerprint, trace_answer, write_traces
 
     folder = Path(a.folder)
     b, run = bench_args(folder)
@@ -147,9 +147,9 @@ def trace_models(target_name: str, settings: dict, a: argparse.Namespace, window
     """The run's target (uncalibrated: nothing is timed), each draft source loaded once, the drafts
     to trace by name (model, window, chain length) and each source's acceptance prior on the
     reference text."""
-    from ..frontends.api import load
-    from ..frontends.draft_formats import REFERENCE
-    from ..traces.trace import draft_name, measure_prior
+    from ...frontends.api import load
+    from ...frontends.draft_formats import REFERENCE
+    from ...traces.trace import draft_name, measure_prior
 
     backend = settings.get("backend", "auto")
     given = {k: settings.get(k) for k in ("dtype", "draft_dtype", "device")}
@@ -184,7 +184,7 @@ def parse_ks(text: str) -> list[int]:
 
 
 def cmd_replay(a: argparse.Namespace) -> int:
-    from ..traces.trace import read_traces
+    from ...traces.trace import read_traces
 
     head, traces = read_traces(a.traces)
     tables = read_tables(a.costs)
@@ -286,7 +286,7 @@ def portfolio_report(results: dict, model: str | None, by_category: bool) -> lis
 def compare(folder: Path, traces, results: dict) -> list[str]:
     """Measured (the folder's records) against replayed seconds, for the configurations a replay
     models: ar, lossless with the model drafter at a fixed K or k=auto."""
-    from .results import ResultsFile
+    from ..outputs.results import ResultsFile
 
     ids = {t.sample_id for t in traces}
     measured: dict[str, float] = {}

@@ -1,7 +1,7 @@
 """Quality measures: HumanEval pass@1 (the solution part of the completion, see
 :func:`solution_part`, executed against the tests in the sandbox), exact final-answer accuracy for Spec-Bench ``math_reasoning`` (the last number of the
 output against the reference's ``#### <answer>``), JSON validity against the sample's schema for
-``json-extraction`` (:func:`specdec.bench.jsontask.json_verdict`), and agreement with the ``ar``
+``json-extraction`` (:func:`specdec.bench.tasks.jsontask.json_verdict`), and agreement with the ``ar``
 output of the same sample (exact token match, and matching positions / the longer length).
 """
 
@@ -11,7 +11,7 @@ import hashlib
 import re
 from typing import Sequence
 
-from .datasets import Sample
+from ..tasks.datasets import Sample
 from .sandbox import DEFAULT_MEMORY_MB, DEFAULT_TIMEOUT, SandboxResult, run_program
 
 _NUMBER = re.compile(r"-?\$?\s?\d[\d,]*(?:\.\d+)?")
@@ -130,11 +130,11 @@ class Scorer:
         a JSON schema; ``finish_reason`` tells a budget cut from bad JSON); ``{}`` when the
         category has no quality measure."""
         if sample.schema is not None:
-            from .jsontask import json_verdict
+            from ..tasks.jsontask import json_verdict
 
             return json_verdict(sample.schema, text, finish_reason)
         if sample.kind == "edit":
-            from .edits import edit_verdict
+            from ..tasks.edits import edit_verdict
 
             key = hashlib.sha256(f"{sample.id}\0{text}".encode()).hexdigest()
             if key not in self._cache:

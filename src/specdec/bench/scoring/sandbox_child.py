@@ -1,4 +1,4 @@
-"""The code that runs inside the sandbox: one of its two processes (see :mod:`specdec.bench.sandbox`).
+"""The code that runs inside the sandbox: one of its two processes (see :mod:`specdec.bench.scoring.sandbox`).
 
 :mod:`.sandbox` starts ``python -I -c <this file's text> ROLE`` under ``bwrap`` (or, with
 ``--unsafe-exec``, as a plain child). Importing this module does nothing; run as ``__main__``:

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 
 #: the most bytes a folder's summary.json may have to be read back
 SUMMARY_LIMIT = 64 << 20
@@ -29,7 +29,7 @@ SAME_MACHINE = ((("hardware", "cpu"), "cpu"), (("hardware", "cpu_flags"), "cpu_f
 def read_summary(out: Path) -> dict | None:
     """The folder's summary.json as a dict, or None where there is none, it is a link or no plain
     file, over :data:`SUMMARY_LIMIT`, or not a JSON object (a re-report then keeps nothing of it)."""
-    from ..models.files import read_regular
+    from ...models.files import read_regular
 
     path = Path(out) / "summary.json"
     if not os.path.lexists(path) or os.path.islink(path):

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 
 NAME = "json-extraction"
 #: the schemas, notes and instruction (hand-written for specdec; prompts from Spec-Bench)
@@ -95,7 +95,7 @@ def task_samples(data: dict, questions: dict[int, str], source: Path, sample_typ
 def load_json_extraction(data: str | Path | None, spec_bench: Path, rows: list[dict], sample_type) -> tuple[list, str, str]:
     """(samples, source, sha256) of the task file ``data`` (default: the packaged one), with the
     questions from ``rows`` (read from ``spec_bench``); the hash covers both files."""
-    from ..models.cache import sha256_file
+    from ...models.cache import sha256_file
 
     path = Path(data) if data else JSON_EXTRACTION
     tasks = read_task_file(path)

@@ -1,18 +1,18 @@
 """The flags and checks ``specdec bench`` and ``specdec tune`` share: the dataset selection, the
 sampling settings (defaults from :data:`specdec.core.request.DEFAULTS`), the execution flags, and the
-run settings that make a results folder comparable. :mod:`.cli` and :mod:`.tune` import from here
+run settings that make a results folder comparable. :mod:`.command` and :mod:`..tune.command` import from here
 (neither imports the other)."""
 
 from __future__ import annotations
 
 import argparse
 
-from ..errors import SpecdecError
-from ..core.request import BENCH_SEED, DEFAULTS
+from ...errors import SpecdecError
+from ...core.request import BENCH_SEED, DEFAULTS
 from . import configs as cfgs
-from .datasets import DATASETS, SPEC_BENCH_CATEGORIES
-from .prompts import FORMAT_VERSION
-from .quality import SCORER_VERSION
+from ..tasks.datasets import DATASETS, SPEC_BENCH_CATEGORIES
+from ..tasks.prompts import FORMAT_VERSION
+from ..scoring.quality import SCORER_VERSION
 
 
 def add_dataset_args(g) -> None:
@@ -96,7 +96,7 @@ def sandbox_setting(dataset, unsafe: bool) -> str | None:
     """The isolation model-written code of ``dataset`` will run under (``sandbox`` in run.json),
     None when it has no code; refuses in one line where the machine cannot isolate code and
     ``unsafe`` (--unsafe-exec) was not given."""
-    from .sandbox import label
+    from ..scoring.sandbox import label
 
     return label(unsafe) if any(s.kind in ("code", "edit") for s in dataset.samples) else None
 
@@ -105,8 +105,8 @@ def run_settings(a: argparse.Namespace, settings, dataset, env: dict) -> dict:
     """The settings that make results in one folder comparable (stored in run.json). dtypes are
     stored as asked for (``auto`` is decided at load; the summary records what it chose).
     ``--report-only`` executes nothing, so it needs no --unsafe-exec."""
-    from ..frontends.cliargs import draft_of
-    from ..models.backends import resolve_device
+    from ...frontends.cliargs import draft_of
+    from ...models.backends import resolve_device
 
     device = resolve_device(a.device)
     draft = draft_of(a) or "none"

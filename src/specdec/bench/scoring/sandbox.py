@@ -94,7 +94,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 from .sandbox_limits import joined, memory_cgroup, seccomp_available, seccomp_file
 
 DEFAULT_TIMEOUT = 10.0

@@ -5,11 +5,11 @@ writing or locking anything, so it is safe beside the running tune) and shows, p
 the stage has measured so far against plain decoding (``ar``) on the same problems:
 
 - proxy: problems run, the share whose tokens leave ``ar``'s, token agreement, and the steady-state
-  speed that orders the confirm stage (:func:`specdec.bench.certify.decode_speedup`);
-- confirm and validate: problems run of the split, lost and gained (:func:`specdec.bench.summary.paired_quality`),
+  speed that orders the confirm stage (:func:`specdec.bench.tune.certify.decode_speedup`);
+- confirm and validate: problems run of the split, lost and gained (:func:`specdec.bench.outputs.summary.paired_quality`),
   recovery with its 95% interval, the one-sided bound at the run's confidence, tokens/s and time
   against ``ar`` with the length ratio, and the state: ``qualifies`` (the whole split run and the
-  bound clears the budget), ``can still qualify`` or ``cannot qualify`` (:func:`specdec.bench.certify.can_still_qualify`,
+  bound clears the budget), ``can still qualify`` or ``cannot qualify`` (:func:`specdec.bench.tune.certify.can_still_qualify`,
   the confirm stage's stop rule); on the validation split, whether the budget holds so far.
 """
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import certify
-from .report import fmt, speed_basis
-from .results import ResultsFile
-from .summary import AR_ID, summarize, verdicts
+from ..outputs.report import fmt, speed_basis
+from ..outputs.results import ResultsFile
+from ..outputs.summary import AR_ID, summarize, verdicts
 
 STAGES = ("proxy", "confirm", "validate")
 CONFIG_KEYS = ("kind", "policy", "drafter", "k", "params")
@@ -33,7 +33,7 @@ def stage_records(folder: Path) -> list[dict]:
 
 def configs_of(records: list[dict]) -> list[dict]:
     """The configurations the records hold (``ar`` first, then in order of first record), as the
-    rows :func:`specdec.bench.summary.summarize` takes."""
+    rows :func:`specdec.bench.outputs.summary.summarize` takes."""
     seen: dict[str, dict] = {}
     for r in records:
         seen.setdefault(r["config"], {"id": r["config"], **{k: r.get(k) for k in CONFIG_KEYS}})

@@ -10,7 +10,7 @@ stop string). transformers reports no acceptance counts, so tau here is measured
 target forward pass, counted by a forward pre-hook on the target model.
 
 The llama.cpp peers (``llama-cpp``, ``llama-cpp-pld``, ``llama-cpp-spec``), llama.cpp's own server
-(``llama-server`` and its speculative modes, :mod:`specdec.bench.llama_server`) and the OpenVINO
+(``llama-server`` and its speculative modes, :mod:`specdec.bench.running.llama_server`) and the OpenVINO
 GenAI peers (``ov``, ``ov-pld``) run the target's GGUF file in those runtimes, on the same prompt ids.
 """
 
@@ -21,9 +21,9 @@ from typing import Any, Sequence
 
 import torch
 
-from ..models.backends import REGISTRY
-from ..errors import SpecdecError
-from ..core.text import StopStrings
+from ...models.backends import REGISTRY
+from ...errors import SpecdecError
+from ...core.text import StopStrings
 from .configs import PEERS, Config
 from .llama_server import MODES, run_llama_server
 from .loaded import BenchModels
@@ -44,8 +44,8 @@ def peer_draft(pair, quant: str, models: BenchModels):
 def gguf_of(source: str) -> str:
     """The GGUF file of a target: a bundled model's (assembled once) or a ``.gguf`` path, either with
     ``@format`` (the copy in that weight format, made by the llama.cpp backend)."""
-    from ..models.sources import split_format
-    from ..models.bundled import BUNDLED
+    from ...models.sources import split_format
+    from ...models.bundled import BUNDLED
 
     base = split_format(source)[0]
     if base in BUNDLED or str(base).endswith(".gguf"):
@@ -272,7 +272,7 @@ def run_peer(
 ) -> dict[str, Any]:
     """One generation by a peer: text, token_ids, finish_reason, new_tokens, seconds (wall time
     of ``generate``), target_forwards, tau, and the settings it used. ``models``: the run's
-    (:class:`specdec.bench.loaded.BenchModels`), where a peer's own models are kept between
+    (:class:`specdec.bench.running.loaded.BenchModels`), where a peer's own models are kept between
     generations; without it they are loaded for this generation only (a server stopped after it)."""
     if models is None:
         models = BenchModels()

@@ -9,8 +9,8 @@ import io
 from collections import defaultdict
 from pathlib import Path
 
-from ..core.names import AR
-from ..models.files import write_inside
+from ...core.names import AR
+from ...models.files import write_inside
 
 
 FILES = ("speedup_vs_quality.png", "tau.png", "acceptance.png", "k_sweep.png")

@@ -18,7 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
 
-from ..models.files import write_inside
+from ...models.files import write_inside
 
 
 def safe_name(config_id: str) -> str:

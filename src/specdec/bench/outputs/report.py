@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..core.names import AR
+from ...core.names import AR
 from .results import atomic_write_text
 
 
@@ -95,7 +95,7 @@ def _header(summary: dict) -> list[str]:
 
 def speed_basis(row: dict) -> str:
     """`` on n/N`` when a row's speed rests on fewer samples than its quality (some were timed at
-    another machine speed: :func:`specdec.bench.summary.same_speed`), else nothing."""
+    another machine speed: :func:`specdec.bench.outputs.summary.same_speed`), else nothing."""
     n, total = row.get("speed_samples"), row.get("samples")
     return f" on {n}/{total}" if n is not None and total and n < total else ""
 

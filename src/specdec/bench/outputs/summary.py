@@ -66,8 +66,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..core.names import AR
-from ..core.stats import tau_of
+from ...core.names import AR
+from ...core.stats import tau_of
 
 AR_ID = AR  # plain decoding's configuration id
 #: the per-record verdict behind each quality metric
@@ -479,7 +479,7 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
 def with_agreement(records: Iterable[dict]) -> list[dict]:
     """``records``, each that lacks an ``agreement`` (it ran before ``ar`` on its sample) given one
     from ``ar``'s record of the same sample and repeat, where there is one (a copy; others as they are)."""
-    from .quality import agreement
+    from ..scoring.quality import agreement
 
     records = list(records)
     ar = {(r["sample_id"], int(r["repeat"])): r for r in records if r["config"] == AR_ID}

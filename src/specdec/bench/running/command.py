@@ -17,15 +17,14 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..errors import SpecdecError
-from ..core.request import DEFAULTS
-from ..core.names import AR
+from ...errors import SpecdecError
+from ...core.request import DEFAULTS
+from ...core.names import AR
 from . import configs as cfgs
-from .datasets import load_dataset
+from ..tasks.datasets import load_dataset
 from .options import (add_dataset_args, add_execution_args, add_sampling_args, check_optional_dependencies,
                       parse_selection, parse_settings, run_settings)
-from .options import sandbox_setting  # noqa: F401 (its old home: ``cli.sandbox_setting`` keeps working)
-from .prompts import FORMAT_VERSION
+from ..tasks.prompts import FORMAT_VERSION
 
 EPILOG = """\
 examples:
@@ -83,7 +82,7 @@ def register(sub) -> None:
                         "configuration has finished in --out (interim figures of a long run; rerun without it "
                         "to resume)")
     add_execution_args(o)
-    from ..frontends.cliargs import add_model_args
+    from ...frontends.cliargs import add_model_args
 
     add_model_args(p)
     p.set_defaults(func=cmd_bench)
@@ -110,7 +109,7 @@ def parse_args(a: argparse.Namespace):
 
 def cmd_bench(a: argparse.Namespace) -> int:
     from . import environment
-    from .results import lock_out, prepare_dir
+    from ..outputs.results import lock_out, prepare_dir
 
     if a.report_only:
         a = with_folder_command(a)
@@ -144,8 +143,8 @@ CHANGED_DEFAULTS = (("drafter", "model", "2026-11-27T10:20:22+0000"),)
 
 
 def _read_run(out: Path) -> dict | None:
-    from ..models.files import read_regular
-    from .results import RUN_LIMIT
+    from ...models.files import read_regular
+    from ..outputs.results import RUN_LIMIT
 
     path = Path(out) / "run.json"
     if not os.path.lexists(path):
@@ -260,8 +259,8 @@ def check_structured(dataset, configs: list) -> None:
 def _bench_locked(a, out, stored, env, configs, peers, everything, settings, dataset) -> tuple[list[dict], dict]:
     """Check or store run.json, load the models and run what is not finished: the records and
     the models' description. The caller holds ``out``'s lock."""
-    from ..frontends.cliargs import load_pair, startup_summary
-    from .results import check_run_settings
+    from ...frontends.cliargs import load_pair, startup_summary
+    from ..outputs.results import check_run_settings
     from .runner import run
 
     check_run_settings(out, stored, {"argv": env["argv"], "git": env["git"]})
@@ -290,9 +289,9 @@ def write_outputs(a: argparse.Namespace, records: list[dict], everything: list, 
                   out: Path, env: dict, models: dict) -> None:
     """summary.json, report.md, the plots and the exports of ``records``; the table on stderr and
     the summary as the last stdout line."""
-    from .export import export
-    from .report import write_report, write_summary
-    from .summary import summarize
+    from ..outputs.export import export
+    from ..outputs.report import write_report, write_summary
+    from ..outputs.summary import summarize
 
     summary = summarize(records, [c.to_dict() for c in everything], [s.id for s in dataset.samples], settings.repeats)
     categories: dict[str, int] = {}
@@ -316,7 +315,7 @@ def write_outputs(a: argparse.Namespace, records: list[dict], everything: list, 
     }
     if not a.no_plots:
         try:
-            from .plots import make_plots
+            from ..outputs.plots import make_plots
         except ImportError:  # matplotlib is in the bench extra
             print("specdec: warning: matplotlib is not installed; no plots (pip install 'specdec-rules[bench]')",
                   file=sys.stderr)
@@ -338,8 +337,8 @@ def report_inputs(a: argparse.Namespace, stored: dict, env: dict, dataset, every
     settings other than the machine's must match run.json); the report then names the hardware and
     versions the results were made with (run.json) and the dtypes the records carry. Returns
     ``(out, finished dataset, its records, env, models)``."""
-    from .results import ResultsFile, read_run_settings
-    from .summary_kept import kept, over, read_summary
+    from ..outputs.results import ResultsFile, read_run_settings
+    from ..outputs.summary_kept import kept, over, read_summary
 
     out = Path(a.out)
     if not os.path.lexists(out / "results.jsonl"):  # one that is there but no plain file is refused when read
@@ -389,7 +388,7 @@ def finished_only(dataset, out: Path, configs: list, repeats: int):
     ``out``, in dataset order: a partial run reported as a paired comparison at its n."""
     from dataclasses import replace
 
-    from .results import ResultsFile, record_key
+    from ..outputs.results import ResultsFile, record_key
 
     keys = {r["key"] for r in ResultsFile(out).load(repair=False)}
     done = [s for s in dataset.samples
@@ -404,7 +403,7 @@ def _print_table(summary: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from .report import WITHHELD, time_vs_ar
+    from ..outputs.report import WITHHELD, time_vs_ar
 
     t = Table(title="specdec bench", title_justify="left")
     for col in ("configuration", "tau", "tok/s", "speedup", "time [95% CI]", "quality", "recovery", "agreement"):

@@ -20,16 +20,16 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Iterable
 
-from ..checks import check_number, shown
-from ..models.backends import REGISTRY
-from ..draftlength import MAX_K, K
-from ..errors import SpecdecError
-from ..core.request import DEFAULTS, GENERATION_FIELDS, DecodeConfig
-from ..core.sampling import SamplingParams
-from ..core.verify import AR
+from ...checks import check_number, shown
+from ...models.backends import REGISTRY
+from ...draftlength import MAX_K, K
+from ...errors import SpecdecError
+from ...core.request import DEFAULTS, GENERATION_FIELDS, DecodeConfig
+from ...core.sampling import SamplingParams
+from ...core.verify import AR
 
 if TYPE_CHECKING:
-    from ..core.constrain import Constraint
+    from ...core.constrain import Constraint
 
 #: ``ar:dtype=...``: plain decoding with the target loaded in another dtype (the best plain
 #: decoding on a machine may use another dtype than speculation does)
@@ -133,7 +133,7 @@ class Config:
         """This configuration's request for one generation: the one :func:`validate` built, with
         this generation's budget and sampling settings (e.g. a repeat's seed), not validated again
         (built here when the configuration was not validated); with ``constraint`` (a sample's
-        structured-output constraint, :mod:`.jsontask`) the request decodes under it. Each
+        structured-output constraint, :mod:`..tasks.jsontask`) the request decodes under it. Each
         configuration is a caller of its own (its id): what one learns across requests (the suffix
         cache, k=auto's state) never drafts for another, which would copy its answer to the same prompt."""
         request = self.request if self.request is not None else DecodeConfig.from_options(**self.generate_kwargs())
@@ -249,7 +249,7 @@ def parse_positions(text: str, what: str = "--samples") -> tuple[int, int]:
 def config_from_file(path: str) -> Config:
     """The configuration a config file (``specdec tune``'s output) describes, as a bench item.
     Sampling settings in the file are not taken: a bench run has one set for every configuration."""
-    from ..core.configfile import read_config
+    from ...core.configfile import read_config
 
     decode = read_config(path)
     ignored = sorted(set(GENERATION_FIELDS) & set(decode))
@@ -407,7 +407,7 @@ def check_peer_available(c: Config) -> None:
 def needs_draft_model(c: Config) -> bool:
     """Whether the configuration needs the draft model loaded: the peers that draft with it, and
     every specdec configuration whose drafter class says so (:attr:`Drafter.needs_model`)."""
-    from ..core.drafters import drafter_class
+    from ...core.drafters import drafter_class
 
     if c.kind == "peer":
         return c.policy in ("hf-assisted", "llama-cpp-spec", "llama-server-draft")

@@ -22,7 +22,7 @@ def gpu_name() -> str | None:
 
 def git_commit() -> dict:
     """``{"commit": sha or None, "dirty": bool or None}`` of the checkout specdec runs from."""
-    repo = Path(__file__).resolve().parents[3]
+    repo = Path(__file__).resolve().parents[4]
     try:
         sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:
@@ -38,7 +38,7 @@ def versions() -> dict:
     import torch
     import transformers
 
-    from .. import __version__
+    from ... import __version__
 
     return {"python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "specdec": __version__}
@@ -47,7 +47,7 @@ def versions() -> dict:
 def hardware() -> dict:
     import torch
 
-    from ..models.costmodel import KEY_FLAGS, cpu_flags, cpu_model
+    from ...models.costmodel import KEY_FLAGS, cpu_flags, cpu_model
 
     flags = cpu_flags()
     return {"cpu": cpu_model(), "cpu_flags": [f for f in KEY_FLAGS if f in flags], "cpu_cores": os.cpu_count(),

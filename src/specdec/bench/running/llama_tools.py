@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import SpecdecError
+from ...errors import SpecdecError
 
 TOOLS_ENV = "SPECDEC_LLAMA_TOOLS"
 BUILD_SCRIPT = "scripts/build_llama_tools.sh"
