@@ -26,6 +26,7 @@ import pytest
 
 from specdec.bench.running import command as bench_cli
 from specdec.bench.tune import command as tune
+from specdec.bench.tune.plan import plan_tune
 from specdec.bench.running.options import run_settings
 from specdec.bench.outputs.results import ResultsFile, _refuse_other_settings
 from specdec.bench.tune.status import STAGES
@@ -69,7 +70,7 @@ def check_tune_folder(tune_folder: Path, command: list[str]) -> None:
     compares, and what ``--status`` reports."""
     with contextlib.redirect_stderr(io.StringIO()):
         a = parse_command(_argv(command, tune_folder))
-        plan = tune._plan_tune(a)
+        plan = plan_tune(a)
     splits = {"proxy": (plan.proxy_set, plan.proxy_settings), "confirm": (plan.dataset, plan.settings),
               "validate": (plan.validation, plan.settings)}
     for stage in STAGES:
