@@ -69,7 +69,7 @@ def top_level(body: list) -> list:
 
 
 def imports_of(path: Path, module_level: bool = False) -> set[str]:
-    """The specdec modules ``path`` imports (dotted, relative to the package: ``bench.configs``);
+    """The specdec modules ``path`` imports (dotted, relative to the package: ``bench.running.configs``);
     ``module_level``: only the imports that run when it is imported (not those inside functions).
     ``from . import x`` names the submodule ``x`` when there is one, else the package; absolute
     imports (``from specdec.x import y``, ``from specdec import x``, ``import specdec.x``) count too."""
