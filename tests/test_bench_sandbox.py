@@ -553,7 +553,7 @@ def test_a_virtual_environment_reached_through_a_link_runs_programs(tmp_path):
     bound the real folder and executed the linked path."""
     python = _linked_environment(tmp_path)
     tmp_path.chmod(0o755)
-    src = str(Path(sandbox.__file__).resolve().parents[2])
+    src = str(Path(sandbox.__file__).resolve().parents[3])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
     code = ("import sys\nfrom specdec.bench.scoring.sandbox import run_program\nprint(sys.executable)\n"
             "ok, bad = run_program('assert sum([1, 2]) == 3'), run_program('assert 1 == 2')\n"
@@ -683,7 +683,7 @@ def test_namespace_dies_when_the_caller_is_killed():
     program = ORPHAN.format(name=name, tail="import time\ntime.sleep(100)")
     caller = subprocess.Popen([sys.executable, "-c", "import sys; from specdec.bench.scoring.sandbox import run_program; "
                                f"run_program(sys.stdin.read(), timeout=1)"], stdin=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(sandbox.__file__).parents[2])})
+                              env={**os.environ, "PYTHONPATH": str(Path(sandbox.__file__).parents[3])})
     caller.stdin.write(program)
     caller.stdin.close()
     deadline = time.monotonic() + 10
@@ -740,7 +740,7 @@ def test_escapes_fail_for_an_unprivileged_user():
     must give the same guarantees from unprivileged user namespaces."""
     if not shutil.which("setpriv"):
         _cannot("setpriv (util-linux) is not installed")
-    src = str(Path(sandbox.__file__).resolve().parents[2])
+    src = str(Path(sandbox.__file__).resolve().parents[3])
     home = Path(tempfile.mkdtemp(prefix="specdec-nobody-"))  # pytest's tmp_path is root's alone
     outside = Path(tempfile.mkdtemp(prefix=".sandbox-unprivileged-", dir=Path(__file__).resolve().parent))
     try:
