@@ -13,7 +13,7 @@ from specdec.core.autok import KPolicy
 import torch
 
 import specdec
-from specdec.bench import configs as cfgs
+from specdec.bench.running import configs as cfgs
 from specdec.checks import option
 from specdec.models.costmodel import CostTable
 from specdec.core.drafters import DRAFTERS, Draft, Drafter, drafter_class

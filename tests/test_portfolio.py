@@ -315,7 +315,7 @@ def test_the_sources_take_turns_in_one_sampled_answer():
 def test_bench_configurations_are_callers_of_their_own():
     """A suffix cache shared by a bench run's configurations would let one draft from another's
     answer to the same prompt; each configuration is a caller of its own."""
-    from specdec.bench import configs as cfgs
+    from specdec.bench.running import configs as cfgs
 
     built = cfgs.build_configs("ar,lossless", "suffix,auto", "auto")
     callers = [c.request_for(16).caller for c in built]

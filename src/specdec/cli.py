@@ -11,13 +11,13 @@ import json
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from .bench.cli import register as register_bench
-from .bench.tune import register as register_tune
+from .bench.running.command import register as register_bench
+from .bench.tune.command import register as register_tune
 from .models.bundled import BUNDLED
 from .frontends.cliargs import (
     LOW_TAU, add_decode_args, add_model_args, decode_config, decode_kwargs, load_pair, startup_summary)
 from .errors import SpecdecError
-from .bench.replaycli import register as register_replay
+from .bench.replay.command import register as register_replay
 from .frontends.server.cli import register as register_serve
 from .core.text import surrogate_at
 

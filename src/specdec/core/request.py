@@ -4,7 +4,7 @@ prompt, and the defaults of its fields (:data:`DEFAULTS`), declared once.
 Every entry point builds it the same way, once, where the request enters: the Python API
 (``Pair.generate``/``Pair.stream`` keywords, :func:`make_config`), the CLI flags
 (:mod:`specdec.frontends.cliargs`), a server request (:mod:`specdec.frontends.server.params`), a bench configuration
-(:mod:`specdec.bench.configs`) and a config file (:mod:`specdec.core.configfile`) all go through
+(:mod:`specdec.bench.running.configs`) and a config file (:mod:`specdec.core.configfile`) all go through
 :meth:`DecodeConfig.from_options`, which takes loose user options and raises a one-line
 :class:`~specdec.errors.SpecdecError` for a bad one. The engine takes the result as is.
 
