@@ -96,7 +96,7 @@ def test_replay_runs_drafters_without_a_model_as_the_engine_does(drafter, k):
     cache = SuffixCache()
     for tr, out in zip(traces, outs):
         policy = auto if k == "auto" else Fixed(k)
-        rep = replay(tr, None, policy, Clock(tt), make_drafter(drafter, None, frozenset(), {}, history=cache.scope("")))
+        rep = replay(tr, None, policy, Clock(tt), make_drafter(drafter, None, frozenset(), {}, history=cache.scope()))
         assert rep.accepted_per_round == out.stats.accepted_per_round and rep.rounds == out.stats.rounds
         assert rep.drafted == out.stats.drafted > 0
 

@@ -24,6 +24,7 @@ from ..checks import check_number, shown
 from ..models.backends import REGISTRY
 from ..draftlength import MAX_K, K
 from ..errors import SpecdecError
+from ..core.caller import Caller
 from ..core.request import DEFAULTS, GENERATION_FIELDS, DecodeConfig
 from ..core.sampling import SamplingParams
 from ..core.verify import AR
@@ -138,7 +139,7 @@ class Config:
         cache, k=auto's state) never drafts for another, which would copy its answer to the same prompt."""
         request = self.request if self.request is not None else DecodeConfig.from_options(**self.generate_kwargs())
         request = request.with_settings(max_new_tokens=max_new_tokens, sampling=SamplingParams(**sampling),
-                                        caller=self.id)
+                                        caller=Caller.named(self.id))
         return request if constraint is None else replace(request, constraint=constraint)
 
     def to_dict(self) -> dict:

@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from .caller import Caller
 from .constrain import Constraints, Guide
 from .drafters import Draft, Drafter, make_drafter
 from .acceptance import AcceptancePrior
@@ -287,7 +288,7 @@ class Engine:
         if cfg.sampling.seed is not None and not cfg.sampling.greedy:
             # a seeded sample is a caller of its own: no earlier request's text or k=auto state
             # changes its drafts, so its seed gives the same answer whatever ran before
-            cfg = cfg.with_settings(caller=None)
+            cfg = cfg.with_settings(caller=Caller.ISOLATED)
         out = out if out is not None else Generation(list(prompt_ids))
         drafter = self.make_drafter(cfg) if policy.drafts else None  # plain decoding runs none
         kpolicy = self.k_policy(cfg) if policy.drafts else None
