@@ -78,7 +78,7 @@ def test_mixed_lengths_wait_to_see_whether_the_answer_runs_long():
 
 
 def test_a_drafter_without_a_model_reads_nothing():
-    c = AutoK(bandwidth_bound(), None, needs_model=False)
+    c = AutoK(bandwidth_bound(), None, drafts_with_model=False)
     c.begin(10)
     assert c.budget(0, 9, 10_000) > 0
 
@@ -110,7 +110,7 @@ def test_a_window_rule_drafts_past_its_window():
 def test_no_model_drafters_pick_only_measured_widths(widths):
     rng = random.Random(0)
     table = CostTable("t", "x", widths, [0.05 * (1 + 0.3 * (w - 1)) for w in widths], context=32)
-    c = AutoK(table, None, needs_model=False)
+    c = AutoK(table, None, drafts_with_model=False)
     c.begin(100)
     seen = set()
     for _ in range(400):

@@ -90,7 +90,7 @@ def test_replay_runs_drafters_without_a_model_as_the_engine_does(drafter, k):
         if k == "auto":
             assert (row["auto_rounds"], row["auto_drafted"], row["auto_accepted"]) == (
                 out.stats.rounds, out.stats.drafted, out.stats.accepted)
-    auto = AutoK(tt, None, needs_model=False)
+    auto = AutoK(tt, None, drafts_with_model=False)
     from specdec.core.drafters import SuffixCache, make_drafter
 
     cache = SuffixCache()

@@ -302,7 +302,7 @@ def test_k_policies_are_in_one_module_with_one_protocol():
 
     assert not {m for m in imports_of(SRC / "core" / "autok.py") if m.startswith("core.drafters")}
     policies = [Fixed(3), k_policy(AUTO, CostTable("t", "float32", [1, 2, 4], [0.01, 0.02, 0.04], 32), None,
-                                   needs_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
+                                   drafts_with_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
     assert isinstance(policies[1], PassGate)
     assert all(isinstance(p, KPolicy) and type(p).__module__ == "specdec.core.autok" for p in policies)
     copies = []

@@ -119,7 +119,7 @@ def test_the_draft_length_follows_the_match_length():
 def test_the_drafters_declare_their_capabilities():
     assert DRAFTERS["suffix"] is SuffixDrafter and DRAFTERS["suffix-tree"] is SuffixTreeDrafter
     for cls in (SuffixDrafter, SuffixTreeDrafter):
-        assert not cls.needs_model and cls.reads_history
+        assert not cls.requires_model and cls.reads_history
     assert not SuffixDrafter.grows_trees and SuffixTreeDrafter.grows_trees
     assert SuffixTreeDrafter.depth_limit(tree_nodes=4) == 4 and SuffixTreeDrafter.depth_limit(tree_nodes=200) == DEPTH - 1
 

@@ -407,9 +407,9 @@ def check_peer_available(c: Config) -> None:
 
 def needs_draft_model(c: Config) -> bool:
     """Whether the configuration needs the draft model loaded: the peers that draft with it, and
-    every specdec configuration whose drafter class says so (:attr:`Drafter.needs_model`)."""
+    every specdec configuration whose drafter class says so (:attr:`Drafter.requires_model`)."""
     from ..core.drafters import drafter_class
 
     if c.kind == "peer":
         return c.policy in ("hf-assisted", "llama-cpp-spec", "llama-server-draft")
-    return not c.is_ar and drafter_class(str(c.drafter)).needs_model
+    return not c.is_ar and drafter_class(str(c.drafter)).requires_model

@@ -67,10 +67,10 @@ REPLAN = 0.01
 CONTEXT_STEP = 64
 
 
-def draft_step(target: CostTable, draft: CostTable | None, needs_model: bool) -> float:
+def draft_step(target: CostTable, draft: CostTable | None, drafts_with_model: bool) -> float:
     """A draft token's seconds as k=auto prices them: none for a drafter without a model, the draft's
     measured one-token pass, else :data:`UNMEASURED_DRAFT_STEP` of the target's."""
-    if not needs_model:
+    if not drafts_with_model:
         return 0.0
     return draft.forward(1) if draft is not None else target.forward(1) * UNMEASURED_DRAFT_STEP
 
@@ -162,15 +162,15 @@ class Fixed(KPolicy):
 class AutoK(KPolicy):
     """``k="auto"`` for chains (module docstring)."""
 
-    def __init__(self, target: CostTable, draft: CostTable | None = None, needs_model: bool = True,
+    def __init__(self, target: CostTable, draft: CostTable | None = None, drafts_with_model: bool = True,
                  window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_CHAIN):
         self.target = target
-        self.needs_model = needs_model
+        self.drafts_with_model = drafts_with_model
         self.draft = draft
-        self.step = draft_step(target, draft, needs_model)
+        self.step = draft_step(target, draft, drafts_with_model)
         self.draft_view = 0  # prompt tokens the draft model reads this request (its window)
         self.step_context = -1  # the draft context self.step is priced at
-        if not needs_model:
+        if not drafts_with_model:
             self.read = lambda n: 0.0
         elif draft is not None:
             self.read = draft.read
@@ -209,7 +209,7 @@ class AutoK(KPolicy):
         return self._plans[rate]
 
     def rate(self) -> float:
-        return self.bins.pooled() if self.needs_model else self.positions.pooled
+        return self.bins.pooled() if self.drafts_with_model else self.positions.pooled
 
     def start(self, t: int, room: int, backlog: int) -> int | None:
         """The position at which reading ``backlog`` (growing by one a token until then) gains the
@@ -245,7 +245,7 @@ class AutoK(KPolicy):
         """A draft token priced at the context the draft model drafts at: its window of the prompt and
         the answer so far (per :data:`CONTEXT_STEP`), on its table's wide passes where measured
         (:meth:`~specdec.models.costmodel.CostTable.step_at`)."""
-        if not self.needs_model or self.draft is None:
+        if not self.drafts_with_model or self.draft is None:
             return
         at = (self.draft_view + t) // CONTEXT_STEP * CONTEXT_STEP
         if at != self.step_context:
@@ -263,7 +263,7 @@ class AutoK(KPolicy):
         if k == 0:  # nothing is learned at K = 0: the prior slowly returns
             self._fade()
             return 0
-        if backlog > STEADY_FEED and self.needs_model:
+        if backlog > STEADY_FEED and self.drafts_with_model:
             if (self.planned_backlog < 0 or backlog != self.planned_backlog + (t - self.planned_t)
                     or t >= self.planned_until or abs(spt - self.planned_spt) > REPLAN * self.planned_spt):
                 self.start_at, self.planned_backlog, self.planned_t = self.start(t, room, backlog), backlog, t
@@ -273,7 +273,7 @@ class AutoK(KPolicy):
                 self._fade()  # nor while waiting to read: else a plan that barely pays never starts
                 return 0
         room = min(room, self.k_max)
-        if not self.needs_model:  # no probabilities: the block with the most tokens per second
+        if not self.drafts_with_model:  # no probabilities: the block with the most tokens per second
             k = best_k(self.target.forward, 0.0, self.positions.rates(room), room, allow_zero=False,
                        k_min=min(room, self.window + 1) if self.window else 1, allowed=self.allowed | {room})
             self.limit = k
@@ -282,7 +282,7 @@ class AutoK(KPolicy):
         return room
 
     def _fade(self) -> None:
-        self.bins.decay() if self.needs_model else self.positions.forget()
+        self.bins.decay() if self.drafts_with_model else self.positions.forget()
         self._plans.clear()
 
     def more(self, i: int, p: float) -> bool:
@@ -310,7 +310,7 @@ class AutoK(KPolicy):
         if r.drafted <= 0:
             return
         self._plans.clear()
-        if self.needs_model:
+        if self.drafts_with_model:
             self.bins.update(self.probs[:r.drafted], r.accepted)
         else:
             self.positions.update(r.drafted, r.accepted)
@@ -562,7 +562,7 @@ def copy_ks(table: CostTable) -> frozenset[int]:
     return allowed_ks(table) | frozenset(range(MAX_K, table.widest))
 
 
-def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,
+def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, drafts_with_model: bool, trees: bool,
              depth_limit: int, window: int, fallback_k: int, prior: AcceptancePrior | None = None,
              portfolio: bool = False, has_model: bool = False) -> KPolicy:
     """A new K policy (for :class:`WarmStates` to keep across requests): a portfolio drafter gets
@@ -576,9 +576,9 @@ def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, needs_m
     if not k.auto:
         return Fixed(k.fixed)
     if trees:
-        if target is not None and not needs_model:
+        if target is not None and not drafts_with_model:
             return PassGate(target, depth_limit)
         return Fixed(depth_limit)
     if target is None:
         return Fixed(fallback_k)
-    return AutoK(target, draft, needs_model, window, prior)
+    return AutoK(target, draft, drafts_with_model, window, prior)

@@ -141,8 +141,8 @@ class Engine:
 
         def make() -> KPolicy:
             trees = cls.grows_trees
-            return k_policy(cfg.k, self.target_costs, self.draft_costs, needs_model=cls.needs_model, trees=trees,
-                            depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
+            return k_policy(cfg.k, self.target_costs, self.draft_costs, drafts_with_model=cls.drafts_with_model,
+                            trees=trees, depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
                             window=lookahead_of(cfg.parsed),
                             fallback_k=max(FALLBACK_K, lookahead_of(cfg.parsed) + 1), prior=self.prior,
                             portfolio=cls.portfolio, has_model=self.draft is not None)
@@ -168,7 +168,7 @@ class Engine:
         if not policy.drafts:
             return
         cls = cfg.drafter_type
-        if cls.needs_model and self.draft is None:
+        if cls.requires_model and self.draft is None:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cls.grows_trees:
             depth = cls.depth_limit(**cfg.drafter_params) if cfg.k.auto else cfg.k.fixed

@@ -134,7 +134,7 @@ def auto_k(target, draft_table, draft: str, window: int = 0, prior: dict | None 
     from ..core.autok import AutoK
 
     lookup = draft in LOOKUP_DRAFTERS
-    return AutoK(target, None if lookup else draft_table, needs_model=not lookup, window=window,
+    return AutoK(target, None if lookup else draft_table, drafts_with_model=not lookup, window=window,
                  prior=AcceptancePrior.from_dict(prior) if prior and not lookup else None)
 
 

@@ -358,7 +358,7 @@ class SuffixDrafter(Drafter):
     matching suffix, from the request's own text or the cache's, whichever scores higher."""
 
     name = "suffix"
-    needs_model = False
+    requires_model = False
     reads_history = True
     Options = SuffixOptions
     tree = False
