@@ -117,8 +117,9 @@ class KPolicy:
     (what it drafted and kept, its seconds by part: :class:`~specdec.core.rounds.RoundRecord`);
     ``begin``/``end``: a request starts / ends with ``tokens`` written (``cut``: by the length
     limit, so the answer would have run longer). A policy of one source implements
-    ``budget(t, room, backlog)``, the plan's K. ``declined``: rounds of this request not drafted only
-    because reading the backlog would not pay (for the stats)."""
+    ``budget(t, room, backlog)``, the plan's K, or ``plan`` itself when it may decline a round (a plan
+    of K = 0 with ``declined``: plain only because reading the backlog would not pay, :class:`AutoK`).
+    ``declined``: how many rounds of this request it declined (for the stats)."""
 
     declined = 0
     #: the cost tables and prior it was made for (the engine makes a new one when they change)
@@ -131,9 +132,9 @@ class KPolicy:
 
     def plan(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> Plan:
         """The round's plan; ``offers``: a portfolio's free drafts this round
-        (:class:`~specdec.core.drafters.base.Offer`), which only :class:`PortfolioK` reads."""
-        declined = self.declined
-        return Plan(self.budget(t, room, backlog), declined=self.declined > declined)
+        (:class:`~specdec.core.drafters.base.Offer`), which only :class:`PortfolioK` reads. By
+        default :meth:`budget`'s K, never declined."""
+        return Plan(self.budget(t, room, backlog))
 
     def budget(self, t: int, room: int, backlog: int) -> int:
         """The most drafts this round (0: a plain step), for a policy of one source."""
@@ -255,14 +256,20 @@ class AutoK(KPolicy):
                 self._plans.clear()
 
     def budget(self, t: int, room: int, backlog: int) -> int:
+        return self.plan(t, room, backlog).k
+
+    def plan(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> Plan:
+        """The round's K (its drafts stop earlier when :meth:`more` says so); declined when it is
+        plain only because the draft model would first read ``backlog`` tokens (growing by one a token
+        until :meth:`start`'s position), which the drafts would not repay."""
         self.probs, self.kept_p, self.limit = [], 1.0, 0
         if room <= 0:
-            return 0
+            return Plan()
         self._reprice(t)
         k, spt = self.block()
         if k == 0:  # nothing is learned at K = 0: the prior slowly returns
             self._fade()
-            return 0
+            return Plan()
         if backlog > STEADY_FEED and self.drafts_with_model:
             if (self.planned_backlog < 0 or backlog != self.planned_backlog + (t - self.planned_t)
                     or t >= self.planned_until or abs(spt - self.planned_spt) > REPLAN * self.planned_spt):
@@ -271,15 +278,15 @@ class AutoK(KPolicy):
             if self.start_at is None or t < self.start_at:
                 self.declined += 1
                 self._fade()  # nor while waiting to read: else a plan that barely pays never starts
-                return 0
+                return Plan(declined=True)
         room = min(room, self.k_max)
         if not self.drafts_with_model:  # no probabilities: the block with the most tokens per second
             k = best_k(self.target.forward, 0.0, self.positions.rates(room), room, allow_zero=False,
                        k_min=min(room, self.window + 1) if self.window else 1, allowed=self.allowed | {room})
             self.limit = k
-            return k
+            return Plan(k)
         self.limit = room
-        return room
+        return Plan(room)
 
     def _fade(self) -> None:
         self.bins.decay() if self.drafts_with_model else self.positions.forget()
@@ -504,11 +511,10 @@ class PortfolioK(KPolicy):
             if k and rate > best * (1 + TIE_TOLERANCE):
                 best, choice = rate, Plan(k, offer.source)
         if self.model is not None:
-            declined = self.model.declined
-            k = self.model.budget(t, room, backlog)
-            if k and 1.0 / self.model.block()[1] > best * (1 + TIE_TOLERANCE):
-                choice = Plan(k, Source.MODEL)
-            elif choice.source is None and self.model.declined > declined:
+            mine = self.model.plan(t, room, backlog)
+            if mine.k and 1.0 / self.model.block()[1] > best * (1 + TIE_TOLERANCE):
+                choice = Plan(mine.k, Source.MODEL)
+            elif choice.source is None and mine.declined:
                 choice = Plan(declined=True)  # plain only because reading the backlog would not pay
         return choice
 
