@@ -203,10 +203,16 @@ class Engine:
         return self.constraints.guide(cfg.constraint)
 
     def admit(self, cfg: DecodeConfig, prompt_ids: Sequence[int]) -> None:
-        """The one check that a request fits the loaded models, before any work: its settings
-        (:meth:`check_config`), its prompt (:meth:`check_prompt`) and, for a token-tree drafter, a
-        whole tree after the prompt (:func:`~specdec.core.request.check_tree_fits`)."""
+        """The one check that a request fits the loaded models, before any work, in two halves: its
+        settings (:meth:`check_config`, which needs no prompt: a caller may run it alone first, so
+        that a bad request fails before its prompt is encoded) and its prompt (:meth:`admit_prompt`)."""
         self.check_config(cfg)
+        self.admit_prompt(cfg, prompt_ids)
+
+    def admit_prompt(self, cfg: DecodeConfig, prompt_ids: Sequence[int]) -> None:
+        """:meth:`admit`'s second half, for a request whose settings passed :meth:`check_config`: its
+        prompt (:meth:`check_prompt`) and, for a token-tree drafter, a whole tree after the prompt
+        (:func:`~specdec.core.request.check_tree_fits`)."""
         self.check_prompt(prompt_ids)
         check_tree_fits(cfg, len(prompt_ids), self.target.max_length)
 
