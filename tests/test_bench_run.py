@@ -471,7 +471,7 @@ def test_the_warm_up_is_a_caller_of_its_own(tiny_pair, tmp_path, monkeypatch):
     generate = tiny_pair.generate
 
     def spy(*args, config=None, **kwargs):
-        callers.append(config.caller)
+        callers.append(config.caller.name)
         return generate(*args, config=config, **kwargs)
 
     monkeypatch.setattr(tiny_pair, "generate", spy)

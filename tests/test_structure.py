@@ -398,7 +398,7 @@ def test_k_policies_are_in_one_module_with_one_protocol():
 
     assert not {m for m in imports_of(SRC / "core" / "autok.py") if m.startswith("core.drafters")}
     policies = [Fixed(3), k_policy(AUTO, CostTable("t", "float32", [1, 2, 4], [0.01, 0.02, 0.04], 32), None,
-                                   needs_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
+                                   drafts_with_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
     assert isinstance(policies[1], PassGate)
     assert all(isinstance(p, KPolicy) and type(p).__module__ == "specdec.core.autok" for p in policies)
     copies = []
@@ -477,6 +477,47 @@ def test_the_server_names_the_caller_and_reaches_no_cache_state():
         text = path.read_text()
         for reach in ("caches.", "engine.target", "engine.draft", ".reset()"):
             assert reach not in text, f"{path.relative_to(SRC)} reaches into the engine's caches ({reach})"
+
+
+def _is_caller(node) -> bool:
+    """Whether ``node`` reads a caller: a name or attribute called ``caller``, ``...caller`` or ``...holder``."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.lower().endswith(("caller", "holder"))
+
+
+def caller_sentinels(source: str) -> list[int]:
+    """The lines of ``source`` that tell callers apart by a sentinel value rather than by
+    :class:`specdec.core.caller.Caller`: a caller compared with ``""`` or None, its truth taken
+    (``caller or ...``, ``not caller``, ``if caller:``), or its type asked (``isinstance(caller, str)``)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(map(_is_caller, sides)) and any(isinstance(s, ast.Constant) and s.value in ("", None) for s in sides):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.BoolOp) and any(map(_is_caller, node.values)):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and _is_caller(node.operand):
+            lines.append(node.lineno)
+        elif isinstance(node, (ast.If, ast.IfExp, ast.While)) and _is_caller(node.test):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and node.args
+              and _is_caller(node.args[0])):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_callers_are_told_apart_by_their_type_not_by_sentinel_values():
+    """A request's caller is a :class:`specdec.core.caller.Caller` everywhere in the package (the shared
+    one, a named one, an isolated one: ``caller.isolated``); the loose public values (``""``, a name,
+    None) are converted once, by ``as_caller``. Before, ``""`` meant shared and None isolated, and each
+    store tested for them (``caller is None``, ``isinstance(self._holder, str)``)."""
+    assert caller_sentinels("if caller is None:\n    pass\nx = cfg.caller or ''\nok = not self._holder\n"
+                            "y = isinstance(self._holder, str)\nz = caller == ''\n") == [1, 3, 4, 5, 6]
+    assert caller_sentinels("if caller.isolated:\n    pass\nsame = caller == holder\nn = caller_cache_bytes is None\n") == []
+    bad = [f"{path.relative_to(SRC)}:{line}" for path in sorted(SRC.rglob("*.py"))
+           for line in caller_sentinels(path.read_text())]
+    assert not bad, bad
 
 
 def test_server_defaults_come_from_request_defaults():

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 from typing import Collection, Hashable, Mapping, Sequence
 
+from .caller import Caller
 
-def principal(caller: str) -> str:
+
+def principal(caller: Caller) -> str:
     """The client ``caller`` belongs to: its name up to the first ``|`` (the server names a scope
     ``<key>|salt:<digest>``, so all the salts of one API key share the key's share)."""
-    return caller.split("|", 1)[0]
+    return caller.name.split("|", 1)[0]
 
 
 def _largest(totals: dict, recent: dict, among: Collection) -> Hashable | None:
@@ -27,8 +29,8 @@ def _largest(totals: dict, recent: dict, among: Collection) -> Hashable | None:
     return max(among, key=lambda who: (totals[who], -recent[who]), default=None)
 
 
-def victim(items: Sequence[tuple[Hashable, str, int]], pinned: Collection[Hashable] = (),
-           pending: Mapping[str, int] | None = None) -> Hashable | None:
+def victim(items: Sequence[tuple[Hashable, Caller, int]], pinned: Collection[Hashable] = (),
+           pending: Mapping[Caller, int] | None = None) -> Hashable | None:
     """The key of the item to evict from ``items`` (``(key, caller, size)``, least recently used
     first): of the principal holding the most, its caller holding the most, that caller's least
     recently used item (ties between holders: the least recently used one). ``pending``: sizes about

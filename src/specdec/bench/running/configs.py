@@ -24,6 +24,7 @@ from ...checks import check_number, shown
 from ...models.backends import REGISTRY
 from ...draftlength import MAX_K, K
 from ...errors import SpecdecError
+from ...core.caller import Caller
 from ...core.request import DEFAULTS, GENERATION_FIELDS, DecodeConfig
 from ...core.sampling import SamplingParams
 from ...core.verify import AR
@@ -138,7 +139,7 @@ class Config:
         cache, k=auto's state) never drafts for another, which would copy its answer to the same prompt."""
         request = self.request if self.request is not None else DecodeConfig.from_options(**self.generate_kwargs())
         request = request.with_settings(max_new_tokens=max_new_tokens, sampling=SamplingParams(**sampling),
-                                        caller=self.id)
+                                        caller=Caller.named(self.id))
         return request if constraint is None else replace(request, constraint=constraint)
 
     def to_dict(self) -> dict:
@@ -406,9 +407,9 @@ def check_peer_available(c: Config) -> None:
 
 def needs_draft_model(c: Config) -> bool:
     """Whether the configuration needs the draft model loaded: the peers that draft with it, and
-    every specdec configuration whose drafter class says so (:attr:`Drafter.needs_model`)."""
+    every specdec configuration whose drafter class says so (:attr:`Drafter.requires_model`)."""
     from ...core.drafters import drafter_class
 
     if c.kind == "peer":
         return c.policy in ("hf-assisted", "llama-cpp-spec", "llama-server-draft")
-    return not c.is_ar and drafter_class(str(c.drafter)).needs_model
+    return not c.is_ar and drafter_class(str(c.drafter)).requires_model

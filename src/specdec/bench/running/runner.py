@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from ...errors import SpecdecError
+from ...core.caller import Caller
 from ...core.request import BENCH_SEED, DEFAULTS
 from ...core.names import AR
 from ...core.stats import tau_of
@@ -279,8 +280,9 @@ def warm_up(pair, prompt: Prompt, configs: list[Config], settings: Settings, mod
                      models=models, **settings.sampling())
         else:
             request = cfg.request_for(n, constraint, **settings.sampling())
+            request = request.with_settings(caller=Caller.named(request.caller.name + WARM_UP))
             pair_for(pair, cfg, models).generate(prompt.text, chat=False, stop=list(prompt.stop) or None,
-                                                 config=request.with_settings(caller=f"{request.caller}{WARM_UP}"))
+                                                 config=request)
 
 
 def _base(sample: Sample, cfg: Config, rep: int) -> dict[str, Any]:
