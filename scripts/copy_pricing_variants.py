@@ -20,15 +20,14 @@ rounds suffix decoding alone drafted.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 
 from specdec.core.acceptance import AcceptanceEstimate, AcceptancePrior, run_bin
 from specdec.core.autok import PortfolioK
 from specdec.core.names import Source
-from specdec.traces.runs import read_tables, replay_all
+from specdec.traces.runs import auto_k, read_tables, replay_all
 from specdec.models.costmodel import best_k_rate
-from specdec.core.drafters import SuffixCache
+from specdec.core.drafters import SuffixCache, make_drafter
 from specdec.core.drafters.auto import copy_sources
 from specdec.draftlength import MAX_CHAIN, MAX_K
 from specdec.traces import replay as replay_mod
@@ -101,25 +100,38 @@ def every_position(traces, stops) -> list[int]:
     return every
 
 
-@contextlib.contextmanager
-def counting_short_runs(alone: list[int]):
-    """While open, a drafter replayed alone counts its drafts at runs 1-2 into ``alone`` (kept, judged)."""
-    propose = replay_mod.LookupSource.propose
+class CountingShortRuns:
+    """A copy drafter, counting into ``alone`` (kept, judged) its drafts at runs 1-2 as a replay commits
+    them: it asks the drafter's own offer at each proposal (the run it drafts from) and reads the
+    round's outcome at commit, through the drafter's public methods."""
 
-    def counted(self, t, k, policy, clock):
-        offer = self.drafter.offer(self.context, k)
-        drafted, accepted, seconds = propose(self, t, k, policy, clock)
+    def __init__(self, drafter, alone: list[int]):
+        self.drafter, self.alone, self.offer = drafter, alone, None
+
+    def __getattr__(self, name):
+        return getattr(self.drafter, name)
+
+    def propose(self, context, k, params, key):
+        self.offer = self.drafter.offer(context, k)
+        return self.drafter.propose(context, k, params, key)
+
+    def commit(self, context, drafted, accepted):
         for i in range(min(accepted + 1, drafted)):
-            if offer is not None and self.drafter.name == "suffix" and run_bin(offer.run + i) <= run_bin(2):
-                alone[0] += i < accepted
-                alone[1] += 1
-        return drafted, accepted, seconds
+            if self.offer is not None and run_bin(self.offer.run + i) <= run_bin(2):
+                self.alone[0] += i < accepted
+                self.alone[1] += 1
+        self.offer = None
+        self.drafter.commit(context, drafted, accepted)
 
-    replay_mod.LookupSource.propose = counted
-    try:
-        yield
-    finally:
-        replay_mod.LookupSource.propose = propose
+
+def suffix_alone_short_runs(traces: list, target, stops: frozenset, clock) -> list[int]:
+    """The suffix drafter replayed alone under k=auto, as ``replay_all``'s auto column runs it (one
+    controller and one suffix cache across the traces): its drafts at runs 1-2, (kept, judged)."""
+    alone, auto, cache = [0, 0], auto_k(target, None, "suffix"), SuffixCache()
+    for tr in traces:
+        drafter = make_drafter("suffix", None, stops, {}, history=cache.scope())
+        replay_mod.replay(tr, None, auto, clock, CountingShortRuns(drafter, alone))
+    return alone
 
 
 def main() -> int:
@@ -150,11 +162,11 @@ def main() -> int:
             policy, cache = make(name, target, draft_table, model is not None, prior), SuffixCache()
             out[name] = plain / (sum(replay_mod.replay(t, model, policy, clock, copies=list(
                 copy_sources(stops, cache.scope()).values())).seconds for t in traces) - pre)
-        every, alone = every_position(traces, stops), [0, 0]
-        with counting_short_runs(alone):
-            for d in ("pld", "suffix"):
-                out[f"{d} alone"] = plain / (replay_all(traces, d, target, None, [], stop_ids=stops,
-                                                       clock=clock)["total"]["auto"] - pre)
+        every = every_position(traces, stops)
+        for d in ("pld", "suffix"):
+            out[f"{d} alone"] = plain / (replay_all(traces, d, target, None, [], stop_ids=stops,
+                                                   clock=clock)["total"]["auto"] - pre)
+        alone = suffix_alone_short_runs(traces, target, stops, clock)
         print(f"{path} ({'decode, ' if a.decode else ''}clock premium {a.clock_premium}): "
               + ", ".join(f"{k} {v:.3f}x" for k, v in out.items()))
         print(f"  suffix copies at runs 1-2 kept: every position {every[0]}/{every[1]}, "

@@ -930,12 +930,47 @@ def test_a_round_s_plan_is_one_value_the_engine_hands_on():
         assert "plan" in calls and "budget" not in calls, rel
 
 
+def patched_library_names(tree: ast.AST) -> list[str]:
+    """Assignments (``x.y = ...``, ``setattr``) to an attribute of a name the module imported from specdec:
+    a patch of the library, which a refactor would break silently."""
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec"):
+            imported |= {a.asname or a.name for a in node.names}
+        elif isinstance(node, ast.Import):
+            imported |= {(a.asname or a.name).split(".")[0] for a in node.names if a.name.startswith("specdec")}
+
+    def root(expr) -> str | None:
+        while isinstance(expr, ast.Attribute):
+            expr = expr.value
+        return expr.id if isinstance(expr, ast.Name) else None
+
+    bad = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+            targets = [ast.Attribute(value=node.args[0], attr="?")]
+        bad += [f"{node.lineno} patches {ast.unparse(t) if not isinstance(node, ast.Call) else ast.unparse(node.args[0])}"
+                for t in targets if isinstance(t, ast.Attribute) and root(t) in imported]
+    return bad
+
+
+def test_the_patch_check_sees_a_patch():
+    tree = ast.parse("from specdec.traces import replay as r\nimport specdec.core.autok\nfrom specdec.x import C\n"
+                     "r.LookupSource.propose = f\nspecdec.core.autok.X = 1\nsetattr(C, 'm', g)\nmine = object()\n"
+                     "mine.a = 1\n")
+    assert [line.split()[0] for line in patched_library_names(tree)] == ["4", "5", "6"]
+
+
 def test_scripts_use_the_library_s_public_names():
-    """The scripts import no underscore name of specdec and override no underscore method, so a
-    refactor of the library breaks them loudly (the replay library lives in ``specdec.traces.runs``)."""
+    """The scripts import no underscore name of specdec, override no underscore method and patch
+    nothing of the library, so a refactor of the library breaks them loudly (the replay library lives
+    in ``specdec.traces.runs``)."""
     bad = []
     for path in (SRC.parent.parent / "scripts").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        bad += [f"{path.name}:{line}" for line in patched_library_names(tree)]
+        for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("specdec"):
                 bad += [f"{path.name}:{node.lineno} imports {a.name}" for a in node.names if a.name.startswith("_")]
             if isinstance(node, ast.ClassDef):
