@@ -10,6 +10,7 @@ import torch
 
 from ....checks import option
 from ....errors import SpecdecError
+from ..base import Model
 from ..registry import Backend, Costs, Loaded, Log, Request, check_same_vocabulary
 
 
@@ -76,7 +77,7 @@ class LlamaCppBackend(Backend):
         d_path = model_file(draft, progress=req.progress) if draft is not None else None
         tokenizer = gguf_tokenizer(t_path, progress=req.progress)
         vocab = len(tokenizer)
-        if d_path is not None:
+        if d_path is not None and draft is not None:  # a draft's path is there when a draft is asked
             check_same_vocabulary(tokenizer, gguf_tokenizer(d_path, progress=req.progress), target, draft)
         t = LlamaCppModel(t_path, target, vocab_limit=vocab, n_ctx=n_ctx, exact=exact)  # the draft only proposes
         note = busy_note(t.threads, busy_cores()) if req.progress else None   # a person is watching
@@ -84,7 +85,7 @@ class LlamaCppBackend(Backend):
             log(note)
         calibrate = req.calibrate or req.recalibrate
         draft_auto = req.draft_auto and draft == DEFAULT_DRAFT and calibrate and req.drafts is not None
-        d = None
+        d: Model | None = None
         if d_path is not None and not draft_auto:
             d = LlamaCppModel(d_path, draft, vocab_limit=vocab, n_ctx=n_ctx)
         for m in (t, d):
@@ -97,7 +98,7 @@ class LlamaCppBackend(Backend):
                 return self.measure(lm, remeasure=req.recalibrate, log=log)
 
             t_table = table(t)
-            if draft_auto:
+            if draft_auto and req.drafts is not None and draft is not None:  # both hold under draft_auto
                 def load_draft(source: str):
                     return LlamaCppModel(model_file(source, progress=req.progress), source, vocab_limit=vocab,
                                          n_ctx=n_ctx)
