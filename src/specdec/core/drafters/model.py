@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -81,7 +81,7 @@ class ModelDrafter(Windowed, Drafter):
     name = "model"
     needs_model = True
     uses_model = True
-    Options = ModelOptions
+    Options: ClassVar[type] = ModelOptions
 
     def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), min_confidence: float = 0.0,
                  draft_window: int | str = WINDOW_AUTO):
