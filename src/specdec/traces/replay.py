@@ -194,6 +194,7 @@ class LookupSource:
         return len(tokens), accepted, 0.0
 
     def commit(self, t: int, drafted: int, accepted: int) -> None:
+        assert self.trace.prompt is not None  # a copy source replays a trace with its prompt
         self.context = list(self.trace.prompt) + self.trace.answer[: t + accepted + 1]
         self.drafter.commit(self.context, drafted, accepted)
 
@@ -231,7 +232,9 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
             drafted = min(k, len(offer.tokens))
             accepted = offer.outcome(trace.answer[t:t + drafted])[1]
         elif k:
-            drafted, accepted, seconds = (model or lookup).propose(t, k, policy, clock)
+            drafting = model or lookup
+            assert drafting is not None  # a round drafts only with a source
+            drafted, accepted, seconds = drafting.propose(t, k, policy, clock)
             out.draft += seconds
         sec = clock.verify(drafted + 1, prompt + t)
         out.verify += sec
@@ -265,7 +268,7 @@ def copy_offers(trace: Trace, copies: Sequence, k_max: int = MAX_CHAIN) -> dict[
     the offer's length (0: none), how many of its tokens the answer goes on with, its run and its
     first token (-1: none)."""
     n = len(trace.answer)
-    out = {}
+    out: dict[str, tuple[np.ndarray, ...]] = {}
     for drafter in copies:
         source = LookupSource(drafter, trace)
         length, kept, run = (np.zeros(n, dtype=np.int64) for _ in range(3))
@@ -318,7 +321,7 @@ def oracle(trace: Trace, draft: str | None, clock: Clock, k_max: int = MAX_CHAIN
                 cost = (clock.verify(k + 1, prompt + t) + clock.round_overhead + k * clock.token_overhead
                         + later(values[min(t + a + 1, n)], a + 1))
                 best_row = np.minimum(best_row, cost)
-        if dt is not None:
+        if dt is not None and run is not None:  # both or neither
             best = np.inf
             step = clock.draft_step(view + t)
             for k in range(1, min(k_max, room - 1, int(run[t]) + 1) + 1):
