@@ -33,7 +33,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 #: a model's identity for the cache of measurements: its weights (file and format), as a string
 Identity = Callable[[object], str]
@@ -162,8 +162,8 @@ def prior(target, draft, tokenizer, identity: Identity):
     return prior_of(measured(target, draft, tokenizer, identity))
 
 
-def choose(target, tokenizer, base: str, load: Callable[[str], object], table: Callable[[object], object],
-           log: Callable[[str], None], identity: Identity, target_table=None) -> tuple[DraftChoice, object, object, object]:
+def choose(target, tokenizer, base: str, load: Callable[[str], Any], table: Callable[[Any], Any],
+           log: Callable[[str], None], identity: Identity, target_table=None) -> tuple[DraftChoice, Any, Any, Any]:
     """The draft for ``draft="auto"``: ``base`` (the bundled draft's name) as shipped or one of its
     :data:`CANDIDATES` copies (module docstring). ``load(source)`` makes the backend's model,
     ``table(lm)`` its cost table (None when the measurement failed), ``identity(lm)`` names its
