@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 import torch
 
@@ -225,7 +225,7 @@ class Engine:
     def run(
         self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None = None,
         stop_check: StopCheck | None = None, should_stop: Callable[[], bool] | None = None, check: bool = True,
-    ) -> Iterator[Generation]:
+    ) -> Generator[Generation, None, None]:
         """Generate; yields ``out`` (a :class:`Generation`) after every round that committed
         tokens: the one channel, holding the ids so far (a stop string may cut tokens of earlier
         rounds, so read ``out.token_ids``, not differences), then the stats and finish reason.

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 #: a model's identity for the cache of measurements: its weights (file and format), as a string
-Identity = Callable[[object], str]
+Identity = Callable[[Any], str]
 
 #: the formats tried beside the file as shipped (pure 4-bit copies: measured faster one-token passes)
 CANDIDATES = ("q4_0", "iq4_nl")
