@@ -299,6 +299,30 @@ def test_a_backend_is_one_file_and_one_registry_line(toy_backend, tmp_path, caps
     assert json.loads((run / "run.json").read_text())["settings"]["backend"] == "toy"
 
 
+def test_the_draft_s_acceptance_prior_is_measured_above_any_backend(toy_backend, monkeypatch):
+    """:func:`specdec.load` measures the draft's acceptance prior on the reference text for any backend
+    (here the toy's, which knows nothing of it), from above the backends: the request a backend gets
+    carries plain values only (and where progress lines go), no module or function of the layers above it."""
+    import inspect
+    import types
+
+    import specdec
+    from specdec.models.backends import REGISTRY
+
+    seen = []
+    load = REGISTRY.load
+    monkeypatch.setattr(REGISTRY, "load", lambda name, req: seen.append(req) or load(name, req))
+    pair = specdec.load("toy-31", draft="toy-32", backend="toy", progress=False)
+    prior = pair.costs.prior
+    assert prior is not None and prior.source == "reference text" and 0.0 <= prior.mean <= 1.0
+    assert specdec.load("toy-31", draft="toy-32", backend="toy", progress=False, calibrate=False).costs.prior is None
+    for name, value in vars(seen[0]).items():
+        if name == "log":
+            continue
+        assert not isinstance(value, types.ModuleType)
+        assert not (inspect.isfunction(value) and value.__module__.startswith("specdec.frontends"))
+
+
 def test_the_toy_model_keeps_the_model_contract():
     """The toy model, written from the Model contract alone: a context fed at once, a token at a
     time, or rolled back and fed again gives the same logits."""

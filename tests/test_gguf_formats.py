@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.models.sources import FORMATS, split_format
+from specdec.models.sources import split_format
 from specdec.core.engine import DecodeConfig, Engine
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer, save_tiny_gguf, tiny_model
@@ -20,14 +20,28 @@ def test_split_format_table(tmp_path):
     odd = tmp_path / "a@b.gguf"
     odd.write_bytes(b"")
     assert split_format(str(odd)) == (str(odd), None)  # an existing path is taken as it is
-    for bad in ("m.gguf@q3", "@bf16"):
+    for bad in ("m.gguf@q-3", "@bf16"):
         with pytest.raises(SpecdecError) as err:
             split_format(bad)
         assert "\n" not in str(err.value)
-    assert set(FORMATS) == {"bf16", "f16", "q8_0", "q4_0", "iq4_nl"}
-    from specdec.models.backends.llamacpp.formats import FTYPES
+    assert split_format("m.gguf@q3") == ("m.gguf", "q3")  # which formats exist is the backend's to say
 
-    assert tuple(FTYPES) == FORMATS  # every format '@' takes, llama.cpp knows how to make
+
+def test_each_backend_declares_its_weight_formats_once():
+    """llama.cpp's formats are its ``FTYPES``, the one table of how it makes each copy; a format it does
+    not make is a one-line error naming them, before anything loads; transformers makes none."""
+    import torch
+
+    from specdec.models.backends import REGISTRY, Request
+    from specdec.models.backends.llamacpp.formats import FTYPES, check_format
+
+    assert REGISTRY.get("llama.cpp").formats == tuple(FTYPES) == ("bf16", "f16", "q8_0", "q4_0", "iq4_nl")
+    assert REGISTRY.get("transformers").formats == ()
+    with pytest.raises(SpecdecError, match=r"unknown weight format 'q3' after '@'; choose one of bf16, f16") as err:
+        check_format("m.gguf@q3")
+    assert "\n" not in str(err.value)
+    with pytest.raises(SpecdecError, match="unknown weight format 'q3'"):
+        REGISTRY.choose("llama.cpp", Request("qwen2.5-coder-1.5b@q3", None, torch.device("cpu"), {}))
 
 
 def test_transformers_refuses_a_format_copy():
@@ -95,7 +109,7 @@ def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, mo
     least time wins (a faster draft that agrees much less loses), and the measurements are cached by
     the files' identities."""
     from specdec.frontends import draft_formats
-    from specdec.models.backends.llamacpp.backend import identity
+    from specdec.models.backends import REGISTRY
     from specdec.models.backends.llamacpp.formats import model_file
     from specdec.models.backends.llamacpp.model import LlamaCppModel
     from specdec.models.costmodel import CostTable
@@ -108,11 +122,9 @@ def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, mo
                              prefill_seconds=0.3)
 
     def load(source):
-        return LlamaCppModel(model_file(source, progress=False), source, n_ctx=512, threads=1)
-
-    def table(lm):
+        lm = LlamaCppModel(model_file(source, progress=False), source, n_ctx=512, threads=1)
         s = step[lm.path.name]
-        return CostTable(lm.name, lm.variant, [1, 2], [s, 2 * s], context=32, prefill_seconds=s * 8)
+        return lm, CostTable(lm.name, lm.variant, [1, 2], [s, 2 * s], context=32, prefill_seconds=s * 8)
 
     # q4_0 is fastest but agrees far less often; iq4_nl nearly as often as the file as shipped
     agree = {"draft.gguf": "1111111110" * 20, "draft-q4_0.gguf": "1000000000" * 20, "draft-iq4_nl.gguf": "1111111100" * 20}
@@ -124,13 +136,16 @@ def test_draft_auto_takes_the_format_with_the_least_replayed_time(tiny_files, mo
         return {"agreement": a.count("1") / len(a), "agree": a, "top1": [0.9 if c == "1" else 0.3 for c in a]}
 
     monkeypatch.setattr(draft_formats, "along", along)
-    choice, lm, t, prior = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None,
-                                                identity, target_table=target_table)
+    llama = REGISTRY.get("llama.cpp")
+    sources = (str(d_path), *llama.draft_variants(str(d_path)))
+    assert sources[1:] == (f"{d_path}@q4_0", f"{d_path}@iq4_nl")
+    choice, lm, t, prior = draft_formats.choose(target, byte_tokenizer(), sources, load, lambda line: None,
+                                                llama.identity, target_table=target_table)
     assert choice.source == f"{d_path}@iq4_nl" and lm.path.name == "draft-iq4_nl.gguf" and t.forward(1) == 0.020
     assert "as shipped 30 ms / 0.90" in choice.why and prior.mean == 0.8
     assert sorted(calls) == sorted(step)
-    again, *_ = draft_formats.choose(target, byte_tokenizer(), str(d_path), load, table, lambda line: None,
-                                     identity, target_table=target_table)
+    again, *_ = draft_formats.choose(target, byte_tokenizer(), sources, load, lambda line: None,
+                                     llama.identity, target_table=target_table)
     assert again == choice and sorted(calls) == sorted(step)  # cached: measured once
 
 

@@ -619,7 +619,8 @@ def test_backends_are_reached_only_through_the_registry():
     """No module outside ``models/backends/<name>/`` imports ``models.backends.<name>`` (only
     ``models.backends``, ``models.backends.registry`` and ``models.backends.base``): the CLI, the vLLM plug-in and the bench's peers ask
     a registry entry's hooks. Nothing in ``models/backends/`` imports replay, trace, acceptance,
-    draft_formats (``draft="auto"``'s choice is reached through ``Request.drafts``) or a front end."""
+    draft_formats or a front end (:func:`specdec.load` measures the draft above them, through the
+    backend's hooks: ``Backend.identity``, ``draft_variants``, ``load_draft``)."""
     assert not backend_leaks(), backend_leaks()
 
 

@@ -42,15 +42,12 @@ def peer_draft(pair, quant: str, models: BenchModels):
 
 
 def gguf_of(source: str) -> str:
-    """The GGUF file of a target: a bundled model's (assembled once) or a ``.gguf`` path, either with
-    ``@format`` (the copy in that weight format, made by the llama.cpp backend)."""
-    from ..models.sources import split_format
-    from ..models.bundled import BUNDLED
-
-    base = split_format(source)[0]
-    if base in BUNDLED or str(base).endswith(".gguf"):
+    """The GGUF file of a target, as the llama.cpp backend reads it (a bundled model's, assembled once;
+    a ``.gguf`` path; either with ``@format``: the copy in that weight format, made once)."""
+    try:
         return REGISTRY.get("llama.cpp").prepare(source, progress=False)
-    raise SpecdecError(f"peer llama-cpp needs a GGUF target (a bundled model or a .gguf file), not {source!r}")
+    except SpecdecError as e:
+        raise SpecdecError(f"peer llama-cpp needs a GGUF target: {e}") from None
 
 
 def llama_model(pair, params: dict, models: BenchModels):

@@ -302,16 +302,18 @@ def load(
 
 def _load(target: str, draft: str | None, *, backend: str, device: str, calibrate: bool, recalibrate: bool,
           progress: bool, log: Callable[[str], None], options: dict) -> Pair:
-    """:func:`load`'s models, on the backend the registry chooses (:mod:`specdec.models.backends.registry`); a
-    draft's weight format and acceptance prior measured by :mod:`specdec.frontends.draft_formats`."""
+    """:func:`load`'s models, on the backend the registry chooses (:mod:`specdec.models.backends.registry`); the
+    draft's acceptance prior (and with ``draft="auto"`` its weight format) measured above the backends, by
+    :mod:`specdec.frontends.draft_formats`."""
     from . import draft_formats
 
     dev = resolve_device(device)
     draft_auto = draft == _AUTO
     draft = resolve_draft(target, draft)
     req = Request(target, draft, dev, REGISTRY.given(options), calibrate=calibrate, recalibrate=recalibrate, progress=progress,
-                  log=log, draft_auto=draft_auto, drafts=draft_formats)
+                  log=log, draft_auto=draft_auto)
     loaded = REGISTRY.load(backend, req)
+    draft_formats.settle(loaded, REGISTRY.get(loaded.target.backend), req)
     return Pair(loaded.target, loaded.tokenizer, loaded.draft, names=loaded.names, costs=loaded.costs,
                 backend_why=loaded.why)
 

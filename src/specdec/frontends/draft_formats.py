@@ -1,18 +1,18 @@
-"""``draft="auto"`` on llama.cpp: the draft model's weight format that drafts fastest without losing
-acceptance, and the acceptance prior of a loaded draft.
+"""What :func:`specdec.load` measures above the backends once a pair is loaded (when calibrating): the
+acceptance prior of the draft against the target, on any backend, and with ``draft="auto"`` the
+draft's weight format among those its backend offers (``Backend.draft_variants``: on llama.cpp pure
+4-bit copies of the shipped file) that drafts fastest without losing acceptance.
 
-Above the backends (it replays traces and builds acceptance models): a backend that offers weight
-formats reaches it through :attr:`specdec.models.backends.Request.drafts`, which :func:`specdec.load` sets
-to this module, and gives it the models, how to load a candidate, how to measure one and what
-identifies a model's weights (:class:`specdec.models.backends.registry.DraftMeasures`).
+A backend gives it its models, how to load a variant and measure it (``Backend.load_draft``) and
+what identifies a model's weights (``Backend.identity``); it replays traces and builds acceptance
+models, which no backend imports.
 
 In the lossless rules the draft's weights never change the output, only how many drafts are kept,
-so its format is free speed: a pure 4-bit copy (``@q4_0``, ``@iq4_nl``,
-:mod:`specdec.models.backends.llamacpp.formats`) can step faster than the shipped Q4_K_M file. The choice,
+so its format is free speed: a pure 4-bit copy can step faster than the shipped file. The choice,
 made once per machine and pair and cached:
 
-1. each candidate (the file as shipped and its copies in :data:`CANDIDATES`) is made and measured
-   (its cost table, cached like every table);
+1. each candidate (the draft as shipped and its backend's variants) is made and measured (its cost
+   table, cached like every table);
 2. its *agreement* with the target is measured on a fixed reference text (:data:`REFERENCE`, code
    and prose, teacher-forced: one pass of each model, the fraction of positions where both models'
    most likely next tokens are the same; under greedy lossless decoding that is the chance a draft
@@ -24,7 +24,7 @@ made once per machine and pair and cached:
 
 The chosen candidate's agreement also gives k=auto its acceptance prior
 (:class:`specdec.core.autok.AcceptancePrior`). Both are cached in ``$SPECDEC_HOME/costs/draft-formats.json``
-by the two models' identities (``identity(model)``: for llama.cpp its file's key and weight format).
+by the two models' identities (``Backend.identity``: for llama.cpp a file's key and weight format).
 """
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 #: a model's identity for the cache of measurements: its weights (file and format), as a string
 Identity = Callable[[Any], str]
 
-#: the formats tried beside the file as shipped (pure 4-bit copies: measured faster one-token passes)
-CANDIDATES = ("q4_0", "iq4_nl")
 #: code and prose, the two kinds of text the bundled pair is used for (~300 tokens)
 REFERENCE = '''\
 def merge_sorted(a: list[int], b: list[int]) -> list[int]:
@@ -151,7 +149,9 @@ def measured(target, draft, tokenizer, identity: Identity) -> dict:
     cache = _read_cache()
     entry = cache.get(key)
     if not isinstance(entry, dict) or "agree" not in entry:
-        entry = along(target, draft, tokenizer(REFERENCE)["input_ids"])
+        ids = tokenizer(REFERENCE)["input_ids"]
+        limits = [m.max_length for m in (target, draft) if m.max_length]
+        entry = along(target, draft, ids[:min(limits)] if limits else ids)
         cache[key] = entry
         _write_cache(cache)
     return entry
@@ -162,17 +162,18 @@ def prior(target, draft, tokenizer, identity: Identity):
     return prior_of(measured(target, draft, tokenizer, identity))
 
 
-def choose(target, tokenizer, base: str, load: Callable[[str], Any], table: Callable[[Any], Any],
+def choose(target, tokenizer, sources: Sequence[str], load: Callable[[str], tuple[Any, Any]],
            log: Callable[[str], None], identity: Identity, target_table=None) -> tuple[DraftChoice, Any, Any, Any]:
-    """The draft for ``draft="auto"``: ``base`` (the bundled draft's name) as shipped or one of its
-    :data:`CANDIDATES` copies (module docstring). ``load(source)`` makes the backend's model,
-    ``table(lm)`` its cost table (None when the measurement failed), ``identity(lm)`` names its
-    weights for the cache. Returns the choice, the loaded draft, its table and its acceptance prior;
-    the others are closed."""
+    """The draft for ``draft="auto"`` among ``sources`` (the draft as shipped first, then its variants;
+    module docstring). ``load(source)`` gives the backend's model and its cost table (None when the
+    measurement failed), ``identity(lm)`` names its weights for the cache. Returns the choice, the
+    loaded draft, its table and its acceptance prior; the others are closed."""
+    from ..models.sources import split_format
+
+    base = sources[0]
     tried = []
-    for source in [base] + [f"{base}@{fmt}" for fmt in CANDIDATES]:
-        lm = load(source)
-        t = table(lm)
+    for source in sources:
+        lm, t = load(source)
         if t is None:
             lm.close()
             continue
@@ -185,9 +186,31 @@ def choose(target, tokenizer, base: str, load: Callable[[str], Any], table: Call
     for source, lm, *_ in tried:
         if lm is not best[1]:
             lm.close()
-    parts = ", ".join(f"{s.split('@')[-1] if '@' in s else 'as shipped'} {t.forward(1) * 1e3:.0f} ms / "
+    parts = ", ".join(f"{split_format(s)[1] or 'as shipped'} {t.forward(1) * 1e3:.0f} ms / "
                       f"{e['agreement']:.2f} / {sec:.1f} s" for s, _, t, e, sec in tried)
     why = (f"{best[0]}: the least time replayed on the reference text (the best K schedule) among the draft's formats "
            f"(one-token pass / agreement with the target / replayed seconds: {parts})")
     log(f"specdec: draft auto: {why}")
     return DraftChoice(best[0], why), best[1], best[2], prior_of(best[3])
+
+
+def settle(loaded, backend, req) -> None:
+    """Complete a pair a backend loaded, when calibrating: with ``draft="auto"`` and variants on its
+    backend, the draft chosen among them (:func:`choose`; ``loaded``'s draft, names and costs
+    replaced); else the acceptance prior of the draft it loaded (:func:`prior`). Any backend."""
+    if loaded.draft is None or not (req.calibrate or req.recalibrate):
+        return
+    variants = backend.draft_variants(req.draft) if req.draft_auto else ()
+    if not variants:
+        loaded.costs.prior = prior(loaded.target, loaded.draft, loaded.tokenizer, backend.identity)
+        return
+    shipped = (loaded.draft, loaded.costs.draft)
+
+    def load(source: str):
+        return shipped if source == req.draft else backend.load_draft(source, req, loaded)
+
+    choice, d, table, p = choose(loaded.target, loaded.tokenizer, (req.draft, *variants), load, req.log,
+                                 backend.identity, target_table=loaded.costs.target)
+    loaded.draft, loaded.names = d, (loaded.names[0], choice.source)
+    loaded.costs.draft, loaded.costs.candidates["draft"] = table, {d.variant: table}
+    loaded.costs.draft_why, loaded.costs.prior = choice.why, p

@@ -2,8 +2,8 @@
 
 A source is a bundled name (:data:`specdec.models.bundled.BUNDLED`), a Hugging Face model folder, a
 ``.gguf`` file (or a folder holding exactly one), or a hub id (``org/name``); on llama.cpp it may
-end in ``@<format>`` (:data:`FORMATS`: a copy of a GGUF model's weights in that format, made by the
-llama.cpp backend). :func:`split_format` reads that suffix, :func:`locate` classifies a source
+end in ``@<format>`` (a copy of a GGUF model's weights in that format, made by the llama.cpp backend,
+which declares the formats it makes: ``Backend.formats``). :func:`split_format` reads that suffix, :func:`locate` classifies a source
 without loading anything, and :func:`resolve_draft` is what ``draft="auto"`` means. What a backend
 reads for a source is its own: the GGUF file llama.cpp loads (:mod:`specdec.models.backends.llamacpp.formats`),
 the folder transformers loads, a bundled model or a GGUF file dequantized once
@@ -21,9 +21,8 @@ from ..errors import SpecdecError
 
 #: ``draft="auto"``: the bundled draft for the bundled target, no draft otherwise
 AUTO = "auto"
-#: the weight formats ``@<format>`` names (how llama.cpp makes each copy: its backend's ``FTYPES``)
-FORMATS = ("bf16", "f16", "q8_0", "q4_0", "iq4_nl")
 SEPARATOR = "@"
+_FORMAT = re.compile(r"^[A-Za-z0-9_]+$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
@@ -32,16 +31,17 @@ def split_format(source: str) -> tuple[str, str | None]: ...
 @overload
 def split_format(source: None) -> tuple[None, None]: ...
 def split_format(source: str | None) -> tuple[str | None, str | None]:
-    """``"name@bf16"`` -> ``("name", "bf16")``; a source without a known format suffix is returned
-    whole with None. An unknown suffix after ``@`` on a name that is not an existing path is a
-    one-line error naming the formats."""
+    """``"name@bf16"`` -> ``("name", "bf16")``; a source without a format suffix (or an existing path
+    that holds ``@``) is returned whole with None. Which formats exist is each backend's to say
+    (``Backend.formats``); a suffix that is not a word, or ``@`` with no model before it, is a one-line
+    error here."""
     if source is None or SEPARATOR not in str(source):
         return source, None
     base, _, fmt = str(source).rpartition(SEPARATOR)
     if Path(str(source)).expanduser().exists():  # a path that happens to hold '@'
         return source, None
-    if fmt.lower() not in FORMATS:
-        raise SpecdecError(f"{source!r}: unknown weight format {fmt!r} after '@'; choose one of {', '.join(FORMATS)}")
+    if not _FORMAT.match(fmt):
+        raise SpecdecError(f"{source!r}: {fmt!r} after '@' is not a weight format's name")
     if not base:
         raise SpecdecError(f"{source!r}: no model before '@{fmt}'")
     return base, fmt.lower()

@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 
@@ -68,21 +68,6 @@ class Loaded:
                 m.close()
 
 
-class DraftMeasures(Protocol):
-    """What a backend asks of the layer above it about a draft model (:mod:`specdec.frontends.draft_formats`,
-    which :func:`specdec.load` passes as :attr:`Request.drafts`): it replays traces and builds
-    acceptance models, which no backend imports. ``identity(model)`` names a model's weights for the
-    cache of measurements."""
-
-    def choose(self, target: Model, tokenizer, base: str, load: Callable[[str], Model], table: Callable[[Model], Any],
-               log: Log, identity: Callable[[Model], str], target_table=None) -> tuple[Any, Model, Any, Any]:
-        """``draft="auto"``'s weight format: the choice (``.source``, ``.why``), the loaded draft, its
-        table and its acceptance prior."""
-
-    def prior(self, target: Model, draft: Model, tokenizer, identity: Callable[[Model], str]) -> Any:
-        """The acceptance prior of ``draft`` against ``target``, measured on a reference text."""
-
-
 @dataclass
 class Request:
     """What :func:`specdec.load` asks of a backend: the model sources, the device, the options the
@@ -96,10 +81,9 @@ class Request:
     recalibrate: bool = False
     progress: bool = True
     log: Log = print
-    #: the draft was chosen by ``draft="auto"`` (a backend may choose its variant too)
+    #: the draft was chosen by ``draft="auto"`` (:func:`specdec.load` may then load another of its
+    #: weight formats: :meth:`Backend.draft_variants`)
     draft_auto: bool = False
-    #: how the draft's weight format is chosen and its acceptance prior measured (None: neither)
-    drafts: DraftMeasures | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +110,9 @@ class Backend:
     Options: type = NoOptions
     #: said when options it does not take are given (after "applies to the X backend; ")
     foreign_options: str = "it does not take them"
+    #: the weight formats a model source may name after ``@`` on this backend (``name@bf16``: a copy of
+    #: the model's weights in that format, which the backend makes): declared here, once
+    formats: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ choosing
     def available(self) -> bool:
@@ -182,6 +169,22 @@ class Backend:
     def measure(self, lm: Model, remeasure: bool = False, log: Log | None = None):
         """``lm``'s :class:`~specdec.models.costmodel.CostTable`: cached for this machine, else measured now."""
         raise NotImplementedError
+
+    def identity(self, lm: Model) -> str:
+        """A loaded model's weights, as a string, for caches of measurements made with it (its
+        acceptance against a target: :mod:`specdec.frontends.draft_formats`). By default its backend, name and
+        variant; a backend whose names do not say which weights they hold says more."""
+        return f"{self.name}|{lm.name}|{lm.variant}"
+
+    def draft_variants(self, draft: str) -> tuple[str, ...]:
+        """Sources of other weight formats of the draft ``draft`` that ``draft="auto"`` may choose
+        instead of it (:mod:`specdec.frontends.draft_formats` measures each); none by default."""
+        return ()
+
+    def load_draft(self, source: str, req: Request, loaded: Loaded) -> tuple[Model, Any]:
+        """One more draft model beside the loaded pair (one of :meth:`draft_variants`), and its cost table
+        (None when it could not be measured)."""
+        raise SpecdecError(f"backend {self.name!r} loads no draft variants")
 
     def fingerprint(self, device: torch.device | str = "cpu") -> dict:
         """What a measurement on this backend depends on besides the model, for a model loaded with

@@ -10,8 +10,8 @@ import torch
 
 from ....checks import option
 from ....errors import SpecdecError
-from ..base import Model
 from ..registry import Backend, Costs, Loaded, Log, Request, check_same_vocabulary
+from .formats import DRAFT_FORMATS, FTYPES
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class LlamaCppBackend(Backend):
     install = "pip install 'specdec-rules[llama]' (it builds llama.cpp from source, ~8 minutes on 2 cores)"
     Options = LlamaCppOptions
     foreign_options = "llama.cpp runs a GGUF file's weights as stored"
+    formats = tuple(FTYPES)
 
     def auto_refusal(self, req: Request) -> str | None:
         from .formats import is_gguf
@@ -50,8 +51,10 @@ class LlamaCppBackend(Backend):
         return "auto: GGUF models on a CPU, llama-cpp-python installed"
 
     def check(self, req: Request) -> None:
-        from .formats import is_gguf
+        from .formats import check_format, is_gguf
 
+        for source in (req.target, req.draft):
+            check_format(source)
         self.require()
         if req.device.type != "cpu":
             raise SpecdecError("backend 'llama.cpp' runs on the CPU in specdec (llama-cpp-python's CPU build); "
@@ -63,10 +66,7 @@ class LlamaCppBackend(Backend):
                                    "use backend 'transformers'")
 
     def load(self, req: Request, why: str) -> Loaded:
-        """The GGUF models; with ``req.draft_auto`` (the bundled draft chosen by ``draft="auto"``) the
-        draft's weight format is chosen too, by measurement (``req.drafts``:
-        :mod:`specdec.frontends.draft_formats`), when calibrating."""
-        from ...bundled import DEFAULT_DRAFT
+        """The GGUF models, and their cost tables when calibrating."""
         from ...costmodel import FALLBACK_K
         from .formats import model_file
         from .model import LlamaCppModel, busy_cores, busy_note, gguf_tokenizer
@@ -83,37 +83,38 @@ class LlamaCppBackend(Backend):
         note = busy_note(t.threads, busy_cores()) if req.progress else None   # a person is watching
         if note:
             log(note)
-        calibrate = req.calibrate or req.recalibrate
-        draft_auto = req.draft_auto and draft == DEFAULT_DRAFT and calibrate and req.drafts is not None
-        d: Model | None = None
-        if d_path is not None and not draft_auto:
-            d = LlamaCppModel(d_path, draft, vocab_limit=vocab, n_ctx=n_ctx)
+        d = LlamaCppModel(d_path, draft, vocab_limit=vocab, n_ctx=n_ctx) if d_path is not None else None
         for m in (t, d):
             if m is not None and m.vocab_size < vocab:
                 raise SpecdecError(f"{m.name}: the model scores {m.vocab_size} tokens, fewer than the tokenizer's {vocab}")
-        t_table = d_table = prior = None
-        draft_name, draft_why = draft, None  # the chosen copy's name
-        if calibrate:
-            def table(lm):
-                return self.measure(lm, remeasure=req.recalibrate, log=log)
-
-            t_table = table(t)
-            if draft_auto and req.drafts is not None and draft is not None:  # both hold under draft_auto
-                def load_draft(source: str):
-                    return LlamaCppModel(model_file(source, progress=req.progress), source, vocab_limit=vocab,
-                                         n_ctx=n_ctx)
-
-                choice, d, d_table, prior = req.drafts.choose(t, tokenizer, draft, load_draft, table, log, identity,
-                                                              target_table=t_table)
-                draft_name, draft_why = choice.source, choice.why
-            elif d is not None:
-                d_table = table(d)
-                prior = req.drafts.prior(t, d, tokenizer, identity) if req.drafts is not None else None
+        t_table = d_table = None
+        if req.calibrate or req.recalibrate:
+            t_table = self.measure(t, remeasure=req.recalibrate, log=log)
+            d_table = self.measure(d, remeasure=req.recalibrate, log=log) if d is not None else None
             if t_table is None:
                 log(f"specdec: warning: no cost model, so k=auto is k={FALLBACK_K}")
-        costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}},
-                      draft_why=draft_why, prior=prior)
-        return Loaded(t, tokenizer, d, (target, draft_name), costs, why)
+        costs = Costs(t_table, d_table, None, {"target": {t.variant: t_table}, "draft": {d.variant: d_table} if d else {}})
+        return Loaded(t, tokenizer, d, (target, draft), costs, why)
+
+    def identity(self, lm) -> str:
+        """A llama.cpp model's weights: its file's key and its weight format."""
+        from .model import file_key
+
+        return f"{file_key(lm.path)}|{lm.variant}"
+
+    def draft_variants(self, draft: str) -> tuple[str, ...]:
+        """A draft as stored (no ``@format``) may also run as a pure 4-bit copy (:data:`DRAFT_FORMATS`)."""
+        from ...sources import split_format
+
+        return () if split_format(draft)[1] is not None else tuple(f"{draft}@{fmt}" for fmt in DRAFT_FORMATS)
+
+    def load_draft(self, source: str, req: Request, loaded: Loaded):
+        from .formats import model_file
+        from .model import LlamaCppModel
+
+        lm = LlamaCppModel(model_file(source, progress=req.progress), source, vocab_limit=len(loaded.tokenizer),
+                           n_ctx=req.options.get("context_length"))
+        return lm, self.measure(lm, remeasure=req.recalibrate, log=req.log)
 
     def measure(self, lm, remeasure: bool = False, log: Log | None = None):
         """The cost table of a llama.cpp model: cached for this machine, llama.cpp version, threads,
@@ -148,9 +149,3 @@ class LlamaCppBackend(Backend):
 
         return fingerprint(device, {"backend": BACKEND, "backend_version": version(), "threads": default_threads()})
 
-
-def identity(lm) -> str:
-    """A llama.cpp model's weights for caches of measurements: its file's key and its weight format."""
-    from .model import file_key
-
-    return f"{file_key(lm.path)}|{lm.variant}"

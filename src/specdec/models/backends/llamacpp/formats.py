@@ -29,8 +29,9 @@ from ....errors import SpecdecError
 from ...sources import locate, split_format
 from ..registry import stderr_log
 
-#: each of :data:`specdec.models.sources.FORMATS` -> (llama_ftype value, every tensor in that type ("pure"),
-#: what it is, for people). The 4-bit ones are pure: llama.cpp's Q4_K_M mixes types per tensor, these do not.
+#: the weight formats ``<model>@<format>`` names on llama.cpp (declared here once: the backend's
+#: ``formats``), each -> (llama_ftype value, every tensor in that type ("pure"), what it is, for people).
+#: The 4-bit ones are pure: llama.cpp's Q4_K_M mixes types per tensor, these do not.
 FTYPES: dict[str, tuple[int, bool, str]] = {
     "bf16": (32, False, "bfloat16"),
     "f16": (1, False, "float16"),
@@ -38,11 +39,22 @@ FTYPES: dict[str, tuple[int, bool, str]] = {
     "q4_0": (2, True, "4-bit (Q4_0, every tensor)"),
     "iq4_nl": (25, True, "4-bit (IQ4_NL, every tensor)"),
 }
+#: the formats ``draft="auto"`` also measures for a draft stored in another one (pure 4-bit copies:
+#: measured faster one-token passes than the shipped Q4_K_M file; :mod:`specdec.frontends.draft_formats`)
+DRAFT_FORMATS = ("q4_0", "iq4_nl")
+
+
+def check_format(source: str | None) -> None:
+    """A one-line error when ``source`` names a weight format after ``@`` that llama.cpp does not make."""
+    fmt = split_format(source)[1]
+    if fmt is not None and fmt not in FTYPES:
+        raise SpecdecError(f"{source!r}: unknown weight format {fmt!r} after '@'; choose one of {', '.join(FTYPES)}")
 
 
 def model_file(source: str, progress: bool = True, verify: bool = False) -> Path:
     """The GGUF file llama.cpp loads for a model source (:func:`gguf_file`), or for
     ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
+    check_format(source)
     base, fmt = split_format(source)
     path = gguf_file(base, progress=progress, verify=verify)
     return path if fmt is None else formatted(path, fmt, log=stderr_log if progress else (lambda line: None))

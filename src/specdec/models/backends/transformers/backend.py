@@ -119,6 +119,12 @@ class TransformersBackend(Backend):
                 return cached
         return table_for(lm, key, lm.variant, log=log, kernels=choose_kernels(lm.model, lm))
 
+    def identity(self, lm) -> str:
+        """A loaded model's weights: where they came from, a hash of its config, and its variant."""
+        from ...costmodel import model_key
+
+        return f"{model_key(lm.name, lm.model.config)}|{lm.variant}"
+
     def fingerprint(self, device: torch.device | str = "cpu") -> dict:
         """A model loaded with the defaults: on CUDA its tables are the static cache's with graphs."""
         from ...costmodel import fingerprint
