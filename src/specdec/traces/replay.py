@@ -199,6 +199,13 @@ class LookupSource:
         self.drafter.commit(self.context, drafted, accepted)
 
 
+def _drafting(model: ModelSource | None, lookup: LookupSource | None) -> ModelSource | LookupSource:
+    """The source a round drafts from: the model's, else prompt lookup's (a round drafts only with one)."""
+    source = model or lookup
+    assert source is not None, "a round drafts only with a source"
+    return source
+
+
 def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, copies: Sequence = ()) -> Replayed:
     """The seconds of ``trace``'s generation under ``policy`` (None: plain decoding) with the draft
     ``draft`` (a name in ``trace.drafts``), or with ``drafter`` (a drafter without a model, e.g.
@@ -232,9 +239,7 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
             drafted = min(k, len(offer.tokens))
             accepted = offer.outcome(trace.answer[t:t + drafted])[1]
         elif k:
-            drafting = model or lookup
-            assert drafting is not None  # a round drafts only with a source
-            drafted, accepted, seconds = drafting.propose(t, k, policy, clock)
+            drafted, accepted, seconds = _drafting(model, lookup).propose(t, k, policy, clock)
             out.draft += seconds
         sec = clock.verify(drafted + 1, prompt + t)
         out.verify += sec
