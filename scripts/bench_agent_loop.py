@@ -208,14 +208,14 @@ def main(argv=None) -> int:
 
 def llama_server(mode: str, target: str):
     """llama.cpp's server in ``mode`` on the target's GGUF file (the bench's peer, kept running)."""
-    from specdec.bench.llama_server import LlamaServer
-    from specdec.bench.peers import gguf_of, peer_threads
+    from specdec.bench.running.llama_server import LlamaServer
+    from specdec.bench.running.peers import gguf_of, peer_threads
 
     return LlamaServer(mode, gguf_of(target), None, peer_threads(), {})
 
 
 def summarize(records: list[dict], names: list[str], pair, target: str, a) -> dict:
-    from specdec.bench.environment import describe
+    from specdec.bench.running.environment import describe
 
     by = {n: [r for r in records if r["config"] == n] for n in names}
     ar = by.get("ar")

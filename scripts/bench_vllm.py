@@ -65,8 +65,8 @@ def loose_policy(a) -> tuple[str, dict]:
 def samples(a):
     from transformers import AutoTokenizer
 
-    from specdec.bench.datasets import load_dataset
-    from specdec.bench.prompts import build_prompt
+    from specdec.bench.tasks.datasets import load_dataset
+    from specdec.bench.tasks.prompts import build_prompt
     from specdec.models.backends.transformers.load import resolve
 
     tok = AutoTokenizer.from_pretrained(resolve(a.target)[1])
@@ -76,7 +76,7 @@ def samples(a):
 
 def score(records, samples_by_id) -> float | None:
     try:
-        from specdec.bench.quality import Scorer
+        from specdec.bench.scoring.quality import Scorer
     except ImportError:
         return None
     try:

@@ -19,8 +19,8 @@ import json
 import torch
 
 import specdec
-from specdec.bench.datasets import load_dataset
-from specdec.bench.prompts import build_prompt
+from specdec.bench.tasks.datasets import load_dataset
+from specdec.bench.tasks.prompts import build_prompt
 
 
 def top2(row: torch.Tensor) -> list[tuple[int, float]]:

@@ -6,7 +6,7 @@
 #   scripts/build_llama_tools.sh [OUT_DIR] [SDIST]
 #
 # OUT_DIR  where the binary goes (default ${SPECDEC_HOME:-~/.cache/specdec}/llama-tools);
-#          specdec.bench.llama_tools.find_tool looks there.
+#          specdec.bench.running.llama_tools.find_tool looks there.
 # SDIST    llama_cpp_python-<version>.tar.gz; without it (or $LLAMA_SDIST) it is fetched with
 #          pip download --no-deps --no-binary :all: llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION
 #          (default 0.3.36) into a temporary folder.

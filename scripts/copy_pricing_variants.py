@@ -88,7 +88,7 @@ def every_position(traces, stops) -> list[int]:
     every = [0, 0]
     cache = SuffixCache()
     for tr in traces:
-        src = replay_mod.LookupSource(copy_sources(stops, cache.scope(""))[Source.SUFFIX], tr)
+        src = replay_mod.LookupSource(copy_sources(stops, cache.scope())[Source.SUFFIX], tr)
         for t in range(len(tr.answer)):
             offer = src.offer(t, MAX_CHAIN)
             if offer is not None:
@@ -149,7 +149,7 @@ def main() -> int:
         for name in ("run", "position", "better", "last-round"):
             policy, cache = make(name, target, draft_table, model is not None, prior), SuffixCache()
             out[name] = plain / (sum(replay_mod.replay(t, model, policy, clock, copies=list(
-                copy_sources(stops, cache.scope("")).values())).seconds for t in traces) - pre)
+                copy_sources(stops, cache.scope()).values())).seconds for t in traces) - pre)
         every, alone = every_position(traces, stops), [0, 0]
         with counting_short_runs(alone):
             for d in ("pld", "suffix"):

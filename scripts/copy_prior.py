@@ -33,7 +33,7 @@ def main() -> int:
         cache = SuffixCache()
         for tr in traces:
             sources = [LookupSource(d, tr) for d in copy_sources(frozenset(head.get("stop_ids") or ()),
-                                                                  cache.scope("")).values()]
+                                                                  cache.scope()).values()]
             for t in range(len(tr.answer)):
                 for src in sources:
                     offer = src.offer(t, 127)

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from specdec import load
-from specdec.bench.datasets import load_dataset
-from specdec.bench.prompts import build_prompt
+from specdec.bench.tasks.datasets import load_dataset
+from specdec.bench.tasks.prompts import build_prompt
 from specdec.core.drafters.model import window_start
 
 DATASETS = (("humaneval", 20), ("spec-bench", 2))

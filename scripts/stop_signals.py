@@ -77,7 +77,7 @@ def run_file(traces_path: str, signals_path: str, tables: dict) -> dict:
     stops = frozenset(head.get("stop_ids") or ())
 
     def copies(cache):
-        return list(copy_sources(stops, cache.scope("")).values())
+        return list(copy_sources(stops, cache.scope()).values())
 
     def make(cls=PortfolioK, **kw):
         return cls(target, draft_table, has_model=model is not None,

@@ -45,7 +45,7 @@ def main() -> int:
     a = p.parse_args()
     from llama_cpp import Llama
 
-    from specdec.bench.peers import gguf_of
+    from specdec.bench.running.peers import gguf_of
 
     head, traces = read_traces(a.traces)
     if any(t.prompt is None for t in traces):

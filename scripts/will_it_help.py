@@ -67,14 +67,14 @@ SHIPPED_DRAFT = "gguf:Q4_K_M"
 
 
 def _records(folder: Path) -> list[dict]:
-    from specdec.bench.results import ResultsFile
+    from specdec.bench.outputs.results import ResultsFile
 
     return ResultsFile(folder).load(repair=False)
 
 
 def _bench(cell: dict) -> dict:
     """A bench folder's configuration against ``ar``, through specdec's own summary."""
-    from specdec.bench.summary import summarize
+    from specdec.bench.outputs.summary import summarize
 
     records = _records(BENCH / cell["bench"])
     configs = list(dict.fromkeys(r["config"] for r in records))
@@ -95,7 +95,7 @@ def _bench(cell: dict) -> dict:
 
 def _plain(cell: dict) -> dict:
     records = [r for r in _records(BENCH / cell["plain"]) if r["config"] == "ar"]
-    from specdec.bench.summary import summarize
+    from specdec.bench.outputs.summary import summarize
 
     row = summarize(records, [{"id": "ar", "kind": "specdec", "policy": "ar", "k": None}])["configs"]["ar"]
     return {"how": "plain only", "plain_tps": _round(row["tokens_per_second"])}
@@ -104,7 +104,7 @@ def _plain(cell: dict) -> dict:
 def _replay(cell: dict) -> dict:
     """The traces replayed with today's k=auto (as ``specdec replay`` does) for one draft."""
     from specdec.traces.runs import auto_k, read_tables
-    from specdec.bench.summary import ratio_of_sums_ci
+    from specdec.bench.outputs.summary import ratio_of_sums_ci
     from specdec.traces.replay import Clock, replay
     from specdec.traces.trace import read_traces
 
@@ -127,7 +127,7 @@ def _replay(cell: dict) -> dict:
 
 
 def _agent(cell: dict) -> dict:
-    from specdec.bench.summary import ratio_of_sums_ci
+    from specdec.bench.outputs.summary import ratio_of_sums_ci
 
     lines = (BENCH / cell["agent"] / "records.jsonl").read_text(encoding="utf-8").splitlines()
     records = [json.loads(x) for x in lines if x.strip()]

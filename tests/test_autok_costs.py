@@ -47,6 +47,19 @@ def test_a_cold_controller_reads_a_backlog_only_when_the_room_left_repays_it(bac
     c.begin(room + 1)
     assert (c.budget(0, room, backlog) > 0) == drafts
     assert c.declined == (0 if drafts else 1)
+    again = controller()
+    again.begin(room + 1)
+    plan = again.plan(0, room, backlog)  # the round's decision, said by the plan itself
+    assert (plan.k > 0) == drafts and plan.declined == (not drafts) and again.declined == c.declined
+
+
+def test_a_plain_step_for_no_gain_is_not_declined():
+    """``declined`` says the round is plain only because of the backlog: a plain step because no
+    block pays at all is not one (the stats count only the rounds the backlog cost)."""
+    c = AutoK(bandwidth_bound(), draft_table(step=0.2))  # a draft token dearer than the target's pass
+    c.begin(100)
+    plan = c.plan(0, 99, 300)
+    assert plan.k == 0 and not plan.declined and c.declined == 0
 
 
 def test_answer_lengths_seen_decide_when_to_start_reading():
@@ -78,7 +91,7 @@ def test_mixed_lengths_wait_to_see_whether_the_answer_runs_long():
 
 
 def test_a_drafter_without_a_model_reads_nothing():
-    c = AutoK(bandwidth_bound(), None, needs_model=False)
+    c = AutoK(bandwidth_bound(), None, drafts_with_model=False)
     c.begin(10)
     assert c.budget(0, 9, 10_000) > 0
 
@@ -110,7 +123,7 @@ def test_a_window_rule_drafts_past_its_window():
 def test_no_model_drafters_pick_only_measured_widths(widths):
     rng = random.Random(0)
     table = CostTable("t", "x", widths, [0.05 * (1 + 0.3 * (w - 1)) for w in widths], context=32)
-    c = AutoK(table, None, needs_model=False)
+    c = AutoK(table, None, drafts_with_model=False)
     c.begin(100)
     seen = set()
     for _ in range(400):

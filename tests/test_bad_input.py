@@ -118,11 +118,19 @@ def test_mismatched_vocabularies(tmp_path, tiny_dirs):
         specdec.load(str(target), draft=str(other), dtype="float32", progress=False)
 
 
-def test_model_drafter_without_draft(tiny_dirs):
+def test_model_drafter_without_draft(tiny_dirs, monkeypatch):
+    """Refused before the prompt is encoded, and a request's settings are checked once: the API runs
+    Engine.admit's two halves (check_config, then admit_prompt after encoding); before, it checked
+    the settings, then admit checked them again."""
     pair = specdec.load(str(tiny_dirs[0]), draft=None, dtype="float32", progress=False)
+    encoded, checked, encode, check = [], [], pair.encode, pair.engine.check_config
+    monkeypatch.setattr(pair, "encode", lambda *a, **kw: encoded.append(a) or encode(*a, **kw))
+    monkeypatch.setattr(pair.engine, "check_config", lambda cfg: checked.append(cfg) or check(cfg))
     with pytest.raises(SpecdecError, match="needs a draft model"):
         pair.generate("hi", drafter="model")
+    assert encoded == [] and len(checked) == 1
     assert pair.generate("hi", drafter="pld", max_new_tokens=4).token_ids
+    assert len(encoded) == 1 and len(checked) == 2
 
 
 def test_bad_dtype_device_quant(tiny_dirs):

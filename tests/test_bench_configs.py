@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import configs as cfgs
-from specdec.bench.datasets import FIXTURE, load_dataset, parse_dataset
-from specdec.bench.prompts import CODE_STOP, build_prompt
-from specdec.bench.quality import agreement, check_program, last_number, normalize_number, reference_answer
+from specdec.bench.running import configs as cfgs
+from specdec.bench.tasks.datasets import FIXTURE, load_dataset, parse_dataset
+from specdec.bench.tasks.prompts import CODE_STOP, build_prompt
+from specdec.bench.scoring.quality import agreement, check_program, last_number, normalize_number, reference_answer
 from specdec.errors import SpecdecError
 from tinymodels import byte_tokenizer
 
@@ -125,7 +125,7 @@ def test_spec_bench_limit_is_per_category_in_file_order():
 
 
 def test_spec_bench_ships_with_the_package():
-    from specdec.bench.datasets import SPEC_BENCH
+    from specdec.bench.tasks.datasets import SPEC_BENCH
 
     ds = load_dataset("spec-bench", limit=10)  # no --data, no development checkout needed
     assert ds.source == str(SPEC_BENCH)
@@ -231,13 +231,13 @@ RAW_STRING = "    s = '''\nraw text at column 0\n'''\n    return s\n"
     (RAW_STRING, RAW_STRING),  # the cut would not compile, the whole completion does: kept whole
 ])
 def test_solution_part_cuts_test_code_after_the_solution(completion, expected):
-    from specdec.bench.quality import solution_part
+    from specdec.bench.scoring.quality import solution_part
 
     assert solution_part(PROMPT, completion) == expected
 
 
 def test_hf_assisted_draft_quant_parameter():
-    from specdec.bench.configs import build_peers
+    from specdec.bench.running.configs import build_peers
     from specdec.errors import SpecdecError
 
     (peer,) = build_peers("hf-assisted:draft_quant=none")

@@ -2,9 +2,9 @@
 
 import json
 
-from specdec.bench.configs import build_peers
-from specdec.bench.export import export, safe_name
-from specdec.bench.peers import run_peer
+from specdec.bench.running.configs import build_peers
+from specdec.bench.outputs.export import export, safe_name
+from specdec.bench.running.peers import run_peer
 
 
 def rec(sample, config, text="x = 1", repeat=0, **stats):
@@ -40,7 +40,7 @@ def test_hf_ar_peer_is_plain_decoding(tiny_pair):
 
 
 def test_plot_axis_is_recovery_only_where_quality_is_defined():
-    from specdec.bench.plots import speed_quality_axis
+    from specdec.bench.outputs.plots import speed_quality_axis
 
     rows = {"ar": {"quality": 0.9, "recovery": 1.0, "quality_metric": "pass@1"},
             "mars/model/k5": {"quality": 0.8, "recovery": 0.89, "quality_metric": "pass@1"}}

@@ -24,10 +24,12 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import cli as bench_cli, tune
-from specdec.bench.options import run_settings
-from specdec.bench.results import ResultsFile, _refuse_other_settings
-from specdec.bench.tune_status import STAGES
+from specdec.bench.running import command as bench_cli
+from specdec.bench.tune import command as tune
+from specdec.bench.tune.plan import plan_tune
+from specdec.bench.running.options import run_settings
+from specdec.bench.outputs.results import ResultsFile, _refuse_other_settings
+from specdec.bench.tune.status import STAGES
 from specdec.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,7 +70,7 @@ def check_tune_folder(tune_folder: Path, command: list[str]) -> None:
     compares, and what ``--status`` reports."""
     with contextlib.redirect_stderr(io.StringIO()):
         a = parse_command(_argv(command, tune_folder))
-        plan = tune._plan_tune(a)
+        plan = plan_tune(a)
     splits = {"proxy": (plan.proxy_set, plan.proxy_settings), "confirm": (plan.dataset, plan.settings),
               "validate": (plan.validation, plan.settings)}
     for stage in STAGES:
@@ -176,7 +178,7 @@ def test_tune_accepts_the_folder(name, tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("name", OTHERS)
 def test_other_folders_name_what_made_them(name, monkeypatch):
-    from specdec.bench.cli import parse_args
+    from specdec.bench.running.command import parse_args
 
     readme = BENCH / name / "README.md"
     assert readme.is_file(), f"benchmarks/{name} has no run.json: its README.md must name what made it"
@@ -217,7 +219,7 @@ def test_documented_command_names_its_folder(where, argv, tmp_path, monkeypatch,
     """A command printed beside a table re-reports its folder (bench: --report-only on a copy;
     tune: its settings and --status); a summary-only folder's command passes today's checks (it
     regenerates the folder)."""
-    from specdec.bench.cli import parse_args
+    from specdec.bench.running.command import parse_args
 
     name = argv[argv.index("--out") + 1].split("/", 1)[1]
     if name.startswith("tune-P-"):  # the tune runs' template: each policy's folder

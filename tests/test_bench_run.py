@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import configs as cfgs
-from specdec.bench.datasets import load_dataset
-from specdec.bench.prompts import build_prompt
-from specdec.bench.results import ResultsFile
-from specdec.bench.runner import Settings, run
-from specdec.bench.summary import summarize
+from specdec.bench.running import configs as cfgs
+from specdec.bench.tasks.datasets import load_dataset
+from specdec.bench.tasks.prompts import build_prompt
+from specdec.bench.outputs.results import ResultsFile
+from specdec.bench.running.runner import Settings, run
+from specdec.bench.outputs.summary import summarize
 from specdec.cli import main
 from specdec.errors import SpecdecError
 
@@ -140,7 +140,7 @@ def test_each_line_is_validated(tmp_path, bad, why):
 def test_resume_with_a_key_only_line_and_a_truncated_line(tiny_pair, tmp_path, monkeypatch, capsys):
     """A line that is valid JSON holding only a key (and one cut short) made resume fail with a
     KeyError; now each is reported in one line and run again, and the rest resumes."""
-    from specdec.bench import runner as runner_module
+    from specdec.bench.running import runner as runner_module
 
     # one machine speed for both runs: a tiny model's step timed on a busy CPU (two test workers on two
     # cores) can differ by more than the noise allowance, and the resume would add its speed line
@@ -175,8 +175,8 @@ def test_records_carry_the_machine_speed_and_a_resume_elsewhere_says_so(tiny_pai
     """Each record made by a run holds that run's one-token step time; resuming on a machine of
     another speed (or a folder made before speeds were recorded) prints one line, and the summary
     then times only the samples made at one speed."""
-    from specdec.bench import runner as runner_module
-    from specdec.bench.summary import summarize
+    from specdec.bench.running import runner as runner_module
+    from specdec.bench.outputs.summary import summarize
 
     dataset = load_dataset("fixture")
     configs = cfgs.build_configs("ar,lossless", "pld", 2)
@@ -206,7 +206,7 @@ def test_records_carry_the_machine_speed_and_a_resume_elsewhere_says_so(tiny_pai
 def test_skip_leaves_generations_out_and_warm_up_covers_only_work_left(tiny_pair, tmp_path, monkeypatch):
     """``skip`` (tune's stop rule) is asked before each generation and records nothing when it says
     so; a resumed run warms up only the configurations that still have work."""
-    from specdec.bench import runner
+    from specdec.bench.running import runner
 
     dataset = load_dataset("fixture")
     configs = cfgs.build_configs("ar,lossless", "pld", 2)
@@ -235,12 +235,12 @@ def test_skip_leaves_generations_out_and_warm_up_covers_only_work_left(tiny_pair
 def test_a_second_run_on_the_same_out_is_refused_while_the_first_holds_it(tiny_dirs, tmp_path, capsys):
     """``--out`` is locked (flock) while a run writes it: a second run gets one line naming the
     holder; the lock goes with its holder's process, ended normally or killed."""
-    from specdec.bench.results import lock_out
+    from specdec.bench.outputs.results import lock_out
 
     out = tmp_path / "shared"
     out.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from specdec.bench.results import lock_out\n"
+        [sys.executable, "-c", "import sys, time; from specdec.bench.outputs.results import lock_out\n"
          f"with lock_out({str(out)!r}):\n    print('held', flush=True); time.sleep(120)"],
         stdout=subprocess.PIPE, text=True, env=ENV)
     try:
@@ -465,13 +465,13 @@ def test_help_lists_the_flags():
 def test_the_warm_up_is_a_caller_of_its_own(tiny_pair, tmp_path, monkeypatch):
     """What a warm-up would teach its configuration's caller (its answer, cut at a few tokens, as a
     length to expect and a text to copy) never reaches the measured samples: it runs as another caller."""
-    from specdec.bench.runner import WARM_UP
+    from specdec.bench.running.runner import WARM_UP
 
     callers = []
     generate = tiny_pair.generate
 
     def spy(*args, config=None, **kwargs):
-        callers.append(config.caller)
+        callers.append(config.caller.name)
         return generate(*args, config=config, **kwargs)
 
     monkeypatch.setattr(tiny_pair, "generate", spy)

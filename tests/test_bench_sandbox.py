@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import sandbox
-from specdec.bench.datasets import FIXTURE, Sample, load_dataset
-from specdec.bench.quality import Scorer, run_check
-from specdec.bench.sandbox import NPROC, SandboxUnavailable, isolation, run_program
+from specdec.bench.scoring import sandbox
+from specdec.bench.tasks.datasets import FIXTURE, Sample, load_dataset
+from specdec.bench.scoring.quality import Scorer, run_check
+from specdec.bench.scoring.sandbox import NPROC, SandboxUnavailable, isolation, run_program
 
 REQUIRED = os.environ.get("SPECDEC_REQUIRE_SANDBOX") == "1"  # CI: the escape tests must run, not skip
 isolated = pytest.mark.skipif(not isolation().available and not REQUIRED, reason=f"no isolation here: {isolation().why}")
@@ -386,15 +386,15 @@ def test_refusal_without_user_namespaces_says_how_to_get_them(monkeypatch, tmp_p
 
 
 def test_bench_records_the_isolation_in_run_json(monkeypatch):
-    from specdec.bench import cli
+    from specdec.bench.running import command as cli, options
 
     fixture = load_dataset("fixture")
     monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(False, "simulated"))
-    assert cli.sandbox_setting(fixture, unsafe=True) == sandbox.UNSAFE
+    assert options.sandbox_setting(fixture, unsafe=True) == sandbox.UNSAFE
     with pytest.raises(SandboxUnavailable):
-        cli.sandbox_setting(fixture, unsafe=False)
+        options.sandbox_setting(fixture, unsafe=False)
     monkeypatch.setattr(sandbox, "isolation", lambda: sandbox.Isolation(True, ""))
-    assert cli.sandbox_setting(fixture, unsafe=False) == sandbox.ISOLATED
+    assert options.sandbox_setting(fixture, unsafe=False) == sandbox.ISOLATED
     assert "sandbox" in cli.MACHINE_KEYS
 
 
@@ -553,9 +553,9 @@ def test_a_virtual_environment_reached_through_a_link_runs_programs(tmp_path):
     bound the real folder and executed the linked path."""
     python = _linked_environment(tmp_path)
     tmp_path.chmod(0o755)
-    src = str(Path(sandbox.__file__).resolve().parents[2])
+    src = str(Path(sandbox.__file__).resolve().parents[3])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH")) if p)}
-    code = ("import sys\nfrom specdec.bench.sandbox import run_program\nprint(sys.executable)\n"
+    code = ("import sys\nfrom specdec.bench.scoring.sandbox import run_program\nprint(sys.executable)\n"
             "ok, bad = run_program('assert sum([1, 2]) == 3'), run_program('assert 1 == 2')\n"
             "print(ok.passed, ok.status)\nprint(bad.passed, bad.status)\n")
     res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=env, timeout=300)
@@ -628,7 +628,7 @@ def test_a_cgroup_v2_memory_limit_where_the_machine_allows_one(tmp_path, monkeyp
     """With a delegated cgroup v2 folder whose children get the memory controller, each sandboxed
     process runs in a fresh cgroup of its own with memory.max (a folder standing in for cgroupfs:
     the shell writes its pid where the kernel would move it); without one, none is made."""
-    from specdec.bench import sandbox_limits as limits
+    from specdec.bench.scoring import sandbox_limits as limits
 
     fake = tmp_path / "delegated"
     fake.mkdir()
@@ -656,7 +656,7 @@ def test_a_cgroup_v2_memory_limit_where_the_machine_allows_one(tmp_path, monkeyp
 
 
 def test_no_libseccomp_means_no_isolation(monkeypatch):
-    from specdec.bench import sandbox_limits as limits
+    from specdec.bench.scoring import sandbox_limits as limits
 
     monkeypatch.setitem(sys.modules, "pyseccomp", None)
     assert limits.seccomp_available().startswith(limits.SECCOMP_MISSING)
@@ -681,9 +681,9 @@ def test_namespace_dies_when_the_caller_is_killed():
     """The caller killed mid-check (no timeout of its will fire): pid 1's own alarm ends it all."""
     name = f"sdxcaller{os.getpid() % 10000}"
     program = ORPHAN.format(name=name, tail="import time\ntime.sleep(100)")
-    caller = subprocess.Popen([sys.executable, "-c", "import sys; from specdec.bench.sandbox import run_program; "
+    caller = subprocess.Popen([sys.executable, "-c", "import sys; from specdec.bench.scoring.sandbox import run_program; "
                                f"run_program(sys.stdin.read(), timeout=1)"], stdin=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(Path(sandbox.__file__).parents[2])})
+                              env={**os.environ, "PYTHONPATH": str(Path(sandbox.__file__).parents[3])})
     caller.stdin.write(program)
     caller.stdin.close()
     deadline = time.monotonic() + 10
@@ -717,7 +717,7 @@ def _python_for_nobody(env: dict, cwd: str) -> tuple[str | None, str, str]:
     interpreter, else the system's with these site-packages on PYTHONPATH), and why the sandbox
     is unavailable to that user ("" when it is); or None and why no Python would do."""
     why = ""
-    probe = "import pytest, specdec.bench.quality; from specdec.bench.sandbox import isolation; print(isolation().why)"
+    probe = "import pytest, specdec.bench.scoring.quality; from specdec.bench.scoring.sandbox import isolation; print(isolation().why)"
     for python in dict.fromkeys([sys.executable, shutil.which("python3", path="/usr/bin:/bin")]):
         if python is None:
             continue
@@ -740,7 +740,7 @@ def test_escapes_fail_for_an_unprivileged_user():
     must give the same guarantees from unprivileged user namespaces."""
     if not shutil.which("setpriv"):
         _cannot("setpriv (util-linux) is not installed")
-    src = str(Path(sandbox.__file__).resolve().parents[2])
+    src = str(Path(sandbox.__file__).resolve().parents[3])
     home = Path(tempfile.mkdtemp(prefix="specdec-nobody-"))  # pytest's tmp_path is root's alone
     outside = Path(tempfile.mkdtemp(prefix=".sandbox-unprivileged-", dir=Path(__file__).resolve().parent))
     try:

@@ -13,12 +13,12 @@ import pytest
 pytest.importorskip("llguidance")
 jsonschema = pytest.importorskip("jsonschema")
 
-from specdec.bench import configs as cfgs  # noqa: E402
-from specdec.bench.datasets import Sample, load_dataset  # noqa: E402
-from specdec.bench.jsontask import JSON_EXTRACTION, json_verdict, require_jsonschema  # noqa: E402
-from specdec.bench.quality import Scorer  # noqa: E402
-from specdec.bench.report import render_report  # noqa: E402
-from specdec.bench.summary import summarize  # noqa: E402
+from specdec.bench.running import configs as cfgs  # noqa: E402
+from specdec.bench.tasks.datasets import Sample, load_dataset  # noqa: E402
+from specdec.bench.tasks.jsontask import JSON_EXTRACTION, json_verdict, require_jsonschema  # noqa: E402
+from specdec.bench.scoring.quality import Scorer  # noqa: E402
+from specdec.bench.outputs.report import render_report  # noqa: E402
+from specdec.bench.outputs.summary import summarize  # noqa: E402
 from specdec.cli import main  # noqa: E402
 from specdec.core.constrain import compile_constraint, constraint_from, make_guide  # noqa: E402
 from specdec.errors import SpecdecError  # noqa: E402

@@ -3,9 +3,9 @@ quality against ar sample by sample), and how the report and the plot show it.""
 
 import pytest
 
-from specdec.bench import summary as summary_module
-from specdec.bench.report import render_report
-from specdec.bench.summary import (best_k_per_policy, bonett_price_ratio, mcnemar_exact, newcombe_paired_difference,
+from specdec.bench.outputs import summary as summary_module
+from specdec.bench.outputs.report import render_report
+from specdec.bench.outputs.summary import (best_k_per_policy, bonett_price_ratio, mcnemar_exact, newcombe_paired_difference,
                                    pareto_front, summarize, vs_lossless)
 
 
@@ -101,7 +101,7 @@ def test_no_recovery_when_ar_scores_zero_and_math_accuracy_for_spec_bench():
 def test_tau_is_one_function_for_stats_summary_and_progress_line():
     """tau (1 + accepted / rounds) comes from stats.tau_of everywhere: a generation's Stats, the
     bench summary over its records and the bench's progress line agree on the same counts."""
-    from specdec.bench.runner import Running
+    from specdec.bench.running.runner import Running
     from specdec.core.rounds import RoundRecord
     from specdec.core.stats import Stats, tau_of
 
@@ -337,7 +337,7 @@ def test_report_shows_the_recovery_interval_and_the_discordant_counts():
 
 def test_plot_draws_the_recovery_interval_as_horizontal_bars():
     pytest.importorskip("matplotlib")
-    from specdec.bench.plots import _plt, _speed_quality
+    from specdec.bench.outputs.plots import _plt, _speed_quality
 
     s = summarize(scored_run([True] * 9 + [False], [True] * 7 + [False, False, True]), [AR, LOSSY])
     plt = _plt()
@@ -391,10 +391,10 @@ def test_speed_pairs_only_samples_timed_at_one_machine_speed():
     assert rows["ar"]["speed_samples"] == 3
     report = render_report(minimal_summary({"configs": rows, "pareto_front": pareto_front(rows)}))
     assert f"{MARS['id']} on 2 of 3" in report
-    from specdec.bench.report import speed_basis
+    from specdec.bench.outputs.report import speed_basis
     assert speed_basis(m) == " on 2/3" and speed_basis(rows["ar"]) == ""
     # the tune's steady-state speed pairs the same way
-    from specdec.bench.certify import decode_speedup
+    from specdec.bench.tune.certify import decode_speedup
     assert decode_speedup(records, MARS["id"]) == pytest.approx(2.0)
 
 

@@ -1,12 +1,12 @@
-"""What ``specdec tune`` may promise (specdec.bench.certify): the one-sided recovery bound, the
+"""What ``specdec tune`` may promise (specdec.bench.tune.certify): the one-sided recovery bound, the
 budget a split can certify, the split size a budget needs, and the proxy's divergence figures."""
 
 import math
 
 import pytest
 
-from specdec.bench import certify
-from specdec.bench.summary import bonett_price_ratio, paired_quality
+from specdec.bench.tune import certify
+from specdec.bench.outputs.summary import bonett_price_ratio, paired_quality
 
 
 def test_the_bound_is_bonett_price_one_sided():

@@ -13,7 +13,7 @@ from specdec.core.autok import KPolicy
 import torch
 
 import specdec
-from specdec.bench import configs as cfgs
+from specdec.bench.running import configs as cfgs
 from specdec.checks import option
 from specdec.models.costmodel import CostTable
 from specdec.core.drafters import DRAFTERS, Draft, Drafter, drafter_class
@@ -64,7 +64,7 @@ class Repeat(Drafter):
     """A toy drafter without a model: proposes the last committed token again."""
 
     name = "repeat"
-    needs_model = False
+    requires_model = False
     Options = RepeatOptions
 
     def __init__(self, lm=None, stop_ids=frozenset(), times: int = 1):
@@ -151,15 +151,31 @@ def test_a_drafter_is_one_registered_class(repeat):
 def test_every_registered_drafter_declares_the_contract():
     for name, cls in DRAFTERS.items():
         assert issubclass(cls, Drafter) and cls.name == name
-        assert isinstance(cls.needs_model, bool) and isinstance(cls.grows_trees, bool)
+        assert isinstance(cls.requires_model, bool) and isinstance(cls.grows_trees, bool)
         assert dataclasses.is_dataclass(cls.Options)
         if cls.grows_trees:
             assert cls.depth_limit() >= 1
             target, draft = cls.tree_paths(cls.depth_limit())
-            assert target >= 1 and draft >= 0 and (draft > 0) == cls.needs_model
+            assert target >= 1 and draft >= 0 and (draft > 0) == cls.requires_model
         else:
             with pytest.raises(NotImplementedError):
                 cls.depth_limit()
+
+
+def test_requiring_a_draft_model_and_drafting_with_it_are_two_declarations():
+    """``requires_model``: cannot draft without a draft model (the engine refuses the request);
+    ``drafts_with_model``: its drafts come from the model whenever one is loaded. Every drafter that
+    requires one drafts with it; the portfolio drafts with it without requiring it. Before, the two
+    were ``needs_model`` and ``uses_model``, which read as one thing; a drafter declaring either old
+    name is refused when its class is made."""
+    for cls in DRAFTERS.values():
+        assert isinstance(cls.drafts_with_model, bool)
+        assert cls.drafts_with_model or not cls.requires_model, cls.name
+    assert DRAFTERS["auto"].drafts_with_model and not DRAFTERS["auto"].requires_model
+    assert [n for n, c in DRAFTERS.items() if c.drafts_with_model and not c.requires_model] == ["auto"]
+    for old, new in (("needs_model", "requires_model"), ("uses_model", "drafts_with_model")):
+        with pytest.raises(TypeError, match=f"Old.{old} is now called {new}"):
+            type("Old", (Drafter,), {old: True})
 
 
 def _identifiers(path: Path) -> set[str]:

@@ -191,7 +191,7 @@ def test_exact_policies_take_no_schedule():
 
 def test_flag_request_field_config_file_tune_grid_and_vllm_keys(tmp_path):
     from specdec.frontends.api import make_config
-    from specdec.bench import tune
+    from specdec.bench.tune import grid
     from specdec.cli import build_parser
     from specdec.frontends.cliargs import decode_config
     from specdec.core.configfile import read_config
@@ -213,10 +213,10 @@ def test_flag_request_field_config_file_tune_grid_and_vllm_keys(tmp_path):
     with pytest.raises(SpecdecError, match="config.json: exact_prefix must be an integer >= 0"):
         read_config(path)
 
-    assert tune.grid_axes("mars", ["exact_prefix=0,2,8"]) == {"mars_theta": [0.8, 0.9, 0.95], "exact_prefix": [0, 2, 8]}
-    assert tune.grid_axes("fuzzy", None) == {"fuzzy_threshold": [0.05, 0.1, 0.2]}
+    assert grid.grid_axes("mars", ["exact_prefix=0,2,8"]) == {"mars_theta": [0.8, 0.9, 0.95], "exact_prefix": [0, 2, 8]}
+    assert grid.grid_axes("fuzzy", None) == {"fuzzy_threshold": [0.05, 0.1, 0.2]}
     with pytest.raises(SpecdecError, match="is not a parameter of policy 'lossless'"):
-        tune.grid_axes("lossless", ["exact_prefix=0"])
+        grid.grid_axes("lossless", ["exact_prefix=0"])
 
     assert engine_config("mars", {"exact_prefix": 4}) == {"specdec": {"policy": "mars", "exact_prefix": 4}}
     args = request_args("fly+mars", exact_prefix=0)

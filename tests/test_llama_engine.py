@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from specdec.core.caller import Caller
 from specdec.core.engine import DecodeConfig, Engine
 from specdec.core.sampling import SamplingParams
 from tinymodels import byte_tokenizer, chisquare_joint, engine_sample, save_tiny_gguf, tiny_model
@@ -110,7 +111,7 @@ def test_a_callers_parked_cache_comes_back_after_another_callers_request(pair_pa
         assert [first.stats.cached_prompt_tokens, other.stats.cached_prompt_tokens] == [0, 0]
         assert again.stats.cached_prompt_tokens == len(turns[0])
         assert [first.token_ids, again.token_ids] == fresh
-        assert engine.caches.parked.get(f"alice{run}").nbytes > 0
+        assert engine.caches.parked.get(Caller.named(f"alice{run}")).nbytes > 0
         engine.caches.prefix_caching = False
 
 

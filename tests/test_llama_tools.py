@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from specdec.bench import llama_tools
+from specdec.bench.running import llama_tools
 from specdec.errors import SpecdecError
 
 # Captured from a real run (llama-cpp-python 0.3.36's vendored llama.cpp, built by

@@ -316,7 +316,7 @@ def test_bad_lookahead_options_are_one_line_errors(options, match):
 
 
 def test_bench_and_server_take_lookahead_options():
-    from specdec.bench.configs import build_configs, needs_draft_model, validate
+    from specdec.bench.running.configs import build_configs, needs_draft_model, validate
     from specdec.core.request import DEFAULTS
     from specdec.frontends.server.errors import APIError
     from specdec.frontends.server.params import Limits, build

@@ -4,6 +4,7 @@ DropMatch's paths build no autograd graph."""
 import pytest
 import torch
 
+from specdec.core.caller import Caller
 from specdec.frontends.api import Pair
 from specdec.models.costmodel import CostTable
 from specdec.errors import SpecdecError
@@ -74,7 +75,7 @@ def test_fly_with_k_auto_keeps_a_window_aware_controller(tiny_dirs):
     out = p.engine.generate(ids, cfg)
     ks = out.stats.k_chosen
     assert len(ks) == out.stats.rounds and any(ks) and max(ks) < 60
-    (control,) = [c for key, c in p.engine.caches.controllers.items() if key[:2] == ("t", "fly")]
+    (control,) = [c for key, c in p.engine.caches.controllers.items() if key[:2] == (Caller.named("t"), "fly")]
     assert control.window == 6 and sum(control.bins.reached) > 0  # every drafting round taught the acceptance model
     # a drafting round runs past the window (shorter blocks would leave it inert), unless the answer's end is nearer
     assert all(k == 0 or k > 6 for k in ks[:-3])

@@ -8,9 +8,9 @@ import types
 
 import pytest
 
-from specdec.bench import peers
-from specdec.bench.configs import Config, build_peers, check_peer_available
-from specdec.bench.loaded import BenchModels
+from specdec.bench.running import peers
+from specdec.bench.running.configs import Config, build_peers, check_peer_available
+from specdec.bench.running.loaded import BenchModels
 from specdec.errors import SpecdecError
 
 

@@ -15,9 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from specdec.bench import llama_server, peers
-from specdec.bench.configs import Config, build_peers, check_peer_available, needs_draft_model
-from specdec.bench.loaded import BenchModels
+from specdec.bench.running import llama_server, peers
+from specdec.bench.running.configs import Config, build_peers, check_peer_available, needs_draft_model
+from specdec.bench.running.loaded import BenchModels
 from specdec.errors import SpecdecError
 
 MODES = ("llama-server", "llama-server-ngram-mod", "llama-server-ngram-simple", "llama-server-ngram-map-k",
@@ -236,9 +236,9 @@ def test_the_run_s_servers_stop_with_it(tiny_pair, fake_xl, tmp_path):
     models.close()
     run(tiny_pair, "llama-server:n_threads=1")  # a generation of its own
     assert len(fake_xl.made) == 3 and fake_xl.made[-1]() is None
-    from specdec.bench.datasets import load_dataset
-    from specdec.bench.runner import Settings
-    from specdec.bench.runner import run as bench_run
+    from specdec.bench.tasks.datasets import load_dataset
+    from specdec.bench.running.runner import Settings
+    from specdec.bench.running.runner import run as bench_run
 
     def bench(out):
         return bench_run(tiny_pair, load_dataset("fixture", 1), [], build_peers("llama-server:n_threads=1"),

@@ -10,9 +10,9 @@ import types
 
 import pytest
 
-from specdec.bench import peers
-from specdec.bench.configs import Config, build_peers, check_peer_available, needs_draft_model
-from specdec.bench.loaded import BenchModels
+from specdec.bench.running import peers
+from specdec.bench.running.configs import Config, build_peers, check_peer_available, needs_draft_model
+from specdec.bench.running.loaded import BenchModels
 from specdec.errors import SpecdecError
 
 
@@ -100,7 +100,7 @@ def test_a_folder_with_ov_peers_re_reports_without_openvino(monkeypatch, tmp_pat
     that ran them; a run that would run them fails first, naming the install."""
     import argparse
 
-    from specdec.bench import cli as bench_cli
+    from specdec.bench.running import command as bench_cli
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",

@@ -9,6 +9,7 @@ import pytest
 
 from specdec.core.acceptance import RunRates, copy_situation
 from specdec.core.autok import PortfolioK
+from specdec.core.caller import Caller
 from specdec.models.backends.transformers.model import HFModel as CausalLM
 from specdec.models.costmodel import CostTable
 from specdec.core.drafters import AutoDrafter, Offer, SuffixCache
@@ -111,13 +112,13 @@ def test_the_portfolio_s_suffix_offer_is_not_cut_at_its_match_length():
     """Suffix decoding alone drafts at most its match length (``suffix_factor`` 1); the portfolio
     prices K itself, so its suffix source offers up to 4x the match (``suffix_factor`` 4)."""
     text = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
-    cache = SuffixCache()
-    first = AutoDrafter(None, frozenset(), cache.scope("a"))
+    cache, caller = SuffixCache(), Caller.named("a")
+    first = AutoDrafter(None, frozenset(), cache.scope(caller))
     first.start([1, 2])
     first.commit([1, 2] + text, 0, 0)  # an earlier answer, in the same caller's cache
     lengths = {}
     for factor in (None, 1.0):
-        auto = AutoDrafter(None, frozenset(), cache.scope("a"), **({} if factor is None else {"suffix_factor": factor}))
+        auto = AutoDrafter(None, frozenset(), cache.scope(caller), **({} if factor is None else {"suffix_factor": factor}))
         auto.start([1, 2, 3])
         context = [1, 2, 3, 4, 5, 6]  # the answer so far matches the earlier one's "5 6"
         offer = next(o for o in auto.offers(context, 16) if o.source == "suffix")
@@ -260,7 +261,7 @@ def test_the_portfolio_oracle_is_at_most_each_source_alone(models):
     trace = trace_answer(target, {"d": (draft, "auto", 64)}, REPEATS, out.token_ids, out.finish_reason, 40,
                          frozenset())
     clock = Clock(tt, dt)
-    copies = copy_offers(trace, list(AutoDrafter(None, frozenset(), SuffixCache().scope("")).copies.values()))
+    copies = copy_offers(trace, list(AutoDrafter(None, frozenset(), SuffixCache().scope()).copies.values()))
     both = oracle(trace, "d", clock, copies=copies)
     assert both <= oracle(trace, "d", clock) + 1e-12
     assert both <= oracle(trace, None, clock, copies={"pld": copies["pld"]}) + 1e-12
@@ -315,10 +316,10 @@ def test_the_sources_take_turns_in_one_sampled_answer():
 def test_bench_configurations_are_callers_of_their_own():
     """A suffix cache shared by a bench run's configurations would let one draft from another's
     answer to the same prompt; each configuration is a caller of its own."""
-    from specdec.bench import configs as cfgs
+    from specdec.bench.running import configs as cfgs
 
     built = cfgs.build_configs("ar,lossless", "suffix,auto", "auto")
-    callers = [c.request_for(16).caller for c in built]
+    callers = [c.request_for(16).caller.name for c in built]
     assert callers == [c.id for c in built] and len(set(callers)) == len(built)
 
 

@@ -77,8 +77,9 @@ def test_the_wheel_carries_the_command_the_licence_and_the_data(wheel):
     assert "specdec = specdec.cli:main" in entry                  # the command keeps its name
     assert "specdec = specdec.frontends.vllm.plugin:register" in entry  # vLLM's plugin entry point
     assert any(re.search(r"\.dist-info/(licenses/)?LICENSE$", n) for n in names), names
-    for data in ("specdec/bench/data/spec_bench/question.jsonl", "specdec/bench/data/spec_bench/LICENSE",
-                 "specdec/bench/data/json_extraction.json"):
+    for data in ("specdec/bench/tasks/data/spec_bench/question.jsonl", "specdec/bench/tasks/data/spec_bench/LICENSE",
+                 "specdec/bench/tasks/data/json_extraction.json",
+                 "specdec/bench/scoring/sandbox_child.py"):  # run by path inside the sandbox
         assert data in names
     assert "specdec/cli.py" in names and not any(n.startswith(("tests/", "benchmarks/")) for n in names)
 

@@ -90,13 +90,13 @@ def test_replay_runs_drafters_without_a_model_as_the_engine_does(drafter, k):
         if k == "auto":
             assert (row["auto_rounds"], row["auto_drafted"], row["auto_accepted"]) == (
                 out.stats.rounds, out.stats.drafted, out.stats.accepted)
-    auto = AutoK(tt, None, needs_model=False)
+    auto = AutoK(tt, None, drafts_with_model=False)
     from specdec.core.drafters import SuffixCache, make_drafter
 
     cache = SuffixCache()
     for tr, out in zip(traces, outs):
         policy = auto if k == "auto" else Fixed(k)
-        rep = replay(tr, None, policy, Clock(tt), make_drafter(drafter, None, frozenset(), {}, history=cache.scope("")))
+        rep = replay(tr, None, policy, Clock(tt), make_drafter(drafter, None, frozenset(), {}, history=cache.scope()))
         assert rep.accepted_per_round == out.stats.accepted_per_round and rep.rounds == out.stats.rounds
         assert rep.drafted == out.stats.drafted > 0
 

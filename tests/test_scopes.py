@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from specdec.models.backends.transformers.model import HFModel as CausalLM
 from specdec.models.costmodel import CostTable
+from specdec.core.caller import Caller
 from specdec.core.drafters.suffix import SuffixCache
 from specdec.core.engine import Engine
 from specdec.core.request import DecodeConfig
@@ -28,6 +29,10 @@ def engine() -> Engine:
     return e
 
 
+def names(callers: list[Caller]) -> list[str]:
+    return [c.name for c in callers]
+
+
 def request(caller: str | None, drafter: str = "suffix", k: int | str = "auto") -> DecodeConfig:
     return DecodeConfig.from_options(drafter=drafter, k=k, max_new_tokens=8, temperature=0).with_settings(caller=caller)
 
@@ -41,13 +46,13 @@ def test_two_callers_caches_are_apart_and_each_callers_are_kept():
         (ALICE + [50, 51], "alice"),  # bob's text was in the models' caches: alice's own copy is put back
         (ALICE + [50, 51], None), (ALICE + [50, 51], None))]  # a caller of its own, twice
     assert cached == [0, len(ALICE), 0, 0, len(BOB), len(ALICE) + 1, 0, 0]
-    # the suffix cache: each caller's text in its own trie; nothing kept for the caller None
-    alice, bob = e.caches.suffix.requests("alice"), e.caches.suffix.requests("bob")
+    # the suffix cache: each caller's text in its own trie; nothing kept for an isolated caller (None)
+    alice, bob = e.caches.suffix.requests(Caller.named("alice")), e.caches.suffix.requests(Caller.named("bob"))
     assert len(alice) == 3 and all(text[:len(ALICE)] == ALICE for text in alice)
     assert len(bob) == 3 and bob[0][:len(ALICE)] == ALICE and all(text[:len(BOB)] == BOB for text in bob[1:])
     assert len(e.caches.suffix.requests()) == 6
     # k=auto: one K policy per caller, which learned from that caller's answers only
-    kept = {key[0]: policy for key, policy in e.caches.controllers.items()}
+    kept = {key[0].name: policy for key, policy in e.caches.controllers.items()}
     assert set(kept) == {"alice", "bob"} and kept["alice"] is not kept["bob"]
     assert len(kept["alice"].lengths) == 3 and len(kept["bob"].lengths) == 3
     assert e.k_policy(request("alice")) is kept["alice"] and e.k_policy(request("bob")) is kept["bob"]
@@ -60,17 +65,17 @@ def test_another_callers_generation_empties_both_models_caches_and_puts_back_the
     e.generate(ALICE, request("alice", drafter="model", k=3))
     held = list(e.target.linear_tokens), list(e.draft.linear_tokens)
     assert all(held)
-    e.caches.enter("alice", (e.target, e.draft))  # the same caller: kept
+    e.caches.enter(Caller.named("alice"), (e.target, e.draft))  # the same caller: kept
     assert (list(e.target.linear_tokens), list(e.draft.linear_tokens)) == held
-    e.caches.enter("bob", (e.target, e.draft))  # another caller, with nothing parked: emptied
+    e.caches.enter(Caller.named("bob"), (e.target, e.draft))  # another caller, with nothing parked: emptied
     assert list(e.target.linear_tokens) == [] and list(e.draft.linear_tokens) == []
     e.generate(BOB, request(None, drafter="model", k=3))
     assert list(e.target.linear_tokens) and list(e.draft.linear_tokens)
-    e.caches.enter(None, (e.target, e.draft))  # a caller of its own: never the same
+    e.caches.enter(Caller.ISOLATED, (e.target, e.draft))  # a caller of its own: never the same
     assert list(e.target.linear_tokens) == [] and list(e.draft.linear_tokens) == []
-    e.caches.enter("alice", (e.target, e.draft))  # alice's parked copy of the target's cache
+    e.caches.enter(Caller.named("alice"), (e.target, e.draft))  # alice's parked copy of the target's cache
     assert list(e.target.linear_tokens) == held[0] and list(e.draft.linear_tokens) == []
-    assert e.caches.parked.callers() == ["alice"]  # bob's request ran as the caller None: nothing parked
+    assert names(e.caches.parked.callers()) == ["alice"]  # bob's request ran isolated: nothing parked
 
 
 def fresh(prompt, **kw) -> list[int]:
@@ -105,7 +110,7 @@ def test_two_callers_alternating_each_keep_their_prefix():
         for name, base in (("alice", ALICE), ("bob", BOB)):
             cached.append(e.generate(base + [50] * turn + [51], request(name)).stats.cached_prompt_tokens)
     assert cached[:2] == [0, 0] and all(c >= len(BOB) for c in cached[2:]), cached
-    assert sorted(e.caches.parked.callers()) == ["alice", "bob"]
+    assert sorted(names(e.caches.parked.callers())) == ["alice", "bob"]
 
 
 def broken_load(state):
@@ -125,7 +130,7 @@ def test_a_backend_that_cannot_copy_its_cache_or_no_budget_empties_it_at_a_switc
         e.generate(BOB, request("bob"))
         again = e.generate(ALICE, request("alice"))
         assert again.stats.cached_prompt_tokens == 0 and again.token_ids == fresh(ALICE)
-        assert e.caches.parked.callers() == ([] if cut != "restore" else ["bob", "alice"])
+        assert names(e.caches.parked.callers()) == ([] if cut != "restore" else ["bob", "alice"])
 
 
 def snap(size: int) -> Snapshot:
@@ -134,34 +139,35 @@ def snap(size: int) -> Snapshot:
 
 def test_parked_copies_over_the_budget_go_from_the_caller_holding_the_most():
     parked = Parked(100)
-    parked.put("a", snap(30))
-    parked.put("b", snap(30))
-    parked.put("c", snap(60))  # 120 > 100: c holds the most, its own copy goes
-    assert parked.callers() == ["a", "b"] and parked.nbytes == 60
-    parked.put("c", snap(40))  # fits
-    parked.put("d", snap(20))  # 120: c's 40 is the most
-    assert sorted(parked.callers()) == ["a", "b", "d"]
-    parked.put("k1|salt:1", snap(15))
-    parked.put("k1|salt:2", snap(15))  # 110: key k1 holds 30 in all, as much as a and b; the least recently used goes
-    assert "a" not in parked.callers() and parked.nbytes <= 100
-    parked.put("a", None)  # nothing copied (over the budget): a keeps what it had (nothing here)
-    assert parked.get("a") is None
-    assert parked.get("b") is not None and parked.callers()[-1] == "b"
+    parked.put(Caller.named("a"), snap(30))
+    parked.put(Caller.named("b"), snap(30))
+    parked.put(Caller.named("c"), snap(60))  # 120 > 100: c holds the most, its own copy goes
+    assert names(parked.callers()) == ["a", "b"] and parked.nbytes == 60
+    parked.put(Caller.named("c"), snap(40))  # fits
+    parked.put(Caller.named("d"), snap(20))  # 120: c's 40 is the most
+    assert sorted(names(parked.callers())) == ["a", "b", "d"]
+    parked.put(Caller.named("k1|salt:1"), snap(15))
+    # 110: key k1 holds 30 in all, as much as a and b; the least recently used goes
+    parked.put(Caller.named("k1|salt:2"), snap(15))
+    assert "a" not in names(parked.callers()) and parked.nbytes <= 100
+    parked.put(Caller.named("a"), None)  # nothing copied (over the budget): a keeps what it had (nothing here)
+    assert parked.get(Caller.named("a")) is None
+    assert parked.get(Caller.named("b")) is not None and names(parked.callers())[-1] == "b"
 
 
 def test_many_callers_kinds_do_not_evict_another_callers_k_state():
     """Before, k=auto's states were one least-recently-used list of 64 for all: a client sending 64
     salts pushed out every other caller's state (and changed its K)."""
     states = WarmStates(MAX_CONTROLLERS)
-    mine = states.get_or_make(("victim", "kind"), object)
+    mine = states.get_or_make((Caller.named("victim"), "kind"), object)
     for i in range(64):
-        states.get_or_make((f"all|salt:{i}", "kind"), object)
-    assert states.get_or_make(("victim", "kind"), object) is mine
+        states.get_or_make((Caller.named(f"all|salt:{i}"), "kind"), object)
+    assert states.get_or_make((Caller.named("victim"), "kind"), object) is mine
     small = WarmStates(4)
-    mine = small.get_or_make(("k2", "kind"), object)
+    mine = small.get_or_make((Caller.named("k2"), "kind"), object)
     for i in range(10):  # one key's many salts and kinds: it evicts its own
-        small.get_or_make((f"k1|salt:{i}", "kind", i), object)
-    assert small.get_or_make(("k2", "kind"), object) is mine and len(small) == 4
+        small.get_or_make((Caller.named(f"k1|salt:{i}"), "kind", i), object)
+    assert small.get_or_make((Caller.named("k2"), "kind"), object) is mine and len(small) == 4
 
 
 def test_one_callers_long_text_does_not_flush_another_callers_suffix_text():
@@ -169,9 +175,9 @@ def test_one_callers_long_text_does_not_flush_another_callers_suffix_text():
     resending a long prompt flushed another's text (whose drafting then found nothing)."""
     cache = SuffixCache(max_tokens=100)
     for start in range(0, 40, 10):
-        alice = cache.scope("alice")
+        alice = cache.scope(Caller.named("alice"))
         alice.add(list(range(start, start + 10)))
     for _ in range(3):
-        cache.scope("bob").add(list(range(200, 400)))
-    assert len(cache.requests("alice")) == 4  # 40 tokens, within an equal share of 100
-    assert [len(text) for text in cache.requests("bob")] == [60] and cache.tokens == 100
+        cache.scope(Caller.named("bob")).add(list(range(200, 400)))
+    assert len(cache.requests(Caller.named("alice"))) == 4  # 40 tokens, within an equal share of 100
+    assert [len(text) for text in cache.requests(Caller.named("bob"))] == [60] and cache.tokens == 100

@@ -16,6 +16,7 @@ pytest.importorskip("uvicorn")
 httpx = pytest.importorskip("httpx")
 
 import specdec  # noqa: E402
+from specdec.core.caller import Caller  # noqa: E402
 from specdec.core.drafters.suffix import SuffixCache  # noqa: E402
 from specdec.core.request import MAX_K  # noqa: E402
 from specdec.frontends.server import Limits, create_app, serve_in_thread  # noqa: E402
@@ -320,7 +321,7 @@ def test_a_secret_never_reaches_another_client_under_a_loose_rule(pair, shared):
         for rule, text in _loose_outputs(base, {}, {}).items():
             assert "QX7" not in text and "ZEBRA" not in text, (rule, text)
     if shared:
-        assert pair.engine.caches.suffix.requests("all")  # kept, for exact rules to draft from
+        assert pair.engine.caches.suffix.requests(Caller.named("all"))  # kept, for exact rules to draft from
     else:
         assert pair.engine.caches.suffix.requests() == []  # nothing kept without a key
 
@@ -473,6 +474,6 @@ def test_a_standard_clients_next_turn_reuses_its_prefix_on_the_default_server(pa
         second = post(base + CHAT, {"messages": turn2, "max_tokens": 8, "temperature": 0}).json()
     cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= first["usage"]["prompt_tokens"] - 1, (cached, first["usage"])
-    assert [key[0] for key in pair.engine.caches.controllers] == ["all"]
+    assert [key[0] for key in pair.engine.caches.controllers] == [Caller.named("all")]
     assert pair.engine.caches.controllers[next(iter(pair.engine.caches.controllers))] is policy  # kept, and learnt on
     assert len(getattr(policy, "model", policy).lengths) == 2  # both turns' answer lengths

@@ -69,7 +69,7 @@ def top_level(body: list) -> list:
 
 
 def imports_of(path: Path, module_level: bool = False) -> set[str]:
-    """The specdec modules ``path`` imports (dotted, relative to the package: ``bench.configs``);
+    """The specdec modules ``path`` imports (dotted, relative to the package: ``bench.running.configs``);
     ``module_level``: only the imports that run when it is imported (not those inside functions).
     ``from . import x`` names the submodule ``x`` when there is one, else the package; absolute
     imports (``from specdec.x import y``, ``from specdec import x``, ``import specdec.x``) count too."""
@@ -268,8 +268,91 @@ def test_the_folder_check_sees_a_break(tmp_path, monkeypatch):
     ]
 
 
-#: the folders whose README.md names each module and package in them
-README_FOLDERS = ("core", "models", "traces", "frontends", "bench")
+#: the folders split into sub-folders, and which sibling sub-folders each sub-folder may import besides
+#: itself (its README.md says the same): bench/'s, each only those below it; tune/ and replay/, the two
+#: commands over bench folders besides bench's own, not each other
+SUBFOLDER_RULES = {
+    "bench": {
+        "tasks": set(),
+        "scoring": {"tasks"},
+        "outputs": {"tasks", "scoring"},
+        "running": {"tasks", "scoring", "outputs"},
+        "tune": {"tasks", "scoring", "outputs", "running"},
+        "replay": {"tasks", "scoring", "outputs", "running"},
+    },
+}
+
+
+def subfolder_breaks() -> list[str]:
+    """Every import (module level or inside a function) of a sibling sub-folder the rules do not allow
+    (the folder's own ``__init__.py`` counts as a sibling no sub-folder may import), and every module of
+    such a folder outside its sub-folders (its ``__init__.py`` aside)."""
+    bad = []
+    for folder, rules in SUBFOLDER_RULES.items():
+        for path in sorted((SRC / folder).rglob("*.py")):
+            mine = ".".join(path.relative_to(SRC).with_suffix("").parts)
+            parts = mine.split(".")
+            if len(parts) == 2:
+                if parts[1] != "__init__":
+                    bad.append(f"{mine} is in no sub-folder of {folder}/")
+                continue
+            here = parts[1]
+            if here not in rules:
+                bad.append(f"{mine} is in {folder}/{here}/, which has no rule")
+                continue
+            for imported in sorted(imports_of(path)):
+                names = imported.split(".")
+                if names[0] != folder:
+                    continue
+                there = names[1] if len(names) > 1 else "__init__"
+                if there != here and there not in rules[here]:
+                    bad.append(f"{mine} ({folder}/{here}) imports {imported} ({folder}/{there})")
+    return bad
+
+
+def test_every_sub_folder_imports_only_the_sub_folders_below_it():
+    """bench/'s sub-folders show its architecture: tasks/ (the benchmarks and their prompts) imports none
+    of the others; scoring/ tasks/; outputs/ (a folder's records and what is made of them) scoring/ too;
+    running/ (bench's command and loop) outputs/ too; tune/ and replay/ anything below but each other.
+    Imports inside functions count."""
+    assert not subfolder_breaks(), subfolder_breaks()
+
+
+def test_the_sub_folder_check_sees_a_break(tmp_path, monkeypatch):
+    """The check above finds an import of a sub-folder above or beside, inside a function or at module
+    level, relative or absolute, one of the folder's own package, and a module outside the sub-folders."""
+    for sub in ("tasks", "scoring", "outputs", "running", "tune", "replay", "stray"):
+        (tmp_path / "bench" / sub).mkdir(parents=True)
+        (tmp_path / "bench" / sub / "__init__.py").write_text("")
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "errors.py").write_text("")
+    (tmp_path / "bench" / "__init__.py").write_text("from .running import runner\n")
+    (tmp_path / "bench" / "loose.py").write_text("")
+    (tmp_path / "bench" / "stray" / "x.py").write_text("")
+    (tmp_path / "bench" / "tasks" / "datasets.py").write_text("from ...errors import E\ndef f():\n"
+                                                               "    from ..scoring.quality import q\n")
+    (tmp_path / "bench" / "scoring" / "quality.py").write_text("from ..tasks import datasets\nfrom .. import x\n")
+    (tmp_path / "bench" / "outputs" / "summary.py").write_text("import specdec.bench.running.runner\n")
+    (tmp_path / "bench" / "running" / "runner.py").write_text("from ..outputs.summary import s\n"
+                                                              "from ..tasks.datasets import d\n")
+    (tmp_path / "bench" / "tune" / "command.py").write_text("from ..running.runner import run\n"
+                                                            "from specdec.bench.replay import command\n")
+    (tmp_path / "bench" / "replay" / "command.py").write_text("from ..running import runner\n")
+    monkeypatch.setitem(globals(), "SRC", tmp_path)
+    assert sorted(subfolder_breaks()) == [
+        "bench.loose is in no sub-folder of bench/",
+        "bench.outputs.summary (bench/outputs) imports bench.running.runner (bench/running)",
+        "bench.scoring.quality (bench/scoring) imports bench (bench/__init__)",
+        "bench.stray.__init__ is in bench/stray/, which has no rule",
+        "bench.stray.x is in bench/stray/, which has no rule",
+        "bench.tasks.datasets (bench/tasks) imports bench.scoring.quality (bench/scoring)",
+        "bench.tune.command (bench/tune) imports bench.replay.command (bench/replay)",
+    ]
+
+
+#: the folders whose README.md names each module and package in them (the sub-folders too)
+README_FOLDERS = ("core", "models", "traces", "frontends", "bench",
+                  *(f"{folder}/{sub}" for folder, rules in SUBFOLDER_RULES.items() for sub in rules))
 
 
 def test_every_folder_has_a_readme_naming_its_modules():
@@ -293,6 +376,19 @@ def test_every_folder_has_a_readme_naming_its_modules():
     assert not missing, missing
 
 
+def test_every_sub_folder_readme_names_the_sub_folders_it_may_import():
+    """A sub-folder's README.md says what it may import as :data:`SUBFOLDER_RULES` does: each sibling
+    it may import named (``tasks/``) after "May import", and no other."""
+    wrong = []
+    for folder, rules in SUBFOLDER_RULES.items():
+        for sub, allowed in rules.items():
+            rule = (SRC / folder / sub / "README.md").read_text().partition("May import")[2]
+            named = {other for other in rules if other != sub and f"`{other}/`" in rule}
+            if named != allowed:
+                wrong.append(f"{folder}/{sub}/README.md names {sorted(named)}, the rule is {sorted(allowed)}")
+    assert not wrong, wrong
+
+
 def test_k_policies_are_in_one_module_with_one_protocol():
     """Every K policy of the engine is defined in autok.py, which imports no drafter; any class
     elsewhere that answers ``budget`` is a ``KPolicy`` (not a copy of its shape)."""
@@ -302,7 +398,7 @@ def test_k_policies_are_in_one_module_with_one_protocol():
 
     assert not {m for m in imports_of(SRC / "core" / "autok.py") if m.startswith("core.drafters")}
     policies = [Fixed(3), k_policy(AUTO, CostTable("t", "float32", [1, 2, 4], [0.01, 0.02, 0.04], 32), None,
-                                   needs_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
+                                   drafts_with_model=False, trees=True, depth_limit=5, window=0, fallback_k=4)]
     assert isinstance(policies[1], PassGate)
     assert all(isinstance(p, KPolicy) and type(p).__module__ == "specdec.core.autok" for p in policies)
     copies = []
@@ -317,11 +413,12 @@ def test_k_policies_are_in_one_module_with_one_protocol():
 
 
 def test_bench_and_tune_share_options_without_importing_each_other():
-    """``specdec tune`` takes the flags it shares with ``specdec bench`` from bench.options, not
-    from bench's command module (and bench's command does not import tune's)."""
-    assert "bench.cli" not in imports_of(SRC / "bench" / "tune.py")
-    assert "bench.tune" not in imports_of(SRC / "bench" / "cli.py")
-    assert "bench.options" in imports_of(SRC / "bench" / "tune.py") & imports_of(SRC / "bench" / "cli.py")
+    """``specdec tune`` takes the flags it shares with ``specdec bench`` from bench/running/options.py,
+    not from bench's command module (and bench's command does not import tune's)."""
+    tune_command, bench_command = SRC / "bench" / "tune" / "command.py", SRC / "bench" / "running" / "command.py"
+    assert not any("bench.running.command" in imports_of(p) for p in (SRC / "bench" / "tune").glob("*.py"))
+    assert not any(m.startswith("bench.tune") for m in imports_of(bench_command))
+    assert "bench.running.options" in imports_of(tune_command) & imports_of(bench_command)
 
 
 def _command(parser, name: str):
@@ -334,8 +431,8 @@ def test_every_entry_point_takes_its_defaults_from_request_defaults():
     import inspect
     from dataclasses import asdict
 
-    from specdec.bench.options import parse_settings
-    from specdec.bench.runner import Settings
+    from specdec.bench.running.options import parse_settings
+    from specdec.bench.running.runner import Settings
     from specdec.models import genconfig
     from specdec.models.bundled import DEFAULT_TARGET
     from specdec.frontends.cliargs import decode_kwargs
@@ -380,6 +477,47 @@ def test_the_server_names_the_caller_and_reaches_no_cache_state():
         text = path.read_text()
         for reach in ("caches.", "engine.target", "engine.draft", ".reset()"):
             assert reach not in text, f"{path.relative_to(SRC)} reaches into the engine's caches ({reach})"
+
+
+def _is_caller(node) -> bool:
+    """Whether ``node`` reads a caller: a name or attribute called ``caller``, ``...caller`` or ``...holder``."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.lower().endswith(("caller", "holder"))
+
+
+def caller_sentinels(source: str) -> list[int]:
+    """The lines of ``source`` that tell callers apart by a sentinel value rather than by
+    :class:`specdec.core.caller.Caller`: a caller compared with ``""`` or None, its truth taken
+    (``caller or ...``, ``not caller``, ``if caller:``), or its type asked (``isinstance(caller, str)``)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            if any(map(_is_caller, sides)) and any(isinstance(s, ast.Constant) and s.value in ("", None) for s in sides):
+                lines.append(node.lineno)
+        elif isinstance(node, ast.BoolOp) and any(map(_is_caller, node.values)):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and _is_caller(node.operand):
+            lines.append(node.lineno)
+        elif isinstance(node, (ast.If, ast.IfExp, ast.While)) and _is_caller(node.test):
+            lines.append(node.lineno)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and node.args
+              and _is_caller(node.args[0])):
+            lines.append(node.lineno)
+    return sorted(set(lines))
+
+
+def test_callers_are_told_apart_by_their_type_not_by_sentinel_values():
+    """A request's caller is a :class:`specdec.core.caller.Caller` everywhere in the package (the shared
+    one, a named one, an isolated one: ``caller.isolated``); the loose public values (``""``, a name,
+    None) are converted once, by ``as_caller``. Before, ``""`` meant shared and None isolated, and each
+    store tested for them (``caller is None``, ``isinstance(self._holder, str)``)."""
+    assert caller_sentinels("if caller is None:\n    pass\nx = cfg.caller or ''\nok = not self._holder\n"
+                            "y = isinstance(self._holder, str)\nz = caller == ''\n") == [1, 3, 4, 5, 6]
+    assert caller_sentinels("if caller.isolated:\n    pass\nsame = caller == holder\nn = caller_cache_bytes is None\n") == []
+    bad = [f"{path.relative_to(SRC)}:{line}" for path in sorted(SRC.rglob("*.py"))
+           for line in caller_sentinels(path.read_text())]
+    assert not bad, bad
 
 
 def test_server_defaults_come_from_request_defaults():
@@ -428,7 +566,7 @@ def test_one_function_layers_a_requests_settings():
     from specdec.frontends.server import app, params
 
     assert _calls("overlay") == {"core/settings.py", "frontends/vllm/config.py"}
-    assert _calls("read_config") == {"core/settings.py", "bench/configs.py"}
+    assert _calls("read_config") == {"core/settings.py", "bench/running/configs.py"}
     filled = set()
     for path in SRC.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -576,7 +714,8 @@ def test_target_without_a_draft_uses_the_copy_sources_by_default(tiny_dirs):
 #: tokenizer loader of the llama.cpp backend, and bench's transformers peers and version record
 TRANSFORMERS_IMPORTERS = {*(f"models/backends/transformers/{name}.py" for name in
                             ("model", "load", "weights", "convert", "static")),
-                          "models/backends/llamacpp/model.py", "bench/peers.py", "bench/environment.py"}
+                          "models/backends/llamacpp/model.py", "bench/running/peers.py",
+                          "bench/running/environment.py"}
 
 
 def test_only_the_backends_import_transformers():

@@ -193,7 +193,7 @@ class Noise(Drafter):
     """Random tokens from the grammars' alphabet and a few others, end-of-sequence included."""
 
     name = "noise"
-    needs_model = False
+    requires_model = False
     Options = NoiseOptions
 
     def __init__(self, lm=None, stop_ids=frozenset()):

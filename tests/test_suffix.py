@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from specdec.core.caller import Caller
 from specdec.core.drafters import DRAFTERS, SuffixCache, SuffixDrafter, SuffixTreeDrafter
 from specdec.core.drafters.suffix import DEPTH, SuffixTrie, expand
 from specdec.core.engine import DecodeConfig, Engine
@@ -118,14 +119,14 @@ def test_the_draft_length_follows_the_match_length():
 def test_the_drafters_declare_their_capabilities():
     assert DRAFTERS["suffix"] is SuffixDrafter and DRAFTERS["suffix-tree"] is SuffixTreeDrafter
     for cls in (SuffixDrafter, SuffixTreeDrafter):
-        assert not cls.needs_model and cls.reads_history
+        assert not cls.requires_model and cls.reads_history
     assert not SuffixDrafter.grows_trees and SuffixTreeDrafter.grows_trees
     assert SuffixTreeDrafter.depth_limit(tree_nodes=4) == 4 and SuffixTreeDrafter.depth_limit(tree_nodes=200) == DEPTH - 1
 
 
 # ----------------------------------------------------------------------------- the cache
 def add(cache: SuffixCache, caller: str, tokens: list[int]) -> None:
-    cache.scope(caller).add(tokens)
+    cache.scope(Caller.named(caller)).add(tokens)
 
 
 def test_the_cache_holds_at_most_its_bound_and_evicts_whole_requests_oldest_first():
@@ -136,7 +137,7 @@ def test_the_cache_holds_at_most_its_bound_and_evicts_whole_requests_oldest_firs
     assert cache.tokens == 10 and cache.requests() == [[1, 2, 3, 4], [5, 6, 7], [8, 9, 10]]
     add(cache, "", [11, 12])  # the oldest request goes whole
     assert cache.requests() == [[5, 6, 7], [8, 9, 10], [11, 12]] and cache.tokens == 8
-    scope = cache.scope("")
+    scope = cache.scope()
     scope.add([20, 21])
     add(cache, "", [30])
     scope.add([22, 23, 24])  # extending a request makes it the most recent one
@@ -145,7 +146,7 @@ def test_the_cache_holds_at_most_its_bound_and_evicts_whole_requests_oldest_firs
     assert cache.requests() == [list(range(40, 50))] and cache.tokens == 10
     scope.add([25])  # an evicted request stays out
     assert cache.requests() == [list(range(40, 50))]
-    trie = cache._tries[""]
+    trie = cache._tries[Caller.SHARED]
     assert trie.nodes == trie_of(list(range(40, 50))).nodes  # the evicted text left the trie
 
 
@@ -154,7 +155,8 @@ def test_callers_never_draft_from_each_others_text():
     secret = [40, 41, 42, 43, 44, 45, 46, 47]
     alice = DecodeConfig(drafter="suffix", max_new_tokens=8).with_settings(caller="alice")
     engine.generate(secret, alice)
-    assert engine.caches.suffix.requests("bob") == [] and engine.caches.suffix.requests("alice")
+    held = engine.caches.suffix.requests
+    assert held(Caller.named("bob")) == [] and held(Caller.named("alice"))
     for caller, expected in (("bob", []), ("alice", [44, 45, 46, 47])):
         drafter = engine.make_drafter(alice.with_settings(caller=caller))
         drafter.start([40, 41, 42, 43])
@@ -381,6 +383,6 @@ def test_server_serves_the_suffix_drafter_and_keeps_each_keys_text_apart(tiny_di
     plain = pair.generate(kw["prompt"], max_new_tokens=12, policy="ar")
     assert texts["key-a"] == texts["key-b"] == plain.text
     cache = pair.engine.caches.suffix
-    a, b = cache.requests(key_id(b"key-a")), cache.requests(key_id(b"key-b"))
+    a, b = (cache.requests(Caller.named(key_id(key))) for key in (b"key-a", b"key-b"))
     assert len(a) == len(b) == 1  # one request each: the opted-out ones were not kept
-    assert cache.requests() == a + b and cache.requests("") == []
+    assert cache.requests() == a + b and cache.requests(Caller.SHARED) == []

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from specdec.bench import tune
-from specdec.bench.datasets import load_dataset
-from specdec.bench.prompts import build_prompt
+from specdec.bench.tune import grid, search, stages
+from specdec.bench.tune.plan import DEFAULT_CONFIDENCE, DEFAULT_MAX_LOSS
+from specdec.bench.tasks.datasets import load_dataset
+from specdec.bench.tasks.prompts import build_prompt
 from specdec.cli import build_parser, main
 from specdec.frontends.cliargs import decode_kwargs
 from specdec.core.configfile import FORMAT, read_config, write_config
@@ -25,8 +26,8 @@ ROBUST = DATA / "humaneval_robust.jsonl"
 @pytest.fixture
 def all_pass(monkeypatch):
     """Every HumanEval check passes (the verdict the robust problems were made to give)."""
-    from specdec.bench import quality
-    from specdec.bench.sandbox import SandboxResult
+    from specdec.bench.scoring import quality
+    from specdec.bench.scoring.sandbox import SandboxResult
 
     monkeypatch.setattr(quality, "run_check", lambda problem, completion, **kw: SandboxResult(
         True, "passed", 0, 0.0, "fake: every check passes"))
@@ -152,24 +153,24 @@ def test_pick_is_the_fastest_certified_setting():
             "b": {"tokens_per_second": 2.0, "paired": paired(200, 0, 0)},  # bound ~0.99
             "c": {"tokens_per_second": 2.5, "paired": paired(20, 0, 0)},   # recovery 1.0 on too few problems
             "d": {"tokens_per_second": 9.0, "paired": None}}
-    assert tune.pick(rows, ["a", "b", "c", "d"], 0.02) == "b"
-    assert tune.pick(rows, ["a", "c", "d"], 0.02) is None  # a point estimate of 1.0 on 20 problems is not enough
-    assert tune.pick(rows, ["a", "b", "c"], 0.2) == "a"
-    assert tune.pick(rows, ["a", "b", "c"], 0.2, confidence=0.5) == "a"
-    assert tune.pick(rows, ["b", "c"], 0.10) == "c"
+    assert search.pick(rows, ["a", "b", "c", "d"], 0.02) == "b"
+    assert search.pick(rows, ["a", "c", "d"], 0.02) is None  # a point estimate of 1.0 on 20 problems is not enough
+    assert search.pick(rows, ["a", "b", "c"], 0.2) == "a"
+    assert search.pick(rows, ["a", "b", "c"], 0.2, confidence=0.5) == "a"
+    assert search.pick(rows, ["b", "c"], 0.10) == "c"
     # where rows carry the time ratio, it ranks: c writes longer answers, so its higher tokens/s
     # finishes the split later than b
     rows["b"]["time_speedup_vs_ar"], rows["c"]["time_speedup_vs_ar"] = 1.4, 1.1
-    assert tune.pick(rows, ["b", "c"], 0.10) == "b"
+    assert search.pick(rows, ["b", "c"], 0.10) == "b"
 
 
 def test_pick_needs_the_whole_split():
     rows = {"ar": {"tokens_per_second": 1.0},
             "full": {"tokens_per_second": 2.0, "paired": {"both": 200, "gained": 0, "lost": 0, "n": 200}},
             "part": {"tokens_per_second": 3.0, "paired": {"both": 150, "gained": 0, "lost": 0, "n": 150}}}
-    assert tune.pick(rows, ["full", "part"], 0.05) == "part"  # without n: any qualifying row
-    assert tune.pick(rows, ["full", "part"], 0.05, n=200) == "full"  # a setting stopped early is never the pick
-    assert tune.pick(rows, ["part"], 0.05, n=200) is None
+    assert search.pick(rows, ["full", "part"], 0.05) == "part"  # without n: any qualifying row
+    assert search.pick(rows, ["full", "part"], 0.05, n=200) == "full"  # a setting stopped early is never the pick
+    assert search.pick(rows, ["part"], 0.05, n=200) is None
 
 
 def _rec(config, sample, passed):
@@ -181,7 +182,7 @@ def test_the_confirm_stage_stops_a_setting_that_can_no_longer_qualify():
     whatever it does on the seven left, one that lost one still can (by gaining)."""
     ids = [f"s{i}" for i in range(10)]
     ar = {f"ar{i}": _rec("ar", s, i != 9) for i, s in enumerate(ids)}  # ar fails s9 only
-    skip = tune.stopper(ids, 0.1, 0.5)
+    skip = search.stopper(ids, 0.1, 0.5)
 
     class Cfg:
         def __init__(self, id):
@@ -206,7 +207,7 @@ def test_a_stopped_setting_is_not_picked_and_its_closest_is_validated(tiny_dirs,
     def stop_after_one(ids, max_loss, confidence):
         return lambda cfg, records: cfg.id != "ar" and any(r["config"] == cfg.id for r in records.values())
 
-    monkeypatch.setattr(tune, "stopper", stop_after_one)
+    monkeypatch.setattr(stages, "stopper", stop_after_one)
     out = tmp_path / "tune"
     argv = ["tune", "--policy", "mars", "--k", "3", "--grid", "theta=0.5,0.9", *TUNE_SMALL, "--max-confirm", "1",
             "--validate-closest", "--out", str(out), "-q", *tiny_args(tiny_dirs)]
@@ -236,20 +237,20 @@ def test_proxy_order_by_speed_agreement_floor_and_dominance():
 
     rows = {"ar": {"speedup_vs_ar": 1.0}, "x": row(1.2, 0.9, 0.5), "y": row(1.5, 0.3, 0.9), "z": row(1.1, 1.0, 0.0),
             "w": row(1.0, 0.8, 0.6)}  # w: slower than x, and diverges more
-    assert tune.proxy_order(rows, 0.0) == (["y", "x", "z"], [], ["w"])
-    assert tune.proxy_order(rows, 0.5) == (["x", "z"], ["y"], ["w"])
+    assert search.proxy_order(rows, 0.0) == (["y", "x", "z"], [], ["w"])
+    assert search.proxy_order(rows, 0.5) == (["x", "z"], ["y"], ["w"])
     # within 10% of the fastest left, the setting that diverges on fewer problems goes first
-    assert tune.proxy_order(rows, 0.0, speed_tie=0.1) == (["y", "z", "x"], [], ["w"])  # x: 20% slower than y; z: within 10% of x
-    assert tune.proxy_order(rows, 0.0, speed_tie=0.25) == (["x", "y", "z"], [], ["w"])
-    assert tune.proxy_order(rows, 0.0, speed_tie=0.5) == (["z", "x", "y"], [], ["w"])
+    assert search.proxy_order(rows, 0.0, speed_tie=0.1) == (["y", "z", "x"], [], ["w"])  # x: 20% slower than y; z: within 10% of x
+    assert search.proxy_order(rows, 0.0, speed_tie=0.25) == (["x", "y", "z"], [], ["w"])
+    assert search.proxy_order(rows, 0.0, speed_tie=0.5) == (["z", "x", "y"], [], ["w"])
 
 
 def test_proxy_runs_k_auto_at_a_fixed_k_that_the_rule_can_use():
-    from specdec.bench.configs import Config
-    from specdec.bench.runner import Settings
+    from specdec.bench.running.configs import Config
+    from specdec.bench.running.runner import Settings
 
     def proxy(policy, k, params, proxy_k=4):
-        return tune.proxy_config(Config(policy, "model", k, params), proxy_k, Settings()).k
+        return grid.proxy_config(Config(policy, "model", k, params), proxy_k, Settings()).k
 
     assert proxy("mars", "auto", {}) == 4 and proxy("mars", 8, {}) == 8
     assert proxy("fly", "auto", {"fly_window": 6}) == 7  # the window acts only on longer blocks
@@ -257,43 +258,43 @@ def test_proxy_runs_k_auto_at_a_fixed_k_that_the_rule_can_use():
 
 
 def test_grid_axes_come_from_the_rules_and_from_grid_items():
-    assert tune.grid_axes("fly+mars", None) == {"fly_theta": [0.3, 0.5, 0.8], "fly_window": [3, 6],
+    assert grid.grid_axes("fly+mars", None) == {"fly_theta": [0.3, 0.5, 0.8], "fly_window": [3, 6],
                                                 "mars_theta": [0.8, 0.9, 0.95]}
-    assert tune.grid_axes("typical", None) == {"typical_epsilon": [0.09, 0.3], "typical_delta": [0.3, 0.6, 0.9]}
-    assert tune.grid_axes("dropmatch", None) == {"dropmatch_p": [0.05, 0.1, 0.2],
+    assert grid.grid_axes("typical", None) == {"typical_epsilon": [0.09, 0.3], "typical_delta": [0.3, 0.6, 0.9]}
+    assert grid.grid_axes("dropmatch", None) == {"dropmatch_p": [0.05, 0.1, 0.2],
                                                  "dropmatch_criterion": ["paper", "majority"]}
-    assert tune.grid_axes("lossless", None) == {}
-    assert tune.grid_axes("mars", ["theta=0.6,0.95"]) == {"mars_theta": [0.6, 0.95]}
-    assert tune.grid_axes("fly+mars", ["fly_window=4,8"])["fly_window"] == [4, 8]
+    assert grid.grid_axes("lossless", None) == {}
+    assert grid.grid_axes("mars", ["theta=0.6,0.95"]) == {"mars_theta": [0.6, 0.95]}
+    assert grid.grid_axes("fly+mars", ["fly_window=4,8"])["fly_window"] == [4, 8]
     with pytest.raises(SpecdecError, match="ambiguous in 'fly\\+mars'; prefix it: fly_theta, mars_theta"):
-        tune.grid_axes("fly+mars", ["theta=0.5"])
+        grid.grid_axes("fly+mars", ["theta=0.5"])
     with pytest.raises(SpecdecError, match="'epsilon' is not a parameter of policy 'mars'"):
-        tune.grid_axes("mars", ["epsilon=0.1"])
+        grid.grid_axes("mars", ["epsilon=0.1"])
     with pytest.raises(SpecdecError, match="bad --grid"):
-        tune.grid_axes("mars", ["theta"])
+        grid.grid_axes("mars", ["theta"])
     with pytest.raises(SpecdecError, match="nothing to tune"):
-        tune.grid_axes("ar", None)
+        grid.grid_axes("ar", None)
 
 
 def test_grid_items_go_to_each_policy_that_takes_them():
-    grids = tune.grid_for_policies(["mars", "fly"], ["theta=0.5", "window=4"])
+    grids = grid.grid_for_policies(["mars", "fly"], ["theta=0.5", "window=4"])
     assert grids["mars"] == {"mars_theta": [0.5]}
     assert grids["fly"] == {"fly_theta": [0.5], "fly_window": [4]}
     with pytest.raises(SpecdecError, match="'delta' is not a parameter of any policy in mars, fly"):
-        tune.grid_for_policies(["mars", "fly"], ["delta=0.5"])
-    assert tune.parse_policies("mars, fly,mars") == ["mars", "fly"]
+        grid.grid_for_policies(["mars", "fly"], ["delta=0.5"])
+    assert grid.parse_policies("mars, fly,mars") == ["mars", "fly"]
     with pytest.raises(SpecdecError, match="nothing to tune"):
-        tune.parse_policies("mars,ar")
+        grid.parse_policies("mars,ar")
 
 
 def test_grid_skips_k_that_fly_window_cannot_act_on():
-    from specdec.bench.runner import Settings
+    from specdec.bench.running.runner import Settings
 
-    configs, skipped = tune.grid_configs("fly", "model", ["auto", 4, 8], {"fly_theta": [0.3]}, Settings())
+    configs, skipped = grid.grid_configs("fly", "model", ["auto", 4, 8], {"fly_theta": [0.3]}, Settings())
     assert [c.id for c in configs] == ["fly[fly_theta=0.3]/model/kauto", "fly[fly_theta=0.3]/model/k8"]
     assert skipped == ["fly[fly_theta=0.3]/model/k4"]
     with pytest.raises(SpecdecError, match="must be a number"):
-        tune.grid_configs("mars", "model", [3], {"mars_theta": [1.5]}, Settings())
+        grid.grid_configs("mars", "model", [3], {"mars_theta": [1.5]}, Settings())
 
 
 def _write(path, data):
@@ -409,11 +410,11 @@ def test_default_budget_can_be_certified_on_the_bundled_pairs_split():
     """`specdec tune` with no budget flags must be able to end with a pick on the default split: the
     bundled pair's plain decoding solves 47 of HumanEval's 82 tuning problems (measured), where the
     old defaults (0.02 at 0.95) could certify nothing (floor 0.029)."""
-    from specdec.bench import certify
+    from specdec.bench.tune import certify
 
     a = build_parser().parse_args(["tune", "--policy", "mars", "--out", "x"])
-    assert float(a.max_quality_loss) == tune.DEFAULT_MAX_LOSS and float(a.confidence) == tune.DEFAULT_CONFIDENCE
-    loss, conf = tune.DEFAULT_MAX_LOSS, tune.DEFAULT_CONFIDENCE
+    assert float(a.max_quality_loss) == DEFAULT_MAX_LOSS and float(a.confidence) == DEFAULT_CONFIDENCE
+    loss, conf = DEFAULT_MAX_LOSS, DEFAULT_CONFIDENCE
     assert certify.best_case_budget(47, conf) <= loss                 # a setting that changes no outcome
     assert certify.clears(certify.recovery_bound(46, 1, 1, conf), loss)   # one lost, one gained
     assert not certify.clears(certify.recovery_bound(45, 0, 2, conf), loss)  # two lost: still refused
@@ -422,7 +423,7 @@ def test_default_budget_can_be_certified_on_the_bundled_pairs_split():
 
 def test_a_speed_no_pair_timed_at_one_speed_is_a_dash_with_its_basis():
     """As in tune's --status table and bench's report: a missing ratio is a dash, without its unit."""
-    from specdec.bench.tune import _speed
+    from specdec.bench.tune.report import _speed
 
     assert _speed({"speedup_vs_ar": None, "time_speedup_vs_ar": None, "speed_samples": 0, "samples": 82}) == "– (–) on 0/82"
     assert _speed({"speedup_vs_ar": 1.25, "time_speedup_vs_ar": 1.5, "speed_samples": 80, "samples": 82}) == \

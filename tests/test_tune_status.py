@@ -3,7 +3,7 @@ against ar), read without writing anything."""
 
 import json
 
-from specdec.bench import tune_status
+from specdec.bench.tune import status as tune_status
 
 
 def rec(config, sample, passed, tokens=10, seconds=1.0, policy=None, token_ids=None):

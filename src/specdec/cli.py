@@ -11,13 +11,13 @@ import json
 import sys
 from typing import TYPE_CHECKING, Sequence
 
-from .bench.cli import register as register_bench
-from .bench.tune import register as register_tune
+from .bench.running.command import register as register_bench
+from .bench.tune.command import register as register_tune
 from .models.bundled import BUNDLED
 from .frontends.cliargs import (
     LOW_TAU, add_decode_args, add_model_args, decode_config, decode_kwargs, load_pair, startup_summary)
 from .errors import SpecdecError
-from .bench.replaycli import register as register_replay
+from .bench.replay.command import register as register_replay
 from .frontends.server.cli import register as register_serve
 from .core.text import surrogate_at
 
@@ -106,8 +106,8 @@ def decoding_notes(s, pair) -> list[str]:
         if s.declined_rounds and s.declined_rounds >= zero / 2:
             why = why_backlog(s, pair.costs.draft)
         elif table is not None:
-            why = why_plain_steps(table, pair.costs.draft, drafter_class(s.drafter).uses_model and pair.draft is not None,
-                                  s.drafted, s.accepted)
+            with_model = drafter_class(s.drafter).drafts_with_model and pair.draft is not None
+            why = why_plain_steps(table, pair.costs.draft, with_model, s.drafted, s.accepted)
         lines.append(f"specdec: note: k=auto chose plain decoding steps (K=0) in {zero} of {len(s.k_chosen)} rounds, "
                      f"so no draft was rejected there: {why} ('specdec calibrate' measures the costs again, e.g. if "
                      "the machine was busy when they were measured)")
@@ -122,13 +122,15 @@ def decoding_notes(s, pair) -> list[str]:
     return lines
 
 
-def why_plain_steps(target: CostTable, draft: CostTable | None, needs_model: bool, drafted: int, accepted: int) -> str:
-    """Why k=auto chose plain steps (K=0), for people: the measured costs it weighed and the
-    acceptance drafting would need (:func:`specdec.core.autok.break_even_rate`), against what the drafts
-    tried were kept at."""
+def why_plain_steps(target: CostTable, draft: CostTable | None, drafts_with_model: bool, drafted: int,
+                    accepted: int) -> str:
+    """Why k=auto chose plain steps (K=0), for people: the measured costs it weighed (a draft token's
+    at the draft model's pass when ``drafts_with_model``: the drafts came from a loaded draft model)
+    and the acceptance drafting would need (:func:`specdec.core.autok.break_even_rate`), against
+    what the drafts tried were kept at."""
     from .core.autok import break_even_rate, draft_step
 
-    step = draft_step(target, draft, needs_model)
+    step = draft_step(target, draft, drafts_with_model)
     costs = (f"a plain step {target.forward(1) * 1e3:.0f} ms, a 5-token pass {target.forward(5) * 1e3:.0f} ms, "
              f"a draft token {step * 1e3:.0f} ms")
     rate = break_even_rate(target, step)

@@ -67,10 +67,10 @@ REPLAN = 0.01
 CONTEXT_STEP = 64
 
 
-def draft_step(target: CostTable, draft: CostTable | None, needs_model: bool) -> float:
+def draft_step(target: CostTable, draft: CostTable | None, drafts_with_model: bool) -> float:
     """A draft token's seconds as k=auto prices them: none for a drafter without a model, the draft's
     measured one-token pass, else :data:`UNMEASURED_DRAFT_STEP` of the target's."""
-    if not needs_model:
+    if not drafts_with_model:
         return 0.0
     return draft.forward(1) if draft is not None else target.forward(1) * UNMEASURED_DRAFT_STEP
 
@@ -117,8 +117,9 @@ class KPolicy:
     (what it drafted and kept, its seconds by part: :class:`~specdec.core.rounds.RoundRecord`);
     ``begin``/``end``: a request starts / ends with ``tokens`` written (``cut``: by the length
     limit, so the answer would have run longer). A policy of one source implements
-    ``budget(t, room, backlog)``, the plan's K. ``declined``: rounds of this request not drafted only
-    because reading the backlog would not pay (for the stats)."""
+    ``budget(t, room, backlog)``, the plan's K, or ``plan`` itself when it may decline a round (a plan
+    of K = 0 with ``declined``: plain only because reading the backlog would not pay, :class:`AutoK`).
+    ``declined``: how many rounds of this request it declined (for the stats)."""
 
     declined = 0
     #: the cost tables and prior it was made for (the engine makes a new one when they change)
@@ -131,9 +132,9 @@ class KPolicy:
 
     def plan(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> Plan:
         """The round's plan; ``offers``: a portfolio's free drafts this round
-        (:class:`~specdec.core.drafters.base.Offer`), which only :class:`PortfolioK` reads."""
-        declined = self.declined
-        return Plan(self.budget(t, room, backlog), declined=self.declined > declined)
+        (:class:`~specdec.core.drafters.base.Offer`), which only :class:`PortfolioK` reads. By
+        default :meth:`budget`'s K, never declined."""
+        return Plan(self.budget(t, room, backlog))
 
     def budget(self, t: int, room: int, backlog: int) -> int:
         """The most drafts this round (0: a plain step), for a policy of one source."""
@@ -162,15 +163,15 @@ class Fixed(KPolicy):
 class AutoK(KPolicy):
     """``k="auto"`` for chains (module docstring)."""
 
-    def __init__(self, target: CostTable, draft: CostTable | None = None, needs_model: bool = True,
+    def __init__(self, target: CostTable, draft: CostTable | None = None, drafts_with_model: bool = True,
                  window: int = 0, prior: AcceptancePrior | None = None, k_max: int = MAX_CHAIN):
         self.target = target
-        self.needs_model = needs_model
+        self.drafts_with_model = drafts_with_model
         self.draft = draft
-        self.step = draft_step(target, draft, needs_model)
+        self.step = draft_step(target, draft, drafts_with_model)
         self.draft_view = 0  # prompt tokens the draft model reads this request (its window)
         self.step_context = -1  # the draft context self.step is priced at
-        if not needs_model:
+        if not drafts_with_model:
             self.read = lambda n: 0.0
         elif draft is not None:
             self.read = draft.read
@@ -209,7 +210,7 @@ class AutoK(KPolicy):
         return self._plans[rate]
 
     def rate(self) -> float:
-        return self.bins.pooled() if self.needs_model else self.positions.pooled
+        return self.bins.pooled() if self.drafts_with_model else self.positions.pooled
 
     def start(self, t: int, room: int, backlog: int) -> int | None:
         """The position at which reading ``backlog`` (growing by one a token until then) gains the
@@ -245,7 +246,7 @@ class AutoK(KPolicy):
         """A draft token priced at the context the draft model drafts at: its window of the prompt and
         the answer so far (per :data:`CONTEXT_STEP`), on its table's wide passes where measured
         (:meth:`~specdec.models.costmodel.CostTable.step_at`)."""
-        if not self.needs_model or self.draft is None:
+        if not self.drafts_with_model or self.draft is None:
             return
         at = (self.draft_view + t) // CONTEXT_STEP * CONTEXT_STEP
         if at != self.step_context:
@@ -255,15 +256,21 @@ class AutoK(KPolicy):
                 self._plans.clear()
 
     def budget(self, t: int, room: int, backlog: int) -> int:
+        return self.plan(t, room, backlog).k
+
+    def plan(self, t: int, room: int, backlog: int, offers: Sequence = ()) -> Plan:
+        """The round's K (its drafts stop earlier when :meth:`more` says so); declined when it is
+        plain only because the draft model would first read ``backlog`` tokens (growing by one a token
+        until :meth:`start`'s position), which the drafts would not repay."""
         self.probs, self.kept_p, self.limit = [], 1.0, 0
         if room <= 0:
-            return 0
+            return Plan()
         self._reprice(t)
         k, spt = self.block()
         if k == 0:  # nothing is learned at K = 0: the prior slowly returns
             self._fade()
-            return 0
-        if backlog > STEADY_FEED and self.needs_model:
+            return Plan()
+        if backlog > STEADY_FEED and self.drafts_with_model:
             if (self.planned_backlog < 0 or backlog != self.planned_backlog + (t - self.planned_t)
                     or t >= self.planned_until or abs(spt - self.planned_spt) > REPLAN * self.planned_spt):
                 self.start_at, self.planned_backlog, self.planned_t = self.start(t, room, backlog), backlog, t
@@ -271,18 +278,18 @@ class AutoK(KPolicy):
             if self.start_at is None or t < self.start_at:
                 self.declined += 1
                 self._fade()  # nor while waiting to read: else a plan that barely pays never starts
-                return 0
+                return Plan(declined=True)
         room = min(room, self.k_max)
-        if not self.needs_model:  # no probabilities: the block with the most tokens per second
+        if not self.drafts_with_model:  # no probabilities: the block with the most tokens per second
             k = best_k(self.target.forward, 0.0, self.positions.rates(room), room, allow_zero=False,
                        k_min=min(room, self.window + 1) if self.window else 1, allowed=self.allowed | {room})
             self.limit = k
-            return k
+            return Plan(k)
         self.limit = room
-        return room
+        return Plan(room)
 
     def _fade(self) -> None:
-        self.bins.decay() if self.needs_model else self.positions.forget()
+        self.bins.decay() if self.drafts_with_model else self.positions.forget()
         self._plans.clear()
 
     def more(self, i: int, p: float) -> bool:
@@ -310,7 +317,7 @@ class AutoK(KPolicy):
         if r.drafted <= 0:
             return
         self._plans.clear()
-        if self.needs_model:
+        if self.drafts_with_model:
             self.bins.update(self.probs[:r.drafted], r.accepted)
         else:
             self.positions.update(r.drafted, r.accepted)
@@ -505,11 +512,10 @@ class PortfolioK(KPolicy):
             if k and rate > best * (1 + TIE_TOLERANCE):
                 best, choice = rate, Plan(k, offer.source)
         if self.model is not None:
-            declined = self.model.declined
-            k = self.model.budget(t, room, backlog)
-            if k and 1.0 / self.model.block()[1] > best * (1 + TIE_TOLERANCE):
-                choice = Plan(k, Source.MODEL)
-            elif choice.source is None and self.model.declined > declined:
+            mine = self.model.plan(t, room, backlog)
+            if mine.k and 1.0 / self.model.block()[1] > best * (1 + TIE_TOLERANCE):
+                choice = Plan(mine.k, Source.MODEL)
+            elif choice.source is None and mine.declined:
                 choice = Plan(declined=True)  # plain only because reading the backlog would not pay
         return choice
 
@@ -563,7 +569,7 @@ def copy_ks(table: CostTable) -> frozenset[int]:
     return allowed_ks(table) | frozenset(range(MAX_K, table.widest))
 
 
-def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, needs_model: bool, trees: bool,
+def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, drafts_with_model: bool, trees: bool,
              depth_limit: int, window: int, fallback_k: int, prior: AcceptancePrior | None = None,
              portfolio: bool = False, has_model: bool = False) -> KPolicy:
     """A new K policy (for :class:`WarmStates` to keep across requests): a portfolio drafter gets
@@ -577,9 +583,9 @@ def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, needs_m
     if k.fixed is not None:  # not auto
         return Fixed(k.fixed)
     if trees:
-        if target is not None and not needs_model:
+        if target is not None and not drafts_with_model:
             return PassGate(target, depth_limit)
         return Fixed(depth_limit)
     if target is None:
         return Fixed(fallback_k)
-    return AutoK(target, draft, needs_model, window, prior)
+    return AutoK(target, draft, drafts_with_model, window, prior)

@@ -26,6 +26,7 @@ from typing import Callable, Generator, Iterator, Sequence
 
 import torch
 
+from .caller import Caller
 from .constrain import Constraints, Guide
 from .drafters import Draft, Drafter, make_drafter
 from .acceptance import AcceptancePrior
@@ -141,8 +142,8 @@ class Engine:
 
         def make() -> KPolicy:
             trees = cls.grows_trees
-            return k_policy(cfg.k, self.target_costs, self.draft_costs, needs_model=cls.needs_model, trees=trees,
-                            depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
+            return k_policy(cfg.k, self.target_costs, self.draft_costs, drafts_with_model=cls.drafts_with_model,
+                            trees=trees, depth_limit=cls.depth_limit(**cfg.drafter_params) if trees else 0,
                             window=lookahead_of(cfg.parsed),
                             fallback_k=max(FALLBACK_K, lookahead_of(cfg.parsed) + 1), prior=self.prior,
                             portfolio=cls.portfolio, has_model=self.draft is not None)
@@ -170,7 +171,7 @@ class Engine:
             return
         cls = cfg.drafter_type
         assert cls is not None  # the policy drafts
-        if cls.needs_model and self.draft is None:
+        if cls.requires_model and self.draft is None:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cls.grows_trees:
             depth = cls.depth_limit(**cfg.drafter_params) if cfg.k.fixed is None else cfg.k.fixed
@@ -205,10 +206,16 @@ class Engine:
         return self.constraints.guide(cfg.constraint)
 
     def admit(self, cfg: DecodeConfig, prompt_ids: Sequence[int]) -> None:
-        """The one check that a request fits the loaded models, before any work: its settings
-        (:meth:`check_config`), its prompt (:meth:`check_prompt`) and, for a token-tree drafter, a
-        whole tree after the prompt (:func:`~specdec.core.request.check_tree_fits`)."""
+        """The one check that a request fits the loaded models, before any work, in two halves: its
+        settings (:meth:`check_config`, which needs no prompt: a caller may run it alone first, so
+        that a bad request fails before its prompt is encoded) and its prompt (:meth:`admit_prompt`)."""
         self.check_config(cfg)
+        self.admit_prompt(cfg, prompt_ids)
+
+    def admit_prompt(self, cfg: DecodeConfig, prompt_ids: Sequence[int]) -> None:
+        """:meth:`admit`'s second half, for a request whose settings passed :meth:`check_config`: its
+        prompt (:meth:`check_prompt`) and, for a token-tree drafter, a whole tree after the prompt
+        (:func:`~specdec.core.request.check_tree_fits`)."""
         self.check_prompt(prompt_ids)
         check_tree_fits(cfg, len(prompt_ids), self.target.max_length)
 
@@ -291,7 +298,7 @@ class Engine:
         if cfg.sampling.seed is not None and not cfg.sampling.greedy:
             # a seeded sample is a caller of its own: no earlier request's text or k=auto state
             # changes its drafts, so its seed gives the same answer whatever ran before
-            cfg = cfg.with_settings(caller=None)
+            cfg = cfg.with_settings(caller=Caller.ISOLATED)
         out = out if out is not None else Generation(list(prompt_ids))
         drafter = self.make_drafter(cfg) if policy.drafts else None  # plain decoding runs none
         kpolicy = self.k_policy(cfg) if policy.drafts else None

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 from typing import Any, Collection, Hashable, Mapping, Sequence, TypeVar
 
+from .caller import Caller
+
 #: an item's key in a store (whatever the store indexes its items by)
 Key = TypeVar("Key", bound=Hashable)
 
 
-def principal(caller: str) -> str:
+def principal(caller: Caller) -> str:
     """The client ``caller`` belongs to: its name up to the first ``|`` (the server names a scope
     ``<key>|salt:<digest>``, so all the salts of one API key share the key's share)."""
-    return caller.split("|", 1)[0]
+    return caller.name.split("|", 1)[0]
 
 
 def _largest(totals: dict, recent: dict, among: Collection) -> Any:
@@ -30,8 +32,8 @@ def _largest(totals: dict, recent: dict, among: Collection) -> Any:
     return max(among, key=lambda who: (totals[who], -recent[who]), default=None)
 
 
-def victim(items: Sequence[tuple[Key, str, int]], pinned: Collection[Key] = (),
-           pending: Mapping[str, int] | None = None) -> Key | None:
+def victim(items: Sequence[tuple[Key, Caller, int]], pinned: Collection[Key] = (),
+           pending: Mapping[Caller, int] | None = None) -> Key | None:
     """The key of the item to evict from ``items`` (``(key, caller, size)``, least recently used
     first): of the principal holding the most, its caller holding the most, that caller's least
     recently used item (ties between holders: the least recently used one). ``pending``: sizes about

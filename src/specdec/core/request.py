@@ -4,7 +4,7 @@ prompt, and the defaults of its fields (:data:`DEFAULTS`), declared once.
 Every entry point builds it the same way, once, where the request enters: the Python API
 (``Pair.generate``/``Pair.stream`` keywords, :func:`make_config`), the CLI flags
 (:mod:`specdec.frontends.cliargs`), a server request (:mod:`specdec.frontends.server.params`), a bench configuration
-(:mod:`specdec.bench.configs`) and a config file (:mod:`specdec.core.configfile`) all go through
+(:mod:`specdec.bench.running.configs`) and a config file (:mod:`specdec.core.configfile`) all go through
 :meth:`DecodeConfig.from_options`, which takes loose user options and raises a one-line
 :class:`~specdec.errors.SpecdecError` for a bad one. The engine takes the result as is.
 
@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
 from ..checks import check_int
+from .caller import Caller, as_caller
 from .constrain import Constraint
 from ..draftlength import AUTO, MAX_K, K
 from .drafters import ALL_DRAFTER_OPTIONS, Drafter, check_drafter_options, drafter_class
@@ -202,10 +203,13 @@ class DecodeConfig:
     #: None, or record the target's log-probability of each emitted token and this many alternatives
     #: (:mod:`specdec.core.logprobs`)
     logprobs: int | None = None
-    #: who asks (the server: its API key's digest and the request's cache salt): drafters that read
-    #: earlier requests' text (``suffix``) read only the same caller's; None: a caller of its own,
-    #: no request before or after it shares its text. Set with :meth:`with_settings`, never a request option
-    caller: str | None = ""
+    #: who asks (:class:`~specdec.core.caller.Caller`; the server: its API key's digest and the
+    #: request's cache salt): what the engine keeps across requests (the prefix cache, the suffix
+    #: drafters' text, k=auto's state) serves only the same caller; :data:`Caller.SHARED` by default
+    #: (every request that names none), :data:`Caller.ISOLATED` a caller of its own, whom no request
+    #: before or after it serves. Given loose (a name, ``""``, None), converted once by
+    #: :func:`~specdec.core.caller.as_caller`. Set with :meth:`with_settings`, never a request option
+    caller: Caller = Caller.SHARED
 
     #: the parsed policy (``ar``: :class:`~specdec.core.verify.Plain`): parsed once, here, and used by the
     #: engine as is
@@ -231,6 +235,7 @@ class DecodeConfig:
         check_constraint_fits(self)
         object.__setattr__(self, "stop_token_ids", check_stop_token_ids(self.stop_token_ids))
         object.__setattr__(self, "logprobs", check_logprobs(self.logprobs))
+        object.__setattr__(self, "caller", as_caller(self.caller))
 
     @classmethod
     def from_options(
@@ -277,13 +282,13 @@ class DecodeConfig:
     def with_settings(self, *, max_new_tokens: int | None = None, sampling: SamplingParams | None = None,
                       caller: Any = KEEP) -> DecodeConfig:
         """This request with another budget and/or sampling settings (e.g. a bench repeat's seed),
-        or another ``caller`` (None: a caller of its own), without validating the policy, drafter and k again: they are kept as
-        parsed."""
+        or another ``caller``, without validating the policy, drafter and k again: they are kept as
+        parsed. ``caller`` (:func:`~specdec.core.caller.as_caller`): a :class:`~specdec.core.caller.Caller`,
+        or loose as always: a string names one (``""``: the shared caller, every request's by
+        default), None makes the request a caller of its own (an isolated caller)."""
         out = copy.copy(self)
         if caller is not KEEP:
-            if caller is not None and not isinstance(caller, str):
-                raise SpecdecError(f"caller must be a string or None, got {type(caller).__name__}")
-            object.__setattr__(out, "caller", caller)
+            object.__setattr__(out, "caller", as_caller(caller))
         if max_new_tokens is not None:
             object.__setattr__(out, "max_new_tokens", check_int("max_new_tokens", max_new_tokens, lo=1))
         if sampling is not None:

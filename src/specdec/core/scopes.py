@@ -1,8 +1,9 @@
 """What an engine keeps from one request to the next, and for whom: its caches, kept per caller side by side.
 
-A request names its caller (:attr:`specdec.core.request.DecodeConfig.caller`: the server's digest of
-the API key and the request's ``cache_salt``, or one scope for all on a server without a key; the
-library's ``""`` by default; None: a caller of its own, whom nothing before or after it serves).
+A request names its caller (:attr:`specdec.core.request.DecodeConfig.caller`, a
+:class:`~specdec.core.caller.Caller`: the server's digest of the API key and the request's
+``cache_salt``, or one scope for all on a server without a key; the library's shared caller by
+default; an isolated one: a caller of its own, whom nothing before or after it serves).
 Three things outlive a request, and each serves only the caller that left it (:class:`Caches`, one
 per :class:`~specdec.core.engine.Engine`):
 
@@ -31,6 +32,7 @@ from collections import OrderedDict
 from typing import Any, Callable, Sequence
 
 from ..models.backends.base import Model, Snapshot, common_prefix
+from .caller import Caller
 from .drafters import CacheScope, SuffixCache
 from .fair import victim
 
@@ -39,8 +41,6 @@ from .fair import victim
 MAX_CONTROLLERS = 1024
 #: host memory for the parked prefix caches, all callers together, in bytes (the server's --caller-cache-mb)
 PARKED_BYTES = 512 << 20
-#: whose text the models' caches hold before the first generation: nobody's (no caller is this object)
-_NOBODY = object()
 
 
 class Parked:
@@ -53,18 +53,18 @@ class Parked:
         if isinstance(budget, bool) or not isinstance(budget, int) or budget < 0:
             raise ValueError(f"budget must be an integer number of bytes >= 0, got {budget!r}")
         self.budget = budget
-        self._held: OrderedDict[str, Snapshot] = OrderedDict()  # least recently used first
+        self._held: OrderedDict[Caller, Snapshot] = OrderedDict()  # least recently used first
 
     @property
     def nbytes(self) -> int:
         """Bytes held, all callers together."""
         return sum(snap.nbytes for snap in self._held.values())
 
-    def callers(self) -> list[str]:
+    def callers(self) -> list[Caller]:
         """The callers whose copies are held, least recently used first."""
         return list(self._held)
 
-    def put(self, caller: str, snap: Snapshot | None) -> None:
+    def put(self, caller: Caller, snap: Snapshot | None) -> None:
         """Park ``snap`` as ``caller``'s copy (None: the caller keeps the copy it had), then evict
         until the copies fit the budget (the new one too, if its caller then holds the most)."""
         if snap is None:
@@ -76,11 +76,11 @@ class Parked:
             assert gone is not None  # nothing pinned: the largest holder has a copy to give up
             del self._held[gone]
 
-    def drop(self, caller: str) -> None:
+    def drop(self, caller: Caller) -> None:
         """Forget ``caller``'s copy."""
         self._held.pop(caller, None)
 
-    def get(self, caller: str) -> Snapshot | None:
+    def get(self, caller: Caller) -> Snapshot | None:
         """``caller``'s parked copy (None: it has none), now the most recently used."""
         snap = self._held.get(caller)
         if snap is not None:
@@ -133,19 +133,21 @@ class Caches:
         self.controllers = WarmStates(MAX_CONTROLLERS)
         #: the target's cache per caller, parked between its requests (assign ``Parked(budget)`` to resize it)
         self.parked = Parked()
-        self._holder: Any = _NOBODY  # whose text the models' caches hold
+        #: whose text the models' caches hold; before the first generation nobody's, as after an
+        #: isolated caller's (whose text serves no one)
+        self._holder = Caller.ISOLATED
 
-    def enter(self, caller: str | None, models: Sequence[Model | None]) -> None:
+    def enter(self, caller: Caller, models: Sequence[Model | None]) -> None:
         """A generation of ``caller`` starts on ``models`` (the target, then the draft): unless they
-        hold the same caller's text (never for the caller None), they are emptied, and with
+        hold the same caller's text (never for an isolated caller), they are emptied, and with
         :attr:`prefix_caching` the target gets back the caller's parked copy, if it has one."""
-        if caller is not None and caller == self._holder:
+        if not caller.isolated and caller == self._holder:
             return
         for lm in models:
             if lm is not None:
                 lm.reset()
         target = models[0]
-        held = self.parked.get(caller) if self.prefix_caching and caller is not None else None
+        held = self.parked.get(caller) if self.prefix_caching and not caller.isolated else None
         if held is not None and target is not None and held.owner == id(target):
             try:
                 target.restore(held)
@@ -158,7 +160,7 @@ class Caches:
         """A generation ended: with :attr:`prefix_caching`, a copy of the target's cache is parked
         for its caller (:class:`Parked`, within its budget), for the caller's next request to find
         whatever runs in between. Its cost, a copy of the caller's own cache, is the caller's."""
-        if self.prefix_caching and isinstance(self._holder, str) and self.parked.budget > 0:
+        if self.prefix_caching and not self._holder.isolated and self.parked.budget > 0:
             self.parked.put(self._holder, target.snapshot(limit=self.parked.budget))
 
     def kept(self, target: Model, ids: Sequence[int]) -> int:
@@ -166,17 +168,17 @@ class Caches:
         the prefix it shares with what the cache holds (after :meth:`enter`: the caller's own text), else 0."""
         return common_prefix(target.linear_tokens, ids) if self.prefix_caching else 0
 
-    def history(self, caller: str | None, read: bool = True) -> CacheScope | None:
+    def history(self, caller: Caller, read: bool = True) -> CacheScope | None:
         """A request's view of the suffix cache: its caller's text (``read=False``: it only adds its
-        own, as a request under a loose rule does); None for the caller None."""
+        own, as a request under a loose rule does); None for an isolated caller."""
         return self.suffix.scope(caller, read=read)
 
-    def k_policy(self, caller: str | None, kind: tuple, make: Callable[[], Any], tables: tuple):
+    def k_policy(self, caller: Caller, kind: tuple, make: Callable[[], Any], tables: tuple):
         """k=auto's K policy for ``caller``'s requests of ``kind``, kept from the last one (what one
         caller's requests taught it never steers another's: its K per round would tell what others
-        sent), or ``make()``'s new one: for the caller None, and when the cost ``tables`` it was made
+        sent), or ``make()``'s new one: for an isolated caller, and when the cost ``tables`` it was made
         for changed."""
-        if caller is None:
+        if caller.isolated:
             return make()
 
         def made():

@@ -148,9 +148,11 @@ class Pair:
                                f"got {type(config).__name__}")
         else:
             cfg = config
-        self.engine.check_config(cfg)  # before encoding: a bad request fails without touching the prompt
+        # Engine.admit in its two halves: the settings before encoding (a bad request fails without
+        # touching the prompt), then the prompt
+        self.engine.check_config(cfg)
         prompt_ids = self.encode(prompt, chat=chat, system=system)
-        self.engine.admit(cfg, prompt_ids)
+        self.engine.admit_prompt(cfg, prompt_ids)
         stops = StopStrings(self.tokenizer, stop)
         gen = Generation(prompt_ids)
         stream = Stream(iter(()))

@@ -1,5 +1,5 @@
 """The flags every command shares (models, decoding, loose rules) and how they become a loaded
-pair and request parameters. ``specdec.cli``, ``specdec.bench.cli`` and ``specdec.frontends.server.cli``
+pair and request parameters. ``specdec.cli``, ``specdec.bench.running.command`` and ``specdec.frontends.server.cli``
 import from here; this module imports no command (no cycles: every CLI imports down)."""
 
 from __future__ import annotations

@@ -134,7 +134,7 @@ def auto_k(target, draft_table, draft: str, window: int = 0, prior: dict | None 
     from ..core.autok import AutoK
 
     lookup = draft in LOOKUP_DRAFTERS
-    return AutoK(target, None if lookup else draft_table, needs_model=not lookup, window=window,
+    return AutoK(target, None if lookup else draft_table, drafts_with_model=not lookup, window=window,
                  prior=AcceptancePrior.from_dict(prior) if prior and not lookup else None)
 
 
@@ -159,7 +159,7 @@ def replay_all(traces: list, draft: str, target, draft_table,
         if not lookup:
             return None
         cache = caches.setdefault(run, SuffixCache())
-        return make_drafter(draft, None, frozenset(stop_ids), {}, history=cache.scope(""))
+        return make_drafter(draft, None, frozenset(stop_ids), {}, history=cache.scope())
 
     rows = []
     for tr in traces:
@@ -198,7 +198,7 @@ def replay_portfolio(traces: list, draft: str | None, target, draft_table, prior
                           prior=AcceptancePrior.from_dict(prior) if prior else None, rates=rates)
 
     def copies(of: SuffixCache) -> list:  # a fresh request's copy sources, as the engine's portfolio makes them
-        return list(copy_sources(frozenset(stop_ids), of.scope("")).values())
+        return list(copy_sources(frozenset(stop_ids), of.scope()).values())
 
     oracle_cache = SuffixCache()
     offered = [copy_offers(tr, copies(oracle_cache)) for tr in traces]

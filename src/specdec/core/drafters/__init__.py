@@ -59,7 +59,7 @@ def make_drafter(drafter: str | type[Drafter], draft_lm, stop_ids: frozenset[int
     ``DecodeConfig.drafter_type``) over the draft model ``draft_lm`` (None when none is loaded); a
     drafter that ``reads_history`` also gets ``history``, the request's view of earlier requests' text."""
     cls = drafter_class(drafter) if isinstance(drafter, str) else drafter
-    if cls.needs_model and draft_lm is None:
+    if cls.requires_model and draft_lm is None:
         raise SpecdecError(f"drafter {cls.name!r} needs a draft model; load one (draft=...) or use drafter='pld'")
     if cls.reads_history:
         return cls.build(draft_lm, stop_ids, history=history, **options)

@@ -65,8 +65,8 @@ class AutoDrafter(Drafter):
     """The portfolio (module docstring). Without a draft model its sources are the copy sources."""
 
     name = "auto"
-    needs_model = False
-    uses_model = True
+    requires_model = False
+    drafts_with_model = True
     reads_history = True
     portfolio = True
     Options = AutoOptions

@@ -184,6 +184,11 @@ def depth_option():
                        "grows trees to depth N, k=auto as deep as the tree's own limit)")
 
 
+#: the contract's declarations renamed, old name -> new: a drafter declaring an old one is refused
+#: when its class is made (``needs_model`` read as "requires" and ``uses_model`` as "drafts with")
+RENAMED = {"needs_model": "requires_model", "uses_model": "drafts_with_model"}
+
+
 class Drafter(ABC):
     """The drafter contract: everything the registry, the engine, bench and the server use of a
     drafter. A new drafter is one file with a subclass of this, and one entry in
@@ -192,9 +197,9 @@ class Drafter(ABC):
     Declared on the class (read as declared, never probed):
 
     - ``name``: the registry name (``model``, ``pld``, ...);
-    - ``needs_model``: it proposes from the draft model, so bench, the server and ``load`` must
-      load one and the engine refuses the request without one; drafters without a model cost ~0
-      per draft token to ``k="auto"``;
+    - ``requires_model``: it cannot draft without a draft model: the engine refuses its request
+      when none is loaded (so ``load`` and ``specdec serve`` need ``draft=``), and ``specdec bench``
+      and ``tune`` load one for it. Such a drafter also declares ``drafts_with_model``;
     - ``grows_trees``: its drafts are token trees (:class:`TreeDraft`), verified in one tree pass by
       policies that verify trees; its ``Options`` declare ``tree_depth`` (:func:`depth_option`), the
       tree's depth limit, which a fixed ``k`` also sets (the request holds it as its K), and
@@ -202,8 +207,9 @@ class Drafter(ABC):
     - ``reads_history``: it also drafts from earlier requests' text: :meth:`build` gets
       ``history``, the request's view of the engine's cross-request cache, scoped to its caller
       (:class:`specdec.core.drafters.suffix.CacheScope`);
-    - ``uses_model``: it proposes from the draft model when one is loaded (``needs_model`` drafters
-      and the portfolio, ``auto``): bench and the server load one for it;
+    - ``drafts_with_model``: its drafts come from the draft model whenever one is loaded (the
+      ``requires_model`` drafters, and the portfolio, ``auto``, which runs without one too): ``k="auto"``
+      prices its draft tokens at the draft model's pass, where those of a drafter without one cost ~0;
     - ``portfolio``: it drafts from several sources, one per round, which its K policy
       (:class:`specdec.core.autok.PortfolioK`) chooses from :meth:`offers` and the draft model's plan;
     - ``observes_target``: after every round it drafted, the engine hands :meth:`observe` the
@@ -227,10 +233,10 @@ class Drafter(ABC):
     """
 
     name: ClassVar[str]
-    needs_model: ClassVar[bool]
+    requires_model: ClassVar[bool]
     grows_trees: ClassVar[bool] = False
     reads_history: ClassVar[bool] = False
-    uses_model: ClassVar[bool] = False
+    drafts_with_model: ClassVar[bool] = False
     portfolio: ClassVar[bool] = False
     observes_target: ClassVar[bool] = False
     Options: ClassVar[type]
@@ -245,6 +251,12 @@ class Drafter(ABC):
     #: there, so that a round's drafting is cut short; None: never
     should_stop: "Callable[[], bool] | None" = None
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for old, new in RENAMED.items():
+            if old in vars(cls):
+                raise TypeError(f"{cls.__name__}.{old} is now called {new} (docs/extending.md)")
+
     def stopping(self) -> bool:
         """Whether the generation is being stopped (:attr:`should_stop`)."""
         return self.should_stop is not None and bool(self.should_stop())
@@ -256,8 +268,8 @@ class Drafter(ABC):
 
     @classmethod
     def build(cls, lm, stop_ids: frozenset[int], **options) -> "Drafter":
-        """The drafter over the draft model ``lm`` (None when ``needs_model`` is False) that stops
-        at ``stop_ids``, with ``options`` already checked."""
+        """The drafter over the draft model ``lm`` (None when none is loaded, never for a
+        ``requires_model`` drafter) that stops at ``stop_ids``, with ``options`` already checked."""
         return cls(lm, stop_ids, **options)  # type: ignore[call-arg]  # every registered drafter's __init__ takes these
 
     @classmethod

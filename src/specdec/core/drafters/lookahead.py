@@ -95,7 +95,7 @@ class LookaheadDrafter(Drafter):
     step and harvest n-grams."""
 
     name = "lookahead"
-    needs_model = False
+    requires_model = False
     grows_trees = True
     observes_target = True
     Options = LookaheadOptions

@@ -130,7 +130,7 @@ class LookupDrafter(Drafter):
     recent text predicts the continuation better in code and chat."""
 
     name = "pld"
-    needs_model = False
+    requires_model = False
     Options = LookupOptions
 
     def __init__(self, ngram_max: int = 3, ngram_min: int = 1):

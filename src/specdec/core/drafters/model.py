@@ -79,8 +79,8 @@ class ModelDrafter(Windowed, Drafter):
     """
 
     name = "model"
-    needs_model = True
-    uses_model = True
+    requires_model = True
+    drafts_with_model = True
     Options: ClassVar[type] = ModelOptions
 
     def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), min_confidence: float = 0.0,

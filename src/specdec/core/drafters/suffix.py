@@ -56,6 +56,7 @@ from typing import Callable, Sequence
 import torch
 
 from ...checks import option
+from ..caller import Caller
 from ..fair import victim
 from ..sampling import SamplingParams
 from .base import Draft, Drafter, Offer, answer_run, depth_option, tree_draft
@@ -240,7 +241,7 @@ def expand(node: _Node | None, depth: int, nodes: int, min_prob: float, tree: bo
 class _Entry:
     """One request's text in the cache."""
 
-    caller: str
+    caller: Caller
     tokens: list[int] = field(default_factory=list)
     frontier: list = field(default_factory=list)
 
@@ -250,8 +251,8 @@ class SuffixCache:
     all, whole requests evicted, each time the least recently extended of the caller holding the
     most (:meth:`extend`), so that one caller's text cannot push another's below an equal share of
     the bound. One suffix trie per caller, so a caller never drafts from another caller's text (the
-    server's caller: its API key and cache salt; the library's: ``DecodeConfig.caller``, "" by
-    default). Thread-safe.
+    server's caller: its API key and cache salt; the library's: ``DecodeConfig.caller``, the shared
+    caller by default). Thread-safe.
 
     Every :class:`~specdec.core.engine.Engine` (so every ``Pair``) has one, ``engine.caches.suffix``;
     assign another to bound it differently (``SuffixCache(max_tokens=...)``) or to share one
@@ -262,22 +263,22 @@ class SuffixCache:
             raise ValueError(f"max_tokens must be an integer >= 0, got {max_tokens!r}")
         self.max_tokens, self.depth = max_tokens, depth
         self.tokens = 0  # tokens held, all callers together
-        self._tries: dict[str, SuffixTrie] = {}
+        self._tries: dict[Caller, SuffixTrie] = {}
         self._entries: OrderedDict[int, _Entry] = OrderedDict()  # least recently extended first
         self._ids = itertools.count()
         self._lock = threading.Lock()
 
-    def scope(self, caller: str | None = "", read: bool = True) -> "CacheScope | None":
+    def scope(self, caller: Caller = Caller.SHARED, read: bool = True) -> "CacheScope | None":
         """What one request of ``caller`` reads and adds (:class:`CacheScope`; ``read=False``: adds
-        only, as a request under a loose rule does); None for the caller None, which shares nothing."""
-        return None if caller is None else CacheScope(self, caller, read)
+        only, as a request under a loose rule does); None for an isolated caller, which shares nothing."""
+        return None if caller.isolated else CacheScope(self, caller, read)
 
-    def requests(self, caller: str | None = None) -> list[list[int]]:
-        """The requests' texts held (for ``caller``, or all), least recently extended first."""
+    def requests(self, of: Caller | None = None) -> list[list[int]]:
+        """The requests' texts held (``of`` one caller; None: of every caller), least recently extended first."""
         with self._lock:
-            return [list(e.tokens) for e in self._entries.values() if caller is None or e.caller == caller]
+            return [list(e.tokens) for e in self._entries.values() if of is None or e.caller == of]
 
-    def open(self, caller: str) -> int:
+    def open(self, caller: Caller) -> int:
         with self._lock:
             entry = next(self._ids)
             self._entries[entry] = _Entry(caller)
@@ -317,7 +318,7 @@ class SuffixCache:
         if trie.root.kids is None:
             del self._tries[held.caller]
 
-    def read(self, caller: str, plan: Callable[[SuffixTrie], Plan]) -> Plan:
+    def read(self, caller: Caller, plan: Callable[[SuffixTrie], Plan]) -> Plan:
         """``plan(trie)`` over ``caller``'s trie, under the lock (an empty plan when it has none)."""
         with self._lock:
             trie = self._tries.get(caller)
@@ -328,7 +329,7 @@ class CacheScope:
     """One request's view of a :class:`SuffixCache`: its caller's trie to read, and its own entry,
     opened at its first tokens, to extend."""
 
-    def __init__(self, cache: SuffixCache, caller: str, read: bool = True):
+    def __init__(self, cache: SuffixCache, caller: Caller, read: bool = True):
         self.cache, self.caller, self.reads = cache, caller, read
         self.entry: int | None = None
 
@@ -363,7 +364,7 @@ class SuffixDrafter(Drafter):
     matching suffix, from the request's own text or the cache's, whichever scores higher."""
 
     name = "suffix"
-    needs_model = False
+    requires_model = False
     reads_history = True
     Options = SuffixOptions
     tree = False

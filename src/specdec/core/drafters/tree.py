@@ -64,8 +64,8 @@ class TreeDrafter(Windowed, Drafter):
     logits row that node ``i`` was chosen from (its parent's)."""
 
     name = "tree"
-    needs_model = True
-    uses_model = True
+    requires_model = True
+    drafts_with_model = True
     grows_trees = True  # the engine verifies its drafts as a tree, and tree_depth (or a fixed k) is the depth limit
     Options = TreeOptions
 

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from ...errors import SpecdecError
+from ...core.caller import Caller
 from ...core.request import DecodeConfig
 from ...core.settings import layer
 from ...core.text import tokenizer_call
@@ -171,20 +172,20 @@ def _checked_settings(pair, defaults: dict | None, api_key: str | None,
     return defaults, limits
 
 
-def cache_scope(key: str, salt: str | None, shared: bool) -> str | None:
+def cache_scope(key: str, salt: str | None, shared: bool) -> Caller:
     """The request's caller (:attr:`~specdec.core.request.DecodeConfig.caller`): whom it shares cached
     state with (the engine keeps the prefix cache, the suffix drafters' cache and k=auto's state per
     caller, side by side, :mod:`specdec.core.scopes`; the server only names it): the requests of the
     same API key (``key``, the gate's digest of it; "" without one) and the same ``cache_salt``.
     Without a key, the requests that send no salt share one scope (``shared``, the default: one
-    user's server, as vLLM's and llama-server's prefix caching), or each is on its own (None) when
-    the operator turned that off (``--no-shared-caches``). The name is ``<key>|salt:<digest>``: the
-    part before ``|`` is the client whose share of each cache's bound its salts split
-    (:func:`specdec.core.fair.principal`)."""
+    user's server, as vLLM's and llama-server's prefix caching), or each is on its own
+    (:data:`Caller.ISOLATED`) when the operator turned that off (``--no-shared-caches``). The name is
+    ``<key>|salt:<digest>``: the part before ``|`` is the client whose share of each cache's bound
+    its salts split (:func:`specdec.core.fair.principal`)."""
     if not key and not shared and salt is None:
-        return None
+        return Caller.ISOLATED
     scope = key or "all"
-    return scope if salt is None else f"{scope}|salt:{hashlib.sha256(salt.encode()).hexdigest()[:16]}"
+    return Caller.named(scope if salt is None else f"{scope}|salt:{hashlib.sha256(salt.encode()).hexdigest()[:16]}")
 
 
 class Served:
@@ -250,7 +251,7 @@ class Served:
         return Shaper(isinstance(body, ChatRequest), body.model or self.name, self.pair.tokenizer), usage
 
     async def _generate(self, body: CompletionRequest | ChatRequest, request: Request) -> Response:
-        job = await self._submit(body, getattr(request.state, "caller", ""))
+        job = await self._submit(body, getattr(request.state, "key_id", ""))
         watcher = asyncio.create_task(_watch(request.receive, job, self.limits.request_timeout_seconds))
         getter = asyncio.ensure_future(job.events.get())
         try:

@@ -1,9 +1,9 @@
 """Pure ASGI middleware in front of the routes, in this order: counts every response's status;
 refuses a ``Host`` the server does not answer to (400) and a cross-site ``Origin`` not allowed
 (403) (see :mod:`.origins`); checks the API key (401) on every path but ``/health``
-(``/metrics``, ``/openapi.json`` and the docs included, as vLLM does), and records a digest of it as the
-request's caller (``request.state.caller``: requests of one key share drafting state, see
-:mod:`specdec.core.drafters.suffix`); requires ``Content-Type:
+(``/metrics``, ``/openapi.json`` and the docs included, as vLLM does), and records a digest of it
+(``request.state.key_id``), of which the routes name the request's caller (requests of one key share
+what the engine keeps across requests, :func:`specdec.frontends.server.app.cache_scope`); requires ``Content-Type:
 application/json`` on a body (415); caps the request body (413) before anything parses it: by
 ``Content-Length`` when given, else by counting a chunked body as it arrives. An exception that
 escapes the routes before the response began is answered here: a 500 in OpenAI's error shape."""
@@ -39,8 +39,8 @@ def shown(value: str, limit: int = 80) -> str:
 
 
 def key_id(key: bytes) -> str:
-    """A request's caller, for state kept per caller (the suffix drafters' cache): a digest of the
-    API key that let it in, never the key itself."""
+    """The API key that let a request in, as the routes name its caller by
+    (:func:`specdec.frontends.server.app.cache_scope`): a digest of it, never the key itself."""
     return "key:" + hashlib.sha256(key).hexdigest()[:16]
 
 
@@ -108,7 +108,7 @@ class Gate:
             if given is None or not hmac.compare_digest(given, self.key):
                 return await send_error(send, 401, "missing or wrong API key (send 'Authorization: Bearer <key>')",
                                         "invalid_api_key", [(b"www-authenticate", b"Bearer")])
-            scope.setdefault("state", {})["caller"] = key_id(given)  # the routes' request.state.caller
+            scope.setdefault("state", {})["key_id"] = key_id(given)  # the routes' request.state.key_id
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         if not is_json(headers.get(b"content-type")):

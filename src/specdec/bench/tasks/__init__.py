@@ -1,0 +1,2 @@
+"""The benchmarks a bench run asks: their samples, the data they ship, the one prompt format (sub-folder
+rules: README.md)."""

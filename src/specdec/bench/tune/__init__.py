@@ -1,0 +1,2 @@
+"""``specdec tune``: the certified search for each policy's parameters and K (sub-folder rules:
+README.md)."""
