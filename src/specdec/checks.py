@@ -5,7 +5,7 @@ flags and documentation are generated from that one declaration."""
 from __future__ import annotations
 
 import math
-from dataclasses import Field, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from .errors import SpecdecError
@@ -119,9 +119,10 @@ class Spec:
 
 def option(default: Any, *, help: str, kind: type | None = None, lo: float | None = None, hi: float | None = None,
            lo_open: bool = False, hi_open: bool = False, choices: tuple[str, ...] | None = None,
-           words: tuple[str, ...] = (), check: Callable[[str, Any], Any] | None = None) -> Field:
+           words: tuple[str, ...] = (), check: Callable[[str, Any], Any] | None = None) -> Any:
     """A dataclass field declaring an option: default, range or choices, words it takes beside a
-    number (``words``), a check of its own (``check``), help."""
+    number (``words``), a check of its own (``check``), help. Typed ``Any``, as ``dataclasses.field``
+    is, so that it stands where the annotation's value goes (``k: int = option(...)``)."""
     spec = Spec(kind or type(default), help, lo, hi, lo_open, hi_open, choices, tuple(words), check)
     return field(default=default, metadata={"spec": spec})
 

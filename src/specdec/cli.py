@@ -239,9 +239,9 @@ def curve_lines(curves: list) -> list[str]:
     lines.append("(" + "; ".join(prefills) + ")")
     for label, t in curves:
         if t.wide_widths:
-            cells = ", ".join(f"{w}: {s * 1e3:.0f} ({s / t.wide_seconds[0]:.2f}x)"
-                              for w, s in zip(t.wide_widths, t.wide_seconds))
-            lines.append(f"{label} after {t.wide_context} tokens of context, ms (x one token): {cells}")
+            wide = ", ".join(f"{w}: {s * 1e3:.0f} ({s / t.wide_seconds[0]:.2f}x)"
+                             for w, s in zip(t.wide_widths, t.wide_seconds))
+            lines.append(f"{label} after {t.wide_context} tokens of context, ms (x one token): {wide}")
     return lines
 
 

@@ -36,6 +36,7 @@ class K:
     (``fixed`` None: chosen each round from the cost model). Build one with :meth:`parse`."""
 
     __slots__ = ("fixed",)
+    fixed: int | None
 
     def __init__(self, fixed: int | None = None):
         object.__setattr__(self, "fixed", fixed)

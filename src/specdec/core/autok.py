@@ -461,6 +461,7 @@ class PortfolioK(KPolicy):
         if step not in self._priced:
             if len(self._priced) > 256:
                 self._priced.clear()
+            assert self.target is not None, "priced only with a target's table"
             table = priced_at(self.target, step)
             self._priced[step] = (table, copy_ks(table))
         return self._priced[step]
@@ -579,7 +580,7 @@ def k_policy(k: K, target: CostTable | None, draft: CostTable | None, *, drafts_
     if portfolio:
         return PortfolioK(target, draft, has_model=has_model, prior=prior, window=window,
                           fixed=k.fixed)
-    if not k.auto:
+    if k.fixed is not None:  # not auto
         return Fixed(k.fixed)
     if trees:
         if target is not None and not drafts_with_model:

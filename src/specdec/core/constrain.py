@@ -96,7 +96,7 @@ def _limits(llg):
 MAX_DETAIL = 300
 
 
-def _first_line(message: str) -> str:
+def _first_line(message: object) -> str:
     """llguidance's message on one line: its lines joined (a regex error's detail, e.g. "unclosed
     group", is on the last one), cut at :data:`MAX_DETAIL` characters."""
     lines = [line.strip() for line in str(message).strip().splitlines() if line.strip()]
@@ -244,7 +244,8 @@ class _Cache:
     """A small thread-safe LRU dictionary."""
 
     def __init__(self, size: int):
-        self.size, self.items, self.lock = size, OrderedDict(), threading.Lock()
+        self.size, self.lock = size, threading.Lock()
+        self.items: OrderedDict[Any, Any] = OrderedDict()
 
     def get(self, key, make):
         with self.lock:
@@ -455,7 +456,7 @@ class Guide:
         width = self.width if width is None else int(width)
         out = torch.ones(len(tokens) + 1, width, dtype=torch.bool)
         out[0] = self.mask(width)
-        live = []  # per node: its path is one the grammar allows (and may continue)
+        live: list[bool] = []  # per node: its path is one the grammar allows (and may continue)
         with self.walk() as walk:
             for i, (t, p) in enumerate(zip(tokens, parents)):
                 t, row = int(t), int(p) + 1
@@ -490,11 +491,17 @@ class TreeWalk:
     caller) holds each node's path, or None for a pruned node."""
 
     def __init__(self, guide: Guide):
-        self.guide, self.current, self.paths = guide, [], []
+        self.guide = guide
+        self.current: list[int] = []
+        self.paths: list[list[int] | None] = []  # per node: its path, None where refused
 
     def path(self, node: int) -> list[int]:
         """The tokens from the committed text to ``node`` (-1: none)."""
-        return [] if node < 0 else list(self.paths[node])
+        if node < 0:
+            return []
+        path = self.paths[node]
+        assert path is not None, "only a node the grammar allows has children"
+        return list(path)
 
     def to(self, path: list[int]) -> None:
         keep = 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 import torch
 
@@ -138,6 +138,7 @@ class Engine:
         the one its caller's requests of this kind (:meth:`_kind`) left
         (:meth:`specdec.core.scopes.Caches.k_policy`)."""
         cls = cfg.drafter_type
+        assert cls is not None, "a K policy is made for a policy that drafts"
 
         def make() -> KPolicy:
             trees = cls.grows_trees
@@ -155,6 +156,7 @@ class Engine:
     def make_drafter(self, cfg: DecodeConfig) -> Drafter:
         """The request's drafter, from the registry (:func:`specdec.core.drafters.make_drafter`); one that
         reads earlier requests' text sees its caller's only, and none under a loose rule."""
+        assert cfg.drafter_type is not None, "a drafter is made for a policy that drafts"
         return make_drafter(cfg.drafter_type, self.draft, self.eos_ids, dict(cfg.drafter_params),
                             history=self.caches.history(cfg.caller, read=not cfg.parsed.lossy))
 
@@ -168,10 +170,11 @@ class Engine:
         if not policy.drafts:
             return
         cls = cfg.drafter_type
+        assert cls is not None  # the policy drafts
         if cls.requires_model and self.draft is None:
             raise SpecdecError(f"drafter {cfg.drafter!r} needs a draft model; load one (draft=...) or use drafter='pld'")
         if cls.grows_trees:
-            depth = cls.depth_limit(**cfg.drafter_params) if cfg.k.auto else cfg.k.fixed
+            depth = cls.depth_limit(**cfg.drafter_params) if cfg.k.fixed is None else cfg.k.fixed
             # the most root-to-leaf paths of the tree the target scores and of the one the draft feeds
             paths = cls.tree_paths(depth, **cfg.drafter_params)
             for role, lm, leaves in (("target", self.target, paths[0]), ("draft", self.draft, paths[1])):
@@ -229,7 +232,7 @@ class Engine:
     def run(
         self, prompt_ids: Sequence[int], cfg: DecodeConfig, out: Generation | None = None,
         stop_check: StopCheck | None = None, should_stop: Callable[[], bool] | None = None, check: bool = True,
-    ) -> Iterator[Generation]:
+    ) -> Generator[Generation, None, None]:
         """Generate; yields ``out`` (a :class:`Generation`) after every round that committed
         tokens: the one channel, holding the ids so far (a stop string may cut tokens of earlier
         rounds, so read ``out.token_ids``, not differences), then the stats and finish reason.
@@ -249,7 +252,7 @@ class Engine:
             clock = _Clock(run.guide)
             plan, backlog = self._plan(run)  # 0.
             with clock("draft_seconds", grammar="draft_mask_seconds"):
-                draft = run.drafter.draft(run.context, plan, cfg.sampling, run.generator) if plan.k else Draft()  # 1.
+                draft = run.drafter.draft(run.context, plan, cfg.sampling, run.generator) if plan.k and run.drafter else Draft()  # 1.
             if self._cancelled(run, should_stop):  # the client left while the drafter ran
                 break
             with clock("verify_seconds"):
@@ -279,6 +282,7 @@ class Engine:
         if run.kpolicy is not None and run.out.finish_reason in ("stop", "length"):
             run.kpolicy.end(len(run.out.token_ids), cut=run.out.finish_reason == "length")
         stats = run.out.stats
+        assert stats is not None  # set by _start
         stats.peak_rss_mb = peak_rss_mb()
         if stats.predicted_verify_seconds > 0 and stats.rounds >= DRIFT_ROUNDS:
             ratio = stats.verify_seconds / stats.predicted_verify_seconds
@@ -306,9 +310,10 @@ class Engine:
         run = _Run(cfg=cfg, out=out, policy=policy, drafter=drafter, guide=guide, kpolicy=kpolicy,
                    generator=make_generator(cfg.sampling.seed, self.target.device),
                    context=list(prompt_ids), limit=self.target.max_length or 1 << 62, t_start=time.perf_counter(),
-                   tree_size=cls.tree_size(**cfg.drafter_params) if drafter is not None and cls.grows_trees else 0)
+                   tree_size=cls.tree_size(**cfg.drafter_params) if drafter is not None and cls is not None and cls.grows_trees else 0)
         self._prefill(run.context[:-1], out.stats)
         if drafter is not None:
+            assert kpolicy is not None  # made with the drafter
             drafter.guide = guide
             drafter.more = kpolicy.more
             drafter.start(run.context)
@@ -336,6 +341,7 @@ class Engine:
         if run.drafter is None:
             return Plan(), 0
         room = min(run.cfg.max_new_tokens - len(run.out.token_ids), run.limit - len(run.context))
+        assert run.kpolicy is not None  # made with the drafter
         backlog = run.drafter.backlog(run.context)
         run.offers = run.drafter.offers(run.context, room - 1)  # a portfolio's free drafts, priced by the policy
         plan = run.kpolicy.plan(len(run.out.token_ids), room - 1, backlog, run.offers)
@@ -433,6 +439,7 @@ class Engine:
 
     def _learn(self, run: "_Run", record: RoundRecord) -> None:
         """The round's record, to the one observer: the stats add it up, the K policy learns from it."""
+        assert run.out.stats is not None  # set by _start
         run.out.stats.add(record)
         if run.kpolicy is not None:
             run.kpolicy.observe(record)

@@ -13,9 +13,12 @@ only be over its bound while someone holds more than that share.
 
 from __future__ import annotations
 
-from typing import Collection, Hashable, Mapping, Sequence
+from typing import Any, Collection, Hashable, Mapping, Sequence, TypeVar
 
 from .caller import Caller
+
+#: an item's key in a store (whatever the store indexes its items by)
+Key = TypeVar("Key", bound=Hashable)
 
 
 def principal(caller: Caller) -> str:
@@ -24,13 +27,13 @@ def principal(caller: Caller) -> str:
     return caller.name.split("|", 1)[0]
 
 
-def _largest(totals: dict, recent: dict, among: Collection) -> Hashable | None:
+def _largest(totals: dict, recent: dict, among: Collection) -> Any:
     """The one of ``among`` with the largest total; ties: the least recently used."""
     return max(among, key=lambda who: (totals[who], -recent[who]), default=None)
 
 
-def victim(items: Sequence[tuple[Hashable, Caller, int]], pinned: Collection[Hashable] = (),
-           pending: Mapping[Caller, int] | None = None) -> Hashable | None:
+def victim(items: Sequence[tuple[Key, Caller, int]], pinned: Collection[Key] = (),
+           pending: Mapping[Caller, int] | None = None) -> Key | None:
     """The key of the item to evict from ``items`` (``(key, caller, size)``, least recently used
     first): of the principal holding the most, its caller holding the most, that caller's least
     recently used item (ties between holders: the least recently used one). ``pending``: sizes about

@@ -90,7 +90,7 @@ def check_drafter_fits_policy(policy: Policy, cls, k: K, drafter_params: Mapping
             f"policy {name!r}: {policy.lookahead_label} needs paths longer than it, but a tree of "
             f"depth <= {cls.depth_limit(**drafter_params)} cannot grow that deep; raise tree_nodes (tree) "
             "or lookahead_window/lookahead_ngram (lookahead)")
-    if not k.auto and k.fixed <= w:
+    if k.fixed is not None and k.fixed <= w:  # a fixed k
         raise SpecdecError(
             f"policy {name!r}: {policy.lookahead_label} acts only on draft blocks longer than it, so k={k} "
             f"would leave it inert; use k >= {w + 1}, k='auto', {policy.lookahead_remedy}")
@@ -113,9 +113,10 @@ def check_tree_fits(cfg: "DecodeConfig", prompt_tokens: int, limit: int | None) 
     """A token-tree drafter's tree must fit the context after the prompt (else the first verify
     pass would overflow it); refused before any work. Later, when the text leaves too little room
     for a tree, the engine takes plain steps."""
-    if limit is None or not cfg.parsed.drafts or not cfg.drafter_type.grows_trees:
+    cls = cfg.drafter_type  # None only where the policy drafts nothing
+    if limit is None or not cfg.parsed.drafts or cls is None or not cls.grows_trees:
         return
-    nodes = cfg.drafter_type.tree_size(**cfg.drafter_params)
+    nodes = cls.tree_size(**cfg.drafter_params)
     if prompt_tokens + nodes > limit:
         raise SpecdecError(f"drafter {cfg.drafter!r}: its trees of up to {nodes} nodes do not fit the context after "
                            f"the prompt ({prompt_tokens} + {nodes} tokens > {limit}); lower its options or shorten "
@@ -212,7 +213,7 @@ class DecodeConfig:
 
     #: the parsed policy (``ar``: :class:`~specdec.core.verify.Plain`): parsed once, here, and used by the
     #: engine as is
-    parsed: Policy = field(default=None, init=False, repr=False, compare=False)
+    parsed: Policy = field(init=False, repr=False, compare=False)
     #: the drafter's registered class (:func:`specdec.core.drafters.drafter_class`), looked up once, here;
     #: None when the policy drafts nothing (plain decoding runs no drafter)
     drafter_type: type[Drafter] | None = field(default=None, init=False, repr=False, compare=False)
@@ -273,7 +274,8 @@ class DecodeConfig:
 
             constraint = constraint_from(response_format=response_format, json_schema=json_schema, regex=regex,
                                          choice=choice, grammar=grammar)
-        return cls(policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,
+        # k as given: __post_init__ parses it (K.parse)
+        return cls(policy=policy, drafter=drafter, k=k, max_new_tokens=max_new_tokens, sampling=sampling,  # type: ignore[arg-type]
                    policy_params=policy_params, drafter_params=drafter_params, constraint=constraint,
                    stop_token_ids=tuple(stop_token_ids or ()), logprobs=logprobs)
 

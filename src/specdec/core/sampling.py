@@ -154,6 +154,7 @@ def device_chooser(params: SamplingParams):
             p = soft.gather(0, token)[0]
             return token[0], p, p, None
         q = probabilities(raw[None], params)[0]
+        assert noise is not None, "a draw at T>0 is given its noise"
         token = (torch.log(q) + gumbel(noise)).argmax(-1, keepdim=True)
         return token[0], q.gather(0, token)[0], soft.gather(0, token)[0], q
 

@@ -72,7 +72,9 @@ class Parked:
         self._held.pop(caller, None)
         self._held[caller] = snap
         while self.nbytes > self.budget:
-            del self._held[victim([(who, who, held.nbytes) for who, held in self._held.items()])]
+            gone = victim([(who, who, held.nbytes) for who, held in self._held.items()])
+            assert gone is not None  # nothing pinned: the largest holder has a copy to give up
+            del self._held[gone]
 
     def drop(self, caller: Caller) -> None:
         """Forget ``caller``'s copy."""

@@ -144,7 +144,7 @@ def overlap(text: str, stop: str, borders: Sequence[int]) -> int:
 class StopStrings:
     """Finds the first token at which a stop string is complete in the decoded output."""
 
-    def __init__(self, tokenizer, stops: Sequence[str]):
+    def __init__(self, tokenizer, stops: Sequence[str] | str | None):
         if isinstance(stops, str):
             stops = [stops]
         stops = list(stops or [])

@@ -160,7 +160,8 @@ class Pair:
         def finish() -> None:
             stream.output = Output(
                 stops.final_text(gen.token_ids), list(gen.token_ids), gen.finish_reason or "cancelled",
-                len(prompt_ids), gen.stats, None if gen.logprobs is None else list(gen.logprobs),
+                # stats are None only where the run failed before its first round (its error goes on up)
+                len(prompt_ids), gen.stats, None if gen.logprobs is None else list(gen.logprobs),  # type: ignore[arg-type]
             )
 
         def chunks() -> Iterator[str]:

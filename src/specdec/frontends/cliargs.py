@@ -5,6 +5,7 @@ import from here; this module imports no command (no cycles: every CLI imports d
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ..models.bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
 from ..checks import options_of
@@ -58,7 +59,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         f"llama-cpp-python is installed, else transformers), or one of: {', '.join(REGISTRY.names())}")
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     for name, (spec, default) in REGISTRY.options().items():
-        shape = {"choices": list(spec.choices)} if spec.choices else {"type": spec.kind, "metavar": "N"}
+        shape: dict[str, Any] = {"choices": list(spec.choices)} if spec.choices else {"type": spec.kind, "metavar": "N"}
         if spec.kind is bool:  # --name / --no-name
             shape = {"action": argparse.BooleanOptionalAction}
         g.add_argument(*flag_names(f"--{name.replace('_', '-')}"), dest=name, default=default,
@@ -130,7 +131,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                        help=f"{spec.help} (default: {default})")
     for rule, cls in RULES.items():
         for param, (spec, default) in options_of(cls).items():
-            extra = {"choices": list(spec.choices)} if spec.choices else {}
+            extra: dict[str, Any] = {"choices": list(spec.choices)} if spec.choices else {}
             r.add_argument(f"--{rule}-{param}", type=spec.kind, default=None,
                            help=f"{rule}: {spec.help} (default: {default})", **extra)
 

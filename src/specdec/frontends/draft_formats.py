@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 #: a model's identity for the cache of measurements: its weights (file and format), as a string
-Identity = Callable[[object], str]
+Identity = Callable[[Any], str]
 
 #: code and prose, the two kinds of text the bundled pair is used for (~300 tokens)
 REFERENCE = '''\
@@ -163,7 +163,7 @@ def prior(target, draft, tokenizer, identity: Identity):
 
 
 def choose(target, tokenizer, sources: Sequence[str], load: Callable[[str], tuple[Any, Any]],
-           log: Callable[[str], None], identity: Identity, target_table=None) -> tuple[DraftChoice, object, object, object]:
+           log: Callable[[str], None], identity: Identity, target_table=None) -> tuple[DraftChoice, Any, Any, Any]:
     """The draft for ``draft="auto"`` among ``sources`` (the draft as shipped first, then its variants;
     module docstring). ``load(source)`` gives the backend's model and its cost table (None when the
     measurement failed), ``identity(lm)`` names its weights for the cache. Returns the choice, the

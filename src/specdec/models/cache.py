@@ -53,7 +53,7 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def write_manifest(folder: Path, source: dict) -> None:
+def write_manifest(folder: Path, source: dict | None) -> None:
     files = {}
     for p in sorted(folder.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
@@ -97,7 +97,7 @@ def check_folder(folder: Path, full: bool = False) -> str | None:
     return None
 
 
-def build_atomically(final: Path, build: Callable[[Path], dict], full_check: bool = False) -> Path:
+def build_atomically(final: Path, build: Callable[[Path], dict | None], full_check: bool = False) -> Path:
     """Make ``final`` a complete cache folder, building it with ``build(tmp_dir) -> source info``
     when it is missing or corrupt. Safe against interruption and concurrent builders."""
     final = final.expanduser()

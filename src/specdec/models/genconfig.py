@@ -18,6 +18,7 @@ model folder; a GGUF file carries none. ``"specdec"``: none (greedy, as before; 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -83,7 +84,7 @@ def of_model(source: str | None) -> tuple[dict[str, Any], str]:
     return {}, "the model ships no sampling settings"
 
 
-def resolve(choice: str | None, target: str | None) -> tuple[dict[str, Any], str]:
+def resolve(choice: str | os.PathLike | None, target: str | None) -> tuple[dict[str, Any], str]:
     """``(settings, why)`` for ``generation_config=choice`` (``auto``, ``specdec`` or a path) and
     the target model's source."""
     if choice is None or choice == AUTO:

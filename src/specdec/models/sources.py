@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import overload
 
 from .bundled import BUNDLED, DEFAULT_DRAFT, DEFAULT_TARGET
 from ..errors import SpecdecError
@@ -25,6 +26,10 @@ _FORMAT = re.compile(r"^[A-Za-z0-9_]+$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
+@overload
+def split_format(source: str) -> tuple[str, str | None]: ...
+@overload
+def split_format(source: None) -> tuple[None, None]: ...
 def split_format(source: str | None) -> tuple[str | None, str | None]:
     """``"name@bf16"`` -> ``("name", "bf16")``; a source without a format suffix (or an existing path
     that holds ``@``) is returned whole with None. Which formats exist is each backend's to say

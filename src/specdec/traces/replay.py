@@ -194,8 +194,16 @@ class LookupSource:
         return len(tokens), accepted, 0.0
 
     def commit(self, t: int, drafted: int, accepted: int) -> None:
+        assert self.trace.prompt is not None  # a copy source replays a trace with its prompt
         self.context = list(self.trace.prompt) + self.trace.answer[: t + accepted + 1]
         self.drafter.commit(self.context, drafted, accepted)
+
+
+def _drafting(model: ModelSource | None, lookup: LookupSource | None) -> ModelSource | LookupSource:
+    """The source a round drafts from: the model's, else prompt lookup's (a round drafts only with one)."""
+    source = model or lookup
+    assert source is not None, "a round drafts only with a source"
+    return source
 
 
 def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, copies: Sequence = ()) -> Replayed:
@@ -231,7 +239,7 @@ def replay(trace: Trace, draft: str | None, policy, clock: Clock, drafter=None, 
             drafted = min(k, len(offer.tokens))
             accepted = offer.outcome(trace.answer[t:t + drafted])[1]
         elif k:
-            drafted, accepted, seconds = (model or lookup).propose(t, k, policy, clock)
+            drafted, accepted, seconds = _drafting(model, lookup).propose(t, k, policy, clock)
             out.draft += seconds
         sec = clock.verify(drafted + 1, prompt + t)
         out.verify += sec
@@ -265,7 +273,7 @@ def copy_offers(trace: Trace, copies: Sequence, k_max: int = MAX_CHAIN) -> dict[
     the offer's length (0: none), how many of its tokens the answer goes on with, its run and its
     first token (-1: none)."""
     n = len(trace.answer)
-    out = {}
+    out: dict[str, tuple[np.ndarray, ...]] = {}
     for drafter in copies:
         source = LookupSource(drafter, trace)
         length, kept, run = (np.zeros(n, dtype=np.int64) for _ in range(3))
@@ -318,7 +326,7 @@ def oracle(trace: Trace, draft: str | None, clock: Clock, k_max: int = MAX_CHAIN
                 cost = (clock.verify(k + 1, prompt + t) + clock.round_overhead + k * clock.token_overhead
                         + later(values[min(t + a + 1, n)], a + 1))
                 best_row = np.minimum(best_row, cost)
-        if dt is not None:
+        if dt is not None and run is not None:  # both or neither
             best = np.inf
             step = clock.draft_step(view + t)
             for k in range(1, min(k_max, room - 1, int(run[t]) + 1) + 1):

@@ -153,7 +153,7 @@ def replay_all(traces: list, draft: str, target, draft_table,
     clock = clock or Clock(target, draft_table)
     lookup = draft in LOOKUP_DRAFTERS
     auto = auto_k(target, draft_table, draft, window, prior)
-    caches = {}
+    caches: dict[str, SuffixCache] = {}
 
     def drafter(run: str):  # a fresh drafter per request; each run (fixed K, k=auto) its own engine's cache
         if not lookup:

@@ -61,7 +61,7 @@ class DraftTrace:
     chains: dict[int, list[tuple[float, bool]]] | None = None
 
     def to_dict(self) -> dict:
-        d = {"window": self.window, "view": self.view, "agree": "".join("1" if a else "0" for a in self.agree),
+        d: dict[str, object] = {"window": self.window, "view": self.view, "agree": "".join("1" if a else "0" for a in self.agree),
              "top1": [round(p, 5) for p in self.top1], "stops": [i for i, s in enumerate(self.stops) if s]}
         if self.chains is not None:
             d["chains"] = {str(t): [[round(p, 5), int(s)] for p, s in c] for t, c in self.chains.items()}
@@ -152,7 +152,8 @@ def trace_draft(draft, prompt: Sequence[int], answer: Sequence[int], window: int
             if agree[t] or stops[t]:
                 continue
             draft.truncate(len(view) + t)
-            token, chain, kept = int(arg[t]), [], float(top1[t])
+            chain: list[tuple[float, bool]] = []
+            token, kept = int(arg[t]), float(top1[t])
             while len(chain) < chain_max and kept >= CHAIN_FLOOR:
                 p = torch.softmax(draft.forward([token])[0].float(), dim=-1)
                 q, tok = p.max(dim=-1)

@@ -31,7 +31,7 @@ def export(records: Iterable[dict], out_dir: Path, dataset: str, model_id: str) 
     for r in records:
         if int(r.get("repeat", 0)) == 0:
             by_config[r["config"]].append(r)
-    written = []
+    written: list[str] = []
     kind = dataset.split(":")[0]
     if kind not in ("humaneval", "spec-bench"):
         return written

@@ -217,7 +217,7 @@ class ResultsFile:
         self.path = Path(out_dir) / RESULTS
         self.discarded = 0  # unusable lines dropped by the last load()
         self.problems: list[str] = []  # "line N: why" for each of them
-        self._f = None
+        self._f: Any = None  # the open file (open_append's), once a record is appended
 
     def load(self, repair: bool = True) -> list[dict]:
         """The usable records (the last per key). ``repair``: rewrite the file without the unusable

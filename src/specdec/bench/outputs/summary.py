@@ -198,7 +198,7 @@ def _outcomes(by_sample: dict[str, dict[int, dict]], key: str) -> dict[str, bool
 def verdicts(recs: list[dict]) -> dict[str, bool]:
     """Each sample's task verdict in ``recs`` (one configuration's records), under the metric
     its quality figure uses (pass@1, math accuracy or JSON validity); empty without one."""
-    key = OUTCOME_KEY.get(_quality(recs).get("quality_metric"))
+    key = OUTCOME_KEY.get(_quality(recs).get("quality_metric", ""))
     return {} if key is None else _outcomes(_per_sample(recs), key)
 
 
@@ -209,7 +209,7 @@ def mcnemar_exact(lost: int, gained: int) -> float:
     return min(1.0, 2 * tail / 2**m)
 
 
-def wilson(x: int, n: int, z: float = Z95) -> tuple[float, float]:
+def wilson(x: float, n: float, z: float = Z95) -> tuple[float, float]:
     """Wilson score interval for ``x`` successes of ``n``."""
     half = z * math.sqrt(z * z + 4 * x * (1 - x / n))
     return (2 * x + z * z - half) / (2 * (n + z * z)), (2 * x + z * z + half) / (2 * (n + z * z))
@@ -232,7 +232,7 @@ def newcombe_paired_difference(both: int, gained: int, lost: int, neither: int,
     return p1 - p2 - math.sqrt(max(0.0, down)), p1 - p2 + math.sqrt(max(0.0, up))
 
 
-def bonett_price_ratio(both: int, gained: int, lost: int, z: float = Z95) -> tuple[float, float] | None:
+def bonett_price_ratio(both: float, gained: float, lost: float, z: float = Z95) -> tuple[float, float] | None:
     """Bonett-Price hybrid Wilson score interval for p1 / p2 of paired proportions (p1 the
     configuration's rate, p2 ``ar``'s); None when ``ar`` solved none (the ratio is undefined)."""
     x1, x2, m = both + gained, both + lost, both + gained + lost
@@ -382,7 +382,7 @@ def _acceptance_figures(recs: list[dict], stats: list[dict], is_ar: bool) -> dic
         accepted = sum(s.get("accepted", 0) for s in stats)
         out["tau"] = tau_of(accepted, rounds)
     else:  # a peer: generated tokens per target forward pass, where counted
-        fw = [s.get("target_forwards") for s in stats]
+        fw = [s.get("target_forwards") or 0 for s in stats]
         produced = [s.get("produced_tokens", r.get("new_tokens", 0)) for s, r in zip(stats, recs)]
         out["tau"] = (sum(produced) / sum(fw)) if fw and all(fw) else None
     width = max((len(s.get("drafted_at") or []) for s in stats), default=0)
@@ -455,7 +455,7 @@ def summarize(records: Iterable[dict], configs: list[dict], samples: Sequence[st
             continue
         recs_by_cfg[r["config"]].append(r)
     ar = recs_by_cfg.get(AR_ID, [])
-    cats = sorted({r.get("category") for rs in recs_by_cfg.values() for r in rs if r.get("category")})
+    cats = sorted({r["category"] for rs in recs_by_cfg.values() for r in rs if r.get("category")})
     out: dict[str, Any] = {}
     for c in configs:
         cid = c["id"]
@@ -509,8 +509,8 @@ def vs_best_ar(rows: dict[str, dict], recs_by_cfg: dict[str, list[dict]]) -> str
             common = timed_common(mine, theirs)
             if common:
                 ratios.append(_ratio(_speed(mine, common)[2] or 0.0, _speed(theirs, common)[2] or 0.0))
-        ratios = [r for r in ratios if r is not None]
-        row["speedup_vs_best_ar"] = min(ratios) if ratios else None
+        known = [r for r in ratios if r is not None]
+        row["speedup_vs_best_ar"] = min(known) if known else None
     return best
 
 

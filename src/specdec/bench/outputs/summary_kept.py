@@ -46,7 +46,7 @@ def _plain(value: Any) -> bool:
         isinstance(value, list) and all(isinstance(v, str) for v in value))
 
 
-def _section(summary: dict, *keys: str) -> dict:
+def _section(summary: Any, *keys: str) -> dict:
     for key in keys:
         summary = summary.get(key) if isinstance(summary, dict) else None
     return summary if isinstance(summary, dict) else {}

@@ -102,9 +102,9 @@ def cmd_replay(a: argparse.Namespace) -> int:
     lines = report(results, a.by_category)
     if lookups:
         model = next((n for n in names if n not in LOOKUP_DRAFTERS), None)
-        source = model.rsplit("|w", 1)[0] if model else None
-        prior = (head.get("priors") or {}).get(source) if source else None
-        results["auto"] = replay_portfolio(traces, model, tables[target], tables[source] if source else None, prior,
+        model_source = model.rsplit("|w", 1)[0] if model else None
+        prior = (head.get("priors") or {}).get(model_source) if model_source else None
+        results["auto"] = replay_portfolio(traces, model, tables[target], tables[model_source] if model_source else None, prior,
                                            stop_ids=head.get("stop_ids") or ())
         lines += [""] + portfolio_report(results, model, a.by_category)
     elif traces and traces[0].prompt is None and not a.draft:  # what the report leaves out, and why

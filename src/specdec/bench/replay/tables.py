@@ -13,6 +13,8 @@ from ...traces.runs import LOOKUP_DRAFTERS
 
 def _x(plain: float, s: float | None) -> str:
     """A speedup, or "-" where either time is not a finite positive number (never a nonsense figure)."""
+    if s is None:
+        return "-"
     ok = all(isinstance(v, (int, float)) and math.isfinite(v) and v > 0 for v in (plain, s))
     return f"{plain / s:.2f}x" if ok else "-"
 

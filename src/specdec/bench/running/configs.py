@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 #: ``ar:dtype=...``: plain decoding with the target loaded in another dtype (the best plain
 #: decoding on a machine may use another dtype than speculation does)
 AR_DTYPES = ("float32", "bfloat16", "float16")
-PEERS = {
+PEERS: dict[str, dict[str, Any]] = {
     # peer name -> the generate()/generation-config keys it accepts, and their defaults here
     # draft_quant: run the peer with its own copy of the draft model, loaded with this quantization
     # ("none" = transformers' standard bf16 draft), instead of the run's draft object

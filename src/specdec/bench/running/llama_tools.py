@@ -139,6 +139,7 @@ def parse_speculative_simple(stdout: str, stderr: str, prompt_text: str | None =
     """The tool's report: generated text, its counters (``n_predict``, ``n_drafted``, ``n_accept``,
     ``n_draft`` = draft max) and its timings (``decode_seconds`` and ``tokens_per_second`` from its
     ``decoded ... t/s`` line: drafting + verification, after the prompt; ``encode_*`` the prompt)."""
+    m: re.Match[str] | None  # each pattern's match in turn
     text, echo_ok = generated_text(stdout, prompt_text)
     res: dict[str, Any] = {"text": text, "prompt_echo_matches": echo_ok}
     for m in _SPEED.finditer(stderr):
@@ -230,7 +231,7 @@ def run_speculative_simple(
     if proc.returncode != 0:
         raise SpecdecError(f"{SPECULATIVE_SIMPLE} exited with status {proc.returncode}: {_last_line(stderr)}")
     res = parse_speculative_simple(stdout, stderr, prompt_text)
-    if ids_check == "count" and res.get("n_prompt") != len(prompt_ids):
+    if ids_check == "count" and prompt_ids is not None and res.get("n_prompt") != len(prompt_ids):
         raise SpecdecError(
             f"llama.cpp tokenized the prompt into {res.get('n_prompt')} tokens, ours into {len(prompt_ids)}"
         )

@@ -259,7 +259,9 @@ def _ov_config(og, pld: dict | None, eos: list[int], stops: Sequence[str], *, ma
 
 def peer_threads() -> int:
     """The threads specdec's llama.cpp backend runs with by default."""
-    return REGISTRY.get("llama.cpp").threads()
+    threads = REGISTRY.get("llama.cpp").threads()
+    assert threads is not None  # llama.cpp's backend chooses them
+    return threads
 
 
 def run_peer(

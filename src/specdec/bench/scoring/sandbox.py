@@ -305,8 +305,9 @@ def _run(program: str, tests: str | None, entry_point: str | None, *, timeout: f
                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8"}, start_new_session=True,
                     pass_fds=[fd for fd in (*fds.values(), seccomp and seccomp.fileno()) if fd is not None]))
 
+        verdict_w: int | None  # None once handed to the children
         verdict_r, verdict_w = os.pipe()
-        pipes = os.pipe() + os.pipe() if tests is not None else (None,) * 4
+        pipes: tuple[int | None, ...] = os.pipe() + os.pipe() if tests is not None else (None,) * 4
         req_r, req_w, rep_r, rep_w = pipes
         cwd = WORK if isolated else tmp
         try:

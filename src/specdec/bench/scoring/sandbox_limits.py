@@ -124,7 +124,7 @@ def memory_cgroup(memory_mb: int | None) -> Iterator[Path | None]:
     folder = parent / f"specdec-sandbox-{os.getpid()}-{secrets.token_hex(4)}"
     try:
         folder.mkdir()
-        (folder / "memory.max").write_text(f"{int(memory_mb) << 20}\n")
+        (folder / "memory.max").write_text(f"{int(memory_mb or 0) << 20}\n")
         with contextlib.suppress(OSError):  # absent without swap accounting
             (folder / "memory.swap.max").write_text("0\n")
     except OSError:

@@ -111,6 +111,7 @@ def load_dataset(spec: str, limit: int | None = None, data: str | os.PathLike | 
     (inclusive) of the dataset, of each category for Spec-Bench (a tuning split kept apart from a
     report set: HumanEval ``(100, 163)``); then the first ``limit`` of them (per category)."""
     name, categories = parse_dataset(spec)
+    sha: str | None  # the data file's hash (None: built-in or packaged rows)
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise SpecdecError(f"--limit must be an integer >= 1, got {limit!r}")
     if name == "spec-bench":
@@ -182,8 +183,8 @@ def edit_sample(row: dict, position: int) -> Sample:
 
 def spec_bench_samples(rows: list[dict], categories: list[str] | None, limit: int | None, path: Path,
                        positions: tuple[int, int] | None = None) -> list[Sample]:
-    per_cat: dict[str, int] = {}
-    seen: dict[str, int] = {}  # position of the current row within its category
+    per_cat: dict[str | None, int] = {}  # by category (None: a row without one)
+    seen: dict[str | None, int] = {}  # position of the current row within its category
     out = []
     present = {r.get("category") for r in rows}
     for c in categories or []:

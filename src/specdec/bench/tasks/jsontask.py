@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -92,7 +93,7 @@ def task_samples(data: dict, questions: dict[int, str], source: Path, sample_typ
     return out
 
 
-def load_json_extraction(data: str | Path | None, spec_bench: Path, rows: list[dict], sample_type) -> tuple[list, str, str]:
+def load_json_extraction(data: str | os.PathLike | None, spec_bench: Path, rows: list[dict], sample_type) -> tuple[list, str, str]:
     """(samples, source, sha256) of the task file ``data`` (default: the packaged one), with the
     questions from ``rows`` (read from ``spec_bench``); the hash covers both files."""
     from ...models.cache import sha256_file

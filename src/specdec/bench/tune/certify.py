@@ -93,8 +93,8 @@ def best_completion_bound(both: int, gained: int, lost: int, ar_solved_left: int
     ratio but widens the interval, so every count is tried). None when ``ar`` solves none."""
     b = both + ar_solved_left
     bounds = [recovery_bound(b, gained + g, lost, confidence) for g in range(ar_failed_left + 1)]
-    bounds = [x for x in bounds if x is not None]
-    return max(bounds) if bounds else None
+    known = [x for x in bounds if x is not None]
+    return max(known) if known else None
 
 
 def can_still_qualify(both: int, gained: int, lost: int, ar_solved_left: int, ar_failed_left: int,
@@ -211,8 +211,8 @@ def dominated(rows: dict[str, dict]) -> set[str]:
     """The settings another one beats on every proxy figure: at least as fast (:func:`proxy_speed`),
     diverging on no more samples and agreeing on at least as many tokens, better in one of them."""
     def key(r: dict) -> tuple[float, float, float]:
-        d = r.get("divergence") or {}
-        return (proxy_speed(r), -(d.get("diverged") if d.get("diverged") is not None else 1.0),
+        diverged = (r.get("divergence") or {}).get("diverged")
+        return (proxy_speed(r), -(diverged if diverged is not None else 1.0),
                 (r.get("agreement") or {}).get("token_agreement") or 0.0)
 
     out = set()

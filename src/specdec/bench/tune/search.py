@@ -117,6 +117,7 @@ def feasibility_of(ar_row: dict, plan: TunePlan) -> dict:
                            "judged; use more samples (--limit) or more tokens (--max-new-tokens)")
     solved = round(quality * n)
     best = certify.best_case_budget(solved, plan.confidence)
+    assert best is not None  # ar solved at least one (quality > 0)
     out = {"ar_solved": solved, "n": n, "best_case_budget": best, "certifiable": best <= plan.max_loss + 1e-12,
            "message": ""}
     if not out["certifiable"]:
@@ -145,11 +146,13 @@ def closest_setting(r: PolicyResult, rows: dict, plan: TunePlan) -> tuple[dict |
     if best is None:
         return None, (f"no setting of {r.policy} was left to confirm (--min-agreement dropped them all)"
                       if not r.order else f"no confirmed setting of {r.policy} has a paired recovery")
-    both, gained, lost = certify.counts(rows[best]["paired"])
+    counted = certify.counts(rows[best]["paired"])
+    assert counted is not None  # it has a bound, so its counts
+    both, gained, lost = counted
     n, total = rows[best]["paired"]["n"], len(plan.dataset.samples)
     need = certify.problems_needed(both, gained, lost, n, plan.max_loss, plan.confidence)
-    per = [_seconds_per_sample(rows[best]), _seconds_per_sample(rows[cfgs.AR])]
-    eta = None if need is None or None in per else need * sum(per)
+    mine, ar = _seconds_per_sample(rows[best]), _seconds_per_sample(rows[cfgs.AR])
+    eta = None if need is None or mine is None or ar is None else need * (mine + ar)
     info = {"setting": best, "recovery": rows[best].get("recovery"), "bound": best_bound,
             "certifies": max(0.0, 1.0 - best_bound), "problems_needed": need, "seconds_needed": eta,
             "problems_run": n, "stopped_early": n < total}

@@ -54,7 +54,7 @@ def copy_sources(stop_ids: frozenset[int] = frozenset(), history: CacheScope | N
     options its sources declare (:class:`AutoOptions`), the rest at the portfolio's defaults."""
     options = {**{k: default for k, (_, default) in options_of(AutoOptions).items()}, **options}
 
-    def of(source: type) -> dict:
+    def of(source: type[Drafter]) -> dict:
         return {k: v for k, v in options.items() if k in options_of(source.Options)}
 
     return {Source.PLD: LookupDrafter(**of(LookupDrafter)),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from abc import ABC, abstractmethod
-from typing import Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
@@ -90,7 +90,8 @@ class TreeDraft(Draft):
     (-1: the context), parents first; scored in one tree pass, judged by the policy's
     ``verify_tree`` (:mod:`specdec.core.verify.tree`)."""
 
-    parents: list[int] = field(default_factory=list)
+    # a field here, Draft's class attribute None there (a chain has no tree shape)
+    parents: list[int] = field(default_factory=list)  # type: ignore[assignment]
 
     @property
     def depth(self) -> int:
@@ -105,13 +106,14 @@ class TreeDraft(Draft):
         (:meth:`specdec.core.constrain.Guide.restrict_tree`)."""
         return guide.restrict_tree(logits, self.tokens, self.parents)
 
-    def round(self, **shared) -> TreeRound:
+    # each kind of draft makes its own round and judges it (round() and judge() go in pairs)
+    def round(self, **shared) -> TreeRound:  # type: ignore[override]
         """Each node judged against its parent's row; the policy walks the tree."""
         return TreeRound(tokens=torch.tensor(self.tokens, device=shared["target_logits"].device),
                          parents=self.parents, draft_logits=self.logits, **shared)
 
     @staticmethod
-    def judge(policy: Policy, rnd: TreeRound) -> Verdict:
+    def judge(policy: Policy, rnd: TreeRound) -> Verdict:  # type: ignore[override]
         return policy.verify_tree(rnd)
 
     def roll_back(self, target: Model, verdict: Verdict, length: int) -> None:
@@ -239,7 +241,7 @@ class Drafter(ABC):
     observes_target: ClassVar[bool] = False
     Options: ClassVar[type]
     #: structured output: the grammar's state, set by the engine before :meth:`start` (None: none)
-    guide = None
+    guide: Any = None  # a specdec.core.constrain.Guide (not imported here: constrain is the engine's)
     #: ``more(i, p)``: after its i-th draft token (1-based), of draft probability ``p``, whether to
     #: propose another (the request's K policy, :meth:`specdec.core.autok.KPolicy.more`, set by the engine
     #: before :meth:`start`). Drafters with a model ask it after every token; others may ignore it.
@@ -268,7 +270,7 @@ class Drafter(ABC):
     def build(cls, lm, stop_ids: frozenset[int], **options) -> "Drafter":
         """The drafter over the draft model ``lm`` (None when none is loaded, never for a
         ``requires_model`` drafter) that stops at ``stop_ids``, with ``options`` already checked."""
-        return cls(lm, stop_ids, **options)
+        return cls(lm, stop_ids, **options)  # type: ignore[call-arg]  # every registered drafter's __init__ takes these
 
     @classmethod
     def depth_limit(cls, **options) -> int:

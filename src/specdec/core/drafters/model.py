@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Sequence
+from typing import ClassVar, Sequence
 
 import torch
 
@@ -81,7 +81,7 @@ class ModelDrafter(Windowed, Drafter):
     name = "model"
     requires_model = True
     drafts_with_model = True
-    Options = ModelOptions
+    Options: ClassVar[type] = ModelOptions
 
     def __init__(self, lm: Model, stop_ids: frozenset[int] = frozenset(), min_confidence: float = 0.0,
                  draft_window: int | str = WINDOW_AUTO):
@@ -154,7 +154,9 @@ class ModelDrafter(Windowed, Drafter):
         block's size is the last round's draft length, so k=auto (whose K is the most it could
         want) rarely runs steps past its stop."""
         sampled, key = not params.greedy, (params.temperature, params.top_k, params.top_p)
-        tokens, probs, raws = [], [], []
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        raws: list[torch.Tensor] = []
         size = min(k, max(2, self.block))
         while True:
             block = self.lm.draft_block(logits, size, device_chooser(params), key, sampled, generator)
@@ -163,7 +165,8 @@ class ModelDrafter(Windowed, Drafter):
             n, stop = self.cut(block, len(tokens))
             tokens += block[0][:n]
             raws.append(block[3][:n])
-            probs.append(block[4][:n] if sampled else None)
+            if sampled:  # at T=0 the block has no probabilities
+                probs.append(block[4][:n])
             if stop or len(tokens) >= k:
                 break
             logits = self.lm.forward([tokens[-1]])[0]

@@ -71,6 +71,9 @@ class _Node:
     """A trie node: how often its path occurred, and its children (None, one node, or a dict)."""
 
     __slots__ = ("token", "count", "kids")
+    token: int
+    count: int
+    kids: "_Node | dict[int, _Node] | None"
 
     def __init__(self, token: int):
         self.token, self.count, self.kids = token, 0, None
@@ -101,6 +104,7 @@ class _Node:
         if isinstance(self.kids, _Node):
             self.kids = None
         else:
+            assert self.kids is not None  # it has the child
             del self.kids[token]
             if len(self.kids) == 1:
                 (self.kids,) = self.kids.values()
@@ -141,6 +145,7 @@ class SuffixTrie:
             parent = self.root
             for t in tokens[start : start + self.depth]:
                 node = parent.child(t)
+                assert node is not None  # the sequence was added
                 node.count -= 1
                 if node.count == 0:  # its subtree held this occurrence only: it goes whole
                     parent.drop_child(t)
@@ -156,9 +161,10 @@ class SuffixTrie:
         """The node of ``pattern`` (None: it never occurred)."""
         node = self.root
         for t in pattern:
-            node = node.child(int(t))
-            if node is None:
+            kid = node.child(int(t))
+            if kid is None:
                 return None
+            node = kid
         return node
 
     def match(self, context: Sequence[int], longest: int) -> tuple[_Node | None, int]:

@@ -153,6 +153,7 @@ class TreeDrafter(Windowed, Drafter):
                 break
             fed_parents = [nodes[nodes[i].parent].fed if nodes[i].parent >= 0 else -1 for i in frontier]
             out = lm.extend_tree([nodes[i].token for i in frontier], fed_parents)
+            assert lm.tree is not None  # extend_tree grows the open tree
             expand, expand_rows = frontier, []
             for j, (i, fed_parent) in enumerate(zip(frontier, fed_parents)):
                 nodes[i].fed = len(lm.tree.parents) - len(frontier) + j

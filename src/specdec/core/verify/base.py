@@ -82,15 +82,33 @@ class Policy(Protocol):
       and every round is the target's next token).
     """
 
-    name: str
-    lossy: bool
-    needs_hidden: bool
-    lookahead: int
-    lookahead_label: str
-    lookahead_remedy: str
-    verifies_trees: bool
-    drafts: bool
-    params: dict
+    # read-only (properties here): the policies are frozen dataclasses
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def lossy(self) -> bool: ...
+
+    @property
+    def needs_hidden(self) -> bool: ...
+
+    @property
+    def lookahead(self) -> int: ...
+
+    @property
+    def lookahead_label(self) -> str: ...
+
+    @property
+    def lookahead_remedy(self) -> str: ...
+
+    @property
+    def verifies_trees(self) -> bool: ...
+
+    @property
+    def drafts(self) -> bool: ...
+
+    @property
+    def params(self) -> dict: ...
 
     def verify(self, rnd: Round) -> Verdict: ...
 

@@ -52,7 +52,7 @@ from .typical import Typical
 #: (``kind = "window"``, ``flips``, ``lookahead``); see :mod:`specdec.core.verify.base`. Each class sits
 #: next to its pure function and declares its parameters, ranges and help once. A new rule is one
 #: file in verify/ and one entry here.
-RULES: dict[str, type] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typical, "fuzzy": Fuzzy, "fly": Fly}
+RULES: dict[str, Any] = {"mars": Mars, "dropmatch": DropMatch, "typical": Typical, "fuzzy": Fuzzy, "fly": Fly}  # rule classes
 #: the parameters every loose policy takes besides its rules' (its relaxation schedule), never prefixed
 SCHEDULE_PARAMS = tuple(options_of(Schedule))
 

@@ -20,7 +20,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import AsyncIterator
+from typing import AsyncIterator, Iterable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -196,7 +196,7 @@ class Served:
         self.pair, self.defaults, self.limits, self.name = pair, defaults, limits, name
         self.shared_caches = shared_caches
         config = DecodeConfig.from_options(**defaults)
-        positions = config.k.fixed if config.parsed.drafts and not config.k.auto else 0  # k=auto: series appear as used
+        positions = config.k.fixed if config.parsed.drafts and config.k.fixed is not None else 0  # k=auto: series appear as used
         self.metrics = Metrics(name, positions=positions)
         self.worker = Worker(pair, limits.max_queue, on_done=self.finished)
         self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specdec-tokenizer")
@@ -380,9 +380,10 @@ def _document_bodies(app: FastAPI) -> None:
                 schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
                 schemas.update(schema.pop("$defs", {}))
                 schemas[model.__name__] = schema
+        assert app.openapi_schema is not None  # make() keeps what it made
         return app.openapi_schema
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to extend the schema
 
 
 def _add_generation_routes(app: FastAPI, served: Served) -> None:
@@ -471,7 +472,7 @@ def _add_status_routes(app: FastAPI, served: Served) -> None:
 
 
 def _add_middleware(app: FastAPI, served: Served, api_key: str | None, allowed_hosts: list[str] | None,
-                    allow_origins: list[str]) -> None:
+                    allow_origins: Iterable[str]) -> None:
     access = Access(allowed_hosts, allow_origins)
     app.add_middleware(Gate, metrics=served.metrics, api_key=api_key, max_body_bytes=served.limits.max_body_bytes,
                        access=access)
@@ -484,7 +485,7 @@ def _add_middleware(app: FastAPI, served: Served, api_key: str | None, allowed_h
 
 def create_app(pair, defaults: dict | None = None, api_key: str | None = None, limits: Limits | None = None,
                model_name: str | None = None, allowed_hosts: list[str] | None = None,
-               allow_origins: list[str] = (), prefix_caching: bool = True, shared_caches: bool | None = None,
+               allow_origins: Iterable[str] = (), prefix_caching: bool = True, shared_caches: bool | None = None,
                caller_cache_bytes: int | None = None) -> FastAPI:
     """An app serving ``pair``. ``defaults``: decoding keyword arguments for requests that do not
     set them (:meth:`~specdec.core.request.DecodeConfig.from_options`' names; see :func:`_checked_settings`); ``api_key``: required as

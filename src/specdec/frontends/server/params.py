@@ -152,7 +152,7 @@ def _prompt(req: CompletionRequest) -> str | list[int]:
     """The prompt: text, or token ids (a list of ints, or a one-element list of them, as
     lm-eval's ``local-completions`` sends by default). Ids are checked against the vocabulary by
     the library, on the worker."""
-    p = req.prompt
+    p: Any = req.prompt  # any of its declared shapes, told apart here
     if isinstance(p, list) and p and all(isinstance(t, int) for t in p):
         return list(p)
     if isinstance(p, list):
@@ -206,9 +206,10 @@ def _config_param(message: str) -> str:
     return f"speculative.{option.group(1)}" if option else "speculative"
 
 
-def _max_tokens(req: CompletionRequest | ChatRequest, chat: bool, limits: Limits) -> int | None:
+def _max_tokens(req: CompletionRequest | ChatRequest, limits: Limits) -> int | None:
     """The request's budget (``max_completion_tokens`` first, in a chat), within the server's limit."""
-    max_tokens = req.max_completion_tokens if chat and req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = (req.max_completion_tokens if isinstance(req, ChatRequest) and req.max_completion_tokens is not None
+                  else req.max_tokens)
     if max_tokens is not None and max_tokens < 1:
         raise APIError(400, f"max_tokens must be >= 1, got {max_tokens}", "max_tokens")
     if max_tokens is not None and max_tokens > limits.max_tokens:
@@ -250,8 +251,8 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
     (:func:`~specdec.frontends.server.structured.servable`), off the event loop."""
     chat = isinstance(req, ChatRequest)
     _unsupported(req, chat)
-    prompt = _messages(req) if chat else _prompt(req)
-    max_tokens = _max_tokens(req, chat, limits)
+    prompt = _messages(req) if isinstance(req, ChatRequest) else _prompt(req)
+    max_tokens = _max_tokens(req, limits)
     stop = _stops(req)
     _seed(req)
     given = {key: getattr(req, name) for name, key in _FIELDS.items() if getattr(req, name) is not None}
@@ -273,7 +274,7 @@ def build(req: CompletionRequest | ChatRequest, defaults: dict, limits: Limits) 
         given["logprobs"] = logprobs
     wanted = requested(req)
     return GenRequest(prompt=prompt, chat=chat, stop=stop, config=_config(layer(given, base=base), wanted),
-                      constraint_param=None if wanted is None else wanted.param, echo=not chat and req.echo,
+                      constraint_param=None if wanted is None else wanted.param, echo=isinstance(req, CompletionRequest) and req.echo,
                       n=req.n or 1)
 
 

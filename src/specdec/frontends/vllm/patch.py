@@ -179,7 +179,7 @@ def specdec_forward(sampler, rs, metadata, draft_probs, logits, sampling_metadat
                         bonus_output.sampled_token_ids, sampling_metadata)
     output_token_ids, verdicts = verify_ragged(ragged, policies, output_token_ids)
     for sel, k, verdict in zip(step.selections, metadata.num_draft_tokens, verdicts):
-        if verdict is not None and k:
+        if verdict is not None and sel is not None and k:  # a verdict is a selected policy's
             sampler.stats.observe(sel.policy, int(k), verdict.accepted, dict(verdict.relaxed))
     logprobs_tensors = None
     if sampling_metadata.max_num_logprobs is not None:
@@ -340,7 +340,7 @@ def install() -> bool:
             if isinstance(sampler, cls):
                 sampler.step = None
 
-    sample_tokens.__wrapped__ = original_sample_tokens
+    sample_tokens.__wrapped__ = original_sample_tokens  # type: ignore[attr-defined]  # functools' mark of a wrapper
     gmr.GPUModelRunner.sample_tokens = sample_tokens
 
     original_create = EngineArgs.create_engine_config
@@ -349,7 +349,7 @@ def install() -> bool:
         check_engine_args(getattr(self, "additional_config", None), getattr(self, "speculative_config", None))
         return original_create(self, *args, **kwargs)
 
-    create_engine_config.__wrapped__ = original_create
+    create_engine_config.__wrapped__ = original_create  # type: ignore[attr-defined]  # functools' mark of a wrapper
     EngineArgs.create_engine_config = create_engine_config
 
     from vllm.v1.worker.worker_base import WorkerWrapperBase
@@ -378,7 +378,7 @@ def check_engine_args(additional_config: Any, speculative_config: Any) -> Select
     k = spec.get("num_speculative_tokens")
     policy = sel.parsed()
     window = 0 if policy is None else policy.lookahead
-    if window and isinstance(k, int) and k <= window:
+    if policy is not None and window and isinstance(k, int) and k <= window:
         raise SpecdecError(f"policy {sel.policy!r}: {policy.lookahead_label} acts only on draft blocks longer than "
                            f"it; num_speculative_tokens={k} would leave it inert; use >= {window + 1}, "
                            f"{policy.lookahead_remedy}")

@@ -36,6 +36,12 @@ from ...core.verify import Policy, Round, Verdict
 PLACEHOLDER = -1
 
 
+def _sampled(probs: torch.Tensor | None) -> torch.Tensor:
+    """The target's probabilities, which a batch with a sampled row carries."""
+    assert probs is not None, "a batch with a sampled row carries the target's probabilities"
+    return probs
+
+
 @dataclass
 class RaggedBatch:
     """One verification step of a vLLM batch, in vLLM's layout (module docstring).
@@ -96,12 +102,12 @@ class RaggedBatch:
         device = self.target_logits.device
         if k < k_i:  # the row after the last real draft is the target's own (vLLM's recovered row)
             logits = self.target_logits[s : s + k + 1].float()
-            probs = None if params.greedy else self.target_probs[s : s + k + 1].float()
+            probs = None if params.greedy else _sampled(self.target_probs)[s : s + k + 1].float()
         else:  # the row after all drafts: vLLM's bonus token as a point mass
             point = torch.zeros(1, vocab, device=device)
             point[0, self.bonus(i)] = 1.0
             logits = torch.cat([self.target_logits[s : s + k].float(), point])
-            probs = None if params.greedy else torch.cat([self.target_probs[s : s + k].float(), point])
+            probs = None if params.greedy else torch.cat([_sampled(self.target_probs)[s : s + k].float(), point])
         hidden = None
         if self.hidden is not None:  # rows past the drafts are never read by a rule
             hidden = torch.cat([self.hidden[s : s + k], self.hidden[s + k - 1 : s + k]])
@@ -165,4 +171,4 @@ def _target_token(batch: RaggedBatch, i: int) -> int:
     s = batch.starts[i]
     if batch.params[i].greedy:
         return int(batch.target_logits[s].argmax())
-    return int(draw(batch.target_probs[s : s + 1].float(), (batch.generators or {}).get(i))[0])
+    return int(draw(_sampled(batch.target_probs)[s : s + 1].float(), (batch.generators or {}).get(i))[0])

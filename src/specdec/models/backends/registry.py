@@ -321,7 +321,7 @@ class Registry:
             backend = self.get(name)
             backend.check(req)
             return backend, "asked for"
-        refusals = []
+        refusals: list[str] = []
         for backend in self:
             refusal = backend.auto_refusal(req)
             if refusal is None:

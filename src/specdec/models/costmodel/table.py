@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, TypeGuard
 
 #: bumped when tables change meaning, so older ones are measured again (2: logits everywhere + prefill; 3: kernels;
 #: 4: every width 1..17, as k=auto now picks only measured widths; 5: wide passes at a long context)
@@ -203,7 +203,7 @@ def _real(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _whole(v) -> bool:
+def _whole(v) -> TypeGuard[int]:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 

@@ -77,7 +77,7 @@ class LlamaCppBackend(Backend):
         d_path = model_file(draft, progress=req.progress) if draft is not None else None
         tokenizer = gguf_tokenizer(t_path, progress=req.progress)
         vocab = len(tokenizer)
-        if d_path is not None:
+        if d_path is not None and draft is not None:  # a draft's path is there when a draft is asked
             check_same_vocabulary(tokenizer, gguf_tokenizer(d_path, progress=req.progress), target, draft)
         t = LlamaCppModel(t_path, target, vocab_limit=vocab, n_ctx=n_ctx, exact=exact)  # the draft only proposes
         note = busy_note(t.threads, busy_cores()) if req.progress else None   # a person is watching

@@ -68,8 +68,10 @@ def gguf_file(source: str, progress: bool = True, verify: bool = False) -> Path:
     if kind == "bundled":
         return bundled.gguf_file(source, progress=progress, verify=verify)
     if kind == "gguf":
+        assert path is not None  # locate's GGUF file
         return path
     if kind in ("dir", "folder"):
+        assert path is not None  # the folder
         files = sorted(path.glob("*.gguf"))
         if len(files) == 1:
             return files[0]
@@ -114,7 +116,7 @@ def formatted(source_file: Path, fmt: str, log: Callable[[str], None] = lambda l
     log(f"specdec: making a {what} copy of {source_file.name} (once; the weights as stored there, re-rounded, "
         f"not the original checkpoint) under {dest.parent}")
 
-    def build(tmp: Path) -> None:
+    def build(tmp: Path) -> dict:
         L = lib()
         params = L.llama_model_quantize_default_params()
         params.nthread = default_threads()

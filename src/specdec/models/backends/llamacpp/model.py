@@ -463,7 +463,7 @@ class LlamaCppModel(Model):
         if self.exact:
             self._compact(len(ids))
         first_out = len(ids) - num_logits
-        entries = [(int(t), past + i, (0,), i >= first_out) for i, t in enumerate(ids)]
+        entries: list[tuple[int, int, Sequence[int], bool]] = [(int(t), past + i, (0,), i >= first_out) for i, t in enumerate(ids)]
         return self._run(entries, hidden)
 
     # ------------------------------------------------------------------ trees
@@ -511,7 +511,7 @@ class LlamaCppModel(Model):
             node_seqs.append([seq])
         for src, dst, upto in copies:
             L.llama_memory_seq_cp(self._mem, src, dst, -1, upto)
-        entries = [(int(t), past + i, lin_seqs, i == len(linear) - 1) for i, t in enumerate(linear)]
+        entries: list[tuple[int, int, Sequence[int], bool]] = [(int(t), past + i, lin_seqs, i == len(linear) - 1) for i, t in enumerate(linear)]
         entries += [(int(t), tree.base - 1 + tree.depths[first + j], node_seqs[j], True) for j, t in enumerate(ids)]
         return self._run(entries, hidden)
 

@@ -86,6 +86,7 @@ class TransformersBackend(Backend):
                         table=chosen.tables["target"].get(chosen.target))
         d = None
         if draft is not None:
+            assert chosen.draft is not None  # chosen for the draft asked
             d = materialize(draft, chosen.draft, dev, chosen.measured["draft"], progress=req.progress,
                             table=chosen.tables["draft"].get(chosen.draft))
             check_same_vocabulary(t.tokenizer, d.tokenizer, target, draft)
@@ -94,9 +95,12 @@ class TransformersBackend(Backend):
         if min(widths) < vocab:
             raise SpecdecError(f"a model's output layer has {min(widths)} rows, fewer than the tokenizer's {vocab} tokens")
         # Rows past the tokenizer's table (padding) are never real tokens; cut them so both models agree.
-        runs = {"target": plan.for_config(t.model.config), "draft": plan.for_config(d.model.config) if d else None}
-        target_lm = runs["target"].wrap(t.model, target, vocab_limit=vocab)
-        draft_lm = runs["draft"].wrap(d.model, draft, vocab_limit=vocab) if d is not None else None
+        target_run, draft_run = plan.for_config(t.model.config), plan.for_config(d.model.config) if d else None
+        runs = {"target": target_run, "draft": draft_run}
+        target_lm = target_run.wrap(t.model, target, vocab_limit=vocab)
+        draft_lm = None
+        if d is not None and draft is not None and draft_run is not None:  # all three or none
+            draft_lm = draft_run.wrap(d.model, draft, vocab_limit=vocab)
         costs = Costs(chosen.tables["target"].get(chosen.target),
                       chosen.tables["draft"].get(chosen.draft) if chosen.draft else None, chosen.why,
                       dict(chosen.tables))

@@ -25,7 +25,7 @@ def switch(where: str, value) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     text = str(value).strip().lower() if isinstance(value, str) else None
-    text = {"true": "on", "false": "off"}.get(text, text)
+    text = {"true": "on", "false": "off"}.get(text or "", text)
     if text not in SWITCHES:
         raise SpecdecError(f"{where} must be one of {', '.join(SWITCHES)}, got {value!r}")
     return text
@@ -107,7 +107,7 @@ def choose_execution(static_cache="auto", cuda_graphs="auto", device: torch.devi
     return Execution(True, MAX_GRAPH_WIDTH if use_graphs else 0, why, required=static == "on", compiled=compiled)
 
 
-def describe(executions: dict[str, Execution]) -> str:
+def describe(executions: dict[str, Execution | None]) -> str:
     """One phrase for the models' ways of running (one per role when they differ)."""
     whys = {role: e.why for role, e in executions.items() if e is not None}
     if len(set(whys.values())) <= 1:

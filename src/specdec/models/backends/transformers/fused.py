@@ -19,7 +19,7 @@ dynamic=False)`` takes it whole (:func:`compiled`), inside the width graphs.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -39,7 +39,7 @@ def fused_refusal(model: nn.Module) -> str | None:
     layers = getattr(inner, "layers", None)
     if layers is None or getattr(inner, "rotary_emb", None) is None or getattr(inner, "norm", None) is None:
         return "not a decoder with layers, a rotary embedding and a final norm"
-    config = model.config
+    config: Any = model.config  # a transformers config, its fields read by name
     if getattr(config, "hidden_act", "silu") != "silu":
         return f"its MLP's activation is {config.hidden_act}, not silu"
     if getattr(config, "use_sliding_window", False) or set(getattr(config, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
@@ -70,7 +70,7 @@ def merge(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
     for lin in linears:
         rows = lin.out_features
         lin.weight = nn.Parameter(weight[start:start + rows], requires_grad=False)
-        if lin.bias is not None:
+        if lin.bias is not None and bias is not None:  # bias is not None when any layer has one
             lin.bias = nn.Parameter(bias[start:start + rows], requires_grad=False)
         start += rows
     return weight, bias
@@ -92,7 +92,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class FusedLayer:
     """One decoder layer's weights, merged: ``wqkv``/``bqkv``, ``wo``, ``w13`` (gate; up), ``w2``."""
 
-    def __init__(self, layer: nn.Module):
+    def __init__(self, layer: Any):  # a transformers decoder layer, its submodules read by name
         attn, mlp = layer.self_attn, layer.mlp
         self.wqkv, self.bqkv = merge([attn.q_proj, attn.k_proj, attn.v_proj])
         self.w13, self.b13 = merge([mlp.gate_proj, mlp.up_proj])
@@ -109,7 +109,7 @@ class FusedDecoder:
     ``slots`` ``[w]``, attending under ``allowed`` (bool ``[w, capacity]``). Returns the logits of
     the last ``keep`` rows and the LM head's input ``[w, H]``."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: Any):  # a transformers causal LM, its submodules read by name
         inner = model.model
         config = model.config
         self.embed = inner.embed_tokens.weight

@@ -19,7 +19,7 @@ the buffers and widths are tested on a CPU.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -65,7 +65,7 @@ def replay_eagerly(run: Callable[[], tuple], pool=None) -> tuple[Callable[[], No
 class Captured:
     """One width's graph: the input buffer it reads, how to replay it, the outputs it writes."""
 
-    inputs: torch.Tensor
+    inputs: Any  # its input buffer (the draft loop's: a tuple of them)
     replay: Callable[[], None]
     outputs: tuple
 

@@ -30,6 +30,10 @@ class PackedLinear(nn.Module):
     """A float32 linear layer whose weight is held in oneDNN's layout (``Tensor.to_mkldnn``), so
     the GEMM does not re-pack it on every call; inputs and outputs are ordinary tensors."""
 
+    # its buffers (register_buffer)
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features

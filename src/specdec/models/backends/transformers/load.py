@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,13 +15,16 @@ from ...sources import locate
 from .convert import ensure_converted, prepare
 from .weights import load_lean
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
 
 @dataclass
 class Checkpoint:
     """A checkpoint loaded into torch: the module and its tokenizer, with where they came from."""
 
-    model: torch.nn.Module
-    tokenizer: object
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
     source: str
     path: Path | None
 
@@ -34,6 +38,7 @@ def resolve(source: str, progress: bool = True, verify: bool = False) -> tuple[s
         path = prepare(source, progress=progress, verify=verify)
         kind = "folder"
     if kind == "gguf":
+        assert path is not None  # locate gives a GGUF file's path
         path = ensure_converted(path, progress=progress)
         kind = "folder"
     return kind, (str(path) if path is not None else source), path

@@ -9,13 +9,16 @@ Architecture differences stay here, in :mod:`specdec.models.backends.transformer
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence, cast
 
 import torch
 
 from ....errors import SpecdecError
 from ..base import Capabilities, Model
 from .quant import is_quantized
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 BACKEND = "transformers"
 
@@ -61,7 +64,7 @@ def tensor_bytes(tensors) -> int:
 def output_rows(head: torch.nn.Module) -> int:
     """Rows of an LM head (plain, int8-quantized or packed linear)."""
     rows = getattr(head, "out_features", None)
-    return int(rows) if rows is not None else int(head.weight.shape[0])
+    return int(rows) if rows is not None else int(cast(torch.Tensor, head.weight).shape[0])
 
 
 def tree_attention(tree, past: int, n_linear: int, n_new: int, first: int) -> tuple[torch.Tensor, list[int]]:
@@ -98,7 +101,7 @@ class HFModel(Model):
     #: coarser (k=auto picks K only where K + 1 was timed; wide eager passes cost seconds on a CPU)
     calibration_widths = (1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 24, 32)
 
-    def __init__(self, model: torch.nn.Module, name: str = "model", vocab_limit: int | None = None):
+    def __init__(self, model: PreTrainedModel, name: str = "model", vocab_limit: int | None = None):
         self.model = model.eval()
         self.config = model.config
         head = model.get_output_embeddings()
@@ -123,6 +126,11 @@ class HFModel(Model):
 
     def _capture_head_input(self, module, inputs, output) -> None:
         self._captured = inputs[0]
+
+    def _hidden(self, rows: int) -> torch.Tensor:
+        """The last pass's last ``rows`` LM-head inputs (the hook's capture)."""
+        assert self._captured is not None, "a pass ran through the head"
+        return self._captured[0, -rows:]
 
     # ------------------------------------------------------------------ cache
     def _clear(self) -> None:
@@ -153,10 +161,13 @@ class HFModel(Model):
 
     def _save(self) -> list:
         n = len(self.tokens)
+        layers = self._held_layers()
+        assert layers is not None  # saved only where _state_bytes measured them
         return [(layer.keys[..., :n, :].to("cpu", copy=True), layer.values[..., :n, :].to("cpu", copy=True))
-                if layer.is_initialized else None for layer in self._held_layers()]
+                if layer.is_initialized else None for layer in layers]
 
-    def _load(self, state: list) -> None:
+    def _load(self, state: object) -> None:
+        assert isinstance(state, list)  # what _save made
         for index, held in enumerate(state):
             if held is not None:
                 self.cache.update(held[0].to(self.device), held[1].to(self.device), index)
@@ -169,7 +180,7 @@ class HFModel(Model):
         out = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True, **kwargs)
         self.cache = out.past_key_values if out.past_key_values is not None else self.cache
         logits = out.logits[0, -num_logits:, : self.vocab_limit].float()  # [num_logits, V]
-        return logits, (self._captured[0, -num_logits:] if hidden else None)
+        return logits, (self._hidden(num_logits) if hidden else None)
 
     @torch.inference_mode()
     def _append_tree(self, linear: list[int], ids: Sequence[int], parents: Sequence[int], first: int, hidden: bool):
@@ -188,7 +199,7 @@ class HFModel(Model):
         )
         self.cache = out.past_key_values if out.past_key_values is not None else self.cache
         logits = out.logits[0, -rows:, : self.vocab_limit].float()
-        return logits, (self._captured[0, -rows:] if hidden else None)
+        return logits, (self._hidden(rows) if hidden else None)
 
     def _keep(self, path: Sequence[int]) -> None:
         tree = self.tree

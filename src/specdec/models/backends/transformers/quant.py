@@ -32,6 +32,12 @@ class Int8Linear(nn.Module):
     memory of a bf16 one.
     """
 
+    # its buffers (register_buffer)
+    qweight: torch.Tensor
+    scales: torch.Tensor
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+
     def __init__(self, linear: nn.Linear):
         super().__init__()
         w = linear.weight.detach().float()  # [N, K]

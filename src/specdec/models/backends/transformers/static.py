@@ -201,12 +201,14 @@ class StaticHFModel(HFModel):
         logits ``[keep or w, V]`` of the last positions and the LM head's input ``[w, H]``. What a
         captured graph records."""
         self.slots.index = inputs[1]
+        assert self._kv_index is not None, "a pass runs on an allocated cache"
         if self._fused_step is not None:
             allowed = self._kv_index[None, :] <= inputs[1][:, None]
             return self._fused_step(inputs[0:1], inputs[1:2], inputs[1], allowed, self._caches, keep or inputs.shape[1])
         kwargs = {"logits_to_keep": keep or inputs.shape[1]} if self._keeps_logits else {}
         out = self.model(input_ids=inputs[0:1], position_ids=inputs[1:2], past_key_values=self.cache, use_cache=True,
                          attention_mask=chain_mask(inputs[1], self._kv_index, self.dtype), **kwargs)
+        assert self._captured is not None, "a pass ran through the head"
         return out.logits[0], self._captured[0]
 
     @torch.inference_mode()
@@ -267,7 +269,7 @@ class StaticHFModel(HFModel):
                          **kwargs)
         self.slots.length = past + q
         logits = out.logits[0, -rows:, : self.vocab_limit].float()
-        return logits, (self._captured[0, -rows:] if hidden else None)
+        return logits, (self._hidden(rows) if hidden else None)
 
     @torch.inference_mode()
     def _keep(self, path: Sequence[int]) -> None:
