@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from specdec.checks import number_arg
-from specdec.models.backends.llamacpp.formats import model_file
+from specdec.models.backends import REGISTRY
 from specdec.models.backends.llamacpp.model import LlamaCppModel
 
 
@@ -63,7 +63,7 @@ def main() -> None:
     a = ap.parse_args()
     global CLOCK
     CLOCK = time.process_time if a.clock == "cpu" else time.perf_counter
-    path = model_file(a.target)
+    path = REGISTRY.get("llama.cpp").prepare(a.target)  # the GGUF file, or its @format copy made once
     models = {"exact": LlamaCppModel(path, a.target, n_ctx=2048, threads=a.threads, exact=True),
               "today": LlamaCppModel(path, a.target, n_ctx=2048, threads=a.threads)}
     vocab = models["exact"].vocab_size

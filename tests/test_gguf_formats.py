@@ -28,20 +28,28 @@ def test_split_format_table(tmp_path):
 
 
 def test_each_backend_declares_its_weight_formats_once():
-    """llama.cpp's formats are its ``FTYPES``, the one table of how it makes each copy; a format it does
-    not make is a one-line error naming them, before anything loads; transformers makes none."""
+    """llama.cpp's formats are its ``FTYPES``, the one table of how it makes each copy; transformers makes
+    none. One check, the base backend's, refuses for every backend a format it does not make, before
+    anything loads, in one line: naming the backend that makes it, or every format that exists."""
     import torch
 
     from specdec.models.backends import REGISTRY, Request
-    from specdec.models.backends.llamacpp.formats import FTYPES, check_format
+    from specdec.models.backends.llamacpp.formats import FTYPES
 
-    assert REGISTRY.get("llama.cpp").formats == tuple(FTYPES) == ("bf16", "f16", "q8_0", "q4_0", "iq4_nl")
-    assert REGISTRY.get("transformers").formats == ()
-    with pytest.raises(SpecdecError, match=r"unknown weight format 'q3' after '@'; choose one of bf16, f16") as err:
-        check_format("m.gguf@q3")
-    assert "\n" not in str(err.value)
+    llama, hf = REGISTRY.get("llama.cpp"), REGISTRY.get("transformers")
+    assert llama.formats == tuple(FTYPES) == ("bf16", "f16", "q8_0", "q4_0", "iq4_nl")
+    assert hf.formats == ()
+    for backend in (llama, hf):
+        with pytest.raises(SpecdecError, match=r"unknown weight format 'q3' after '@'; choose one of "
+                                               r"bf16, f16, q8_0, q4_0, iq4_nl \(the llama.cpp backend\)$") as err:
+            backend.check_format("m.gguf@q3")
+        assert "\n" not in str(err.value)
     with pytest.raises(SpecdecError, match="unknown weight format 'q3'"):
         REGISTRY.choose("llama.cpp", Request("qwen2.5-coder-1.5b@q3", None, torch.device("cpu"), {}))
+    with pytest.raises(SpecdecError, match="unknown weight format 'q3'"):
+        llama.prepare("qwen2.5-coder-1.5b@q3")
+    for source in ("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b@BF16", None):
+        llama.check_format(source)
 
 
 def test_transformers_refuses_a_format_copy():
@@ -49,14 +57,13 @@ def test_transformers_refuses_a_format_copy():
 
     from specdec.models.backends import REGISTRY, Request
 
-    with pytest.raises(SpecdecError, match="llama.cpp backend"):
-        REGISTRY.choose("transformers", Request("qwen2.5-coder-1.5b@bf16", None, torch.device("cpu"), {}))
-
-
-def test_the_bundled_draft_goes_with_a_copy_of_the_bundled_target():
-    from specdec.models.sources import resolve_draft
-
-    assert resolve_draft("qwen2.5-coder-1.5b@q8_0", "auto") == "qwen2.5-coder-0.5b"
+    for req in (Request("qwen2.5-coder-1.5b@bf16", None, torch.device("cpu"), {}),
+                Request("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b@q4_0", torch.device("cpu"), {})):
+        with pytest.raises(SpecdecError, match=r"a copy in weight format '(bf16|q4_0)' is made by the llama.cpp backend(, which is "
+                                               r"not installed here: pip install 'specdec-rules\[llama\]'.*)?; on transformers choose the weights' "
+                                               r"type with dtype=") as err:
+            REGISTRY.choose("transformers", req)
+        assert "\n" not in str(err.value)
 
 
 @pytest.fixture(scope="module")

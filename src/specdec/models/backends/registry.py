@@ -111,8 +111,11 @@ class Backend:
     #: said when options it does not take are given (after "applies to the X backend; ")
     foreign_options: str = "it does not take them"
     #: the weight formats a model source may name after ``@`` on this backend (``name@bf16``: a copy of
-    #: the model's weights in that format, which the backend makes): declared here, once
+    #: the model's weights in that format, which the backend makes): declared here, once, and checked by
+    #: :meth:`check_format` for every backend
     formats: tuple[str, ...] = ()
+    #: said when a source names a format another backend makes (after "made by the X backend; ")
+    foreign_formats: str = "it runs a model's weights as given"
 
     # ------------------------------------------------------------------ choosing
     def available(self) -> bool:
@@ -135,9 +138,30 @@ class Backend:
         return "auto"
 
     def check(self, req: Request) -> None:
-        """A one-line error when this backend cannot load ``req`` (asked for by name, or chosen)."""
+        """A one-line error when this backend cannot load ``req`` (asked for by name, or chosen): a weight
+        format it does not make, its package missing, options it does not take."""
+        for source in (req.target, req.draft):
+            self.check_format(source)
         self.require()
         self.check_options(req)
+
+    def check_format(self, source: str | None) -> None:
+        """A one-line error when ``source`` names a weight format after ``@`` (``name@bf16``) that this
+        backend does not make (:attr:`formats`): naming the backend that makes it, or the formats that exist."""
+        from ..sources import split_format
+
+        fmt = split_format(source)[1]
+        if fmt is None or fmt in self.formats:
+            return
+        makers = [b for b in REGISTRY if fmt in b.formats]
+        if makers:
+            maker = makers[0]
+            missing = "" if maker.available() else f", which is not installed here: {maker.install}"
+            raise SpecdecError(f"{source!r}: a copy in weight format {fmt!r} is made by the {maker.name} backend"
+                               f"{missing}; {self.foreign_formats}")
+        known = "; ".join(f"{', '.join(b.formats)} (the {b.name} backend)" for b in REGISTRY if b.formats)
+        raise SpecdecError(f"{source!r}: unknown weight format {fmt!r} after '@'; "
+                           + (f"choose one of {known}" if known else "no backend makes weight formats"))
 
     @property
     def options(self) -> dict[str, str]:

@@ -51,15 +51,12 @@ class LlamaCppBackend(Backend):
         return "auto: GGUF models on a CPU, llama-cpp-python installed"
 
     def check(self, req: Request) -> None:
-        from .formats import check_format, is_gguf
+        from .formats import is_gguf
 
-        for source in (req.target, req.draft):
-            check_format(source)
-        self.require()
+        super().check(req)
         if req.device.type != "cpu":
             raise SpecdecError("backend 'llama.cpp' runs on the CPU in specdec (llama-cpp-python's CPU build); "
                                "use --device cpu, or backend 'transformers' on a GPU")
-        self.check_options(req)
         for source in (req.target, req.draft):
             if not is_gguf(source):
                 raise SpecdecError(f"backend 'llama.cpp' needs GGUF models, and {source!r} is not one; "
@@ -136,6 +133,7 @@ class LlamaCppBackend(Backend):
         made, once)."""
         from .formats import model_file
 
+        self.check_format(source)
         return str(model_file(source, progress=progress, verify=verify))
 
     def threads(self) -> int:

@@ -44,17 +44,10 @@ FTYPES: dict[str, tuple[int, bool, str]] = {
 DRAFT_FORMATS = ("q4_0", "iq4_nl")
 
 
-def check_format(source: str | None) -> None:
-    """A one-line error when ``source`` names a weight format after ``@`` that llama.cpp does not make."""
-    fmt = split_format(source)[1]
-    if fmt is not None and fmt not in FTYPES:
-        raise SpecdecError(f"{source!r}: unknown weight format {fmt!r} after '@'; choose one of {', '.join(FTYPES)}")
-
-
 def model_file(source: str, progress: bool = True, verify: bool = False) -> Path:
     """The GGUF file llama.cpp loads for a model source (:func:`gguf_file`), or for
-    ``<source>@<format>`` the copy in that format (:func:`formatted`)."""
-    check_format(source)
+    ``<source>@<format>`` the copy in that format (:func:`formatted`); the format is one of :data:`FTYPES`
+    (the backend's ``check_format`` said so)."""
     base, fmt = split_format(source)
     path = gguf_file(base, progress=progress, verify=verify)
     return path if fmt is None else formatted(path, fmt, log=stderr_log if progress else (lambda line: None))

@@ -61,18 +61,10 @@ class TransformersBackend(Backend):
     package = None  # a dependency of specdec itself
     Options = TransformersOptions
     foreign_options = "transformers models use their own context length"
+    foreign_formats = "on transformers choose the weights' type with dtype="
 
     def auto_refusal(self, req: Request) -> str | None:
         return None  # the fallback: what it cannot load, check() says
-
-    def check(self, req: Request) -> None:
-        from ...sources import split_format
-
-        for source in (req.target, req.draft):
-            if split_format(source)[1] is not None:
-                raise SpecdecError(f"{source!r}: a GGUF weight-format copy ('@...') runs on the llama.cpp backend "
-                                   "(pip install 'specdec-rules[llama]', backend 'llama.cpp'); on transformers use dtype=")
-        self.check_options(req)
 
     def load(self, req: Request, why: str) -> Loaded:
         from .dtypes import choose_variants, materialize
