@@ -4,7 +4,8 @@ budget and confidence, each policy's grid and proxy configurations, the output p
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,11 @@ class TunePlan:
     out: Path
     targets: dict[str, Path]
     env: dict
-    by_id: dict = field(default_factory=dict)
+
+    @cached_property
+    def by_id(self) -> dict[str, Any]:
+        """Every policy's settings by id."""
+        return {c.id: c for p in self.policies for c in p.settings}
 
 
 def parse_validation(text: str | None) -> tuple[int, int] | str | None:
@@ -139,7 +144,5 @@ def plan_tune(a: argparse.Namespace) -> TunePlan:
     targets = {p.policy: (Path(a.write) if a.write else out / "config.json") if len(plans) == 1
                else out / f"config-{p.policy}.json" for p in plans}
     env = environment.describe(getattr(a, "argv_typed", None))
-    plan = TunePlan(positions, max_loss, confidence, min_agreement, speed_tie, per_batch, max_confirm, settings, proxy_settings,
-                     plans, dataset, proxy_set, validation, overlap, out, targets, env)
-    plan.by_id = {c.id: c for p in plans for c in p.settings}
-    return plan
+    return TunePlan(positions, max_loss, confidence, min_agreement, speed_tie, per_batch, max_confirm, settings,
+                    proxy_settings, plans, dataset, proxy_set, validation, overlap, out, targets, env)

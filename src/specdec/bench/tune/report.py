@@ -3,13 +3,7 @@ record."""
 
 from __future__ import annotations
 
-from ..outputs.report import fmt, speed_basis
-
-
-def _rec(rec, ci) -> str:
-    if rec is None:
-        return "–"
-    return f"{rec:.3f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+from ..outputs.report import fmt, speed_basis, with_ci
 
 
 def _speed(row: dict | None) -> str:
@@ -33,12 +27,12 @@ def table_rows(record: dict) -> list[list[str]]:
                    else "")
             out.append([policy, "none qualifies" + (f" (closest {c['setting']}{run})" if c.get("setting") else ""),
                         _speed(conf),
-                        _rec(c.get("recovery"), paired.get("recovery_ci")), fmt(c.get("bound"), ".3f"),
+                        with_ci(c.get("recovery"), paired.get("recovery_ci")), fmt(c.get("bound"), ".3f"),
                         f"{fmt(c.get('certifies'), '.3f')} (needs ~{c.get('problems_needed') or '∞'} problems)"
                         if c else "–", *_validation_cells(c.get("validation"))])
             continue
         out.append([policy, pk["setting"], _speed(pk),
-                    _rec(pk["recovery"], (pk.get("paired_vs_ar") or {}).get("recovery_ci")),
+                    with_ci(pk["recovery"], (pk.get("paired_vs_ar") or {}).get("recovery_ci")),
                     fmt(pk["recovery_bound"], ".3f"),
                     "–" if pk["recovery_bound"] is None else f"{max(0.0, 1 - pk['recovery_bound']):.3f}",
                     *_validation_cells(pk.get("validation"))])
@@ -50,7 +44,7 @@ def _validation_cells(v: dict | None) -> list[str]:
     if not v:
         return ["–", "–", "–"]
     held = ("yes" if v["held"] else "**no**") + (", certified" if v.get("certified") else "")
-    return [_speed(v), _rec(v.get("recovery"), v.get("recovery_ci")), held]
+    return [_speed(v), with_ci(v.get("recovery"), v.get("recovery_ci")), held]
 
 
 HEADER = ["policy", "pick", "speed vs ar, tokens/s (time) (tuning)", "recovery, tuning [95% CI]", "lower bound",

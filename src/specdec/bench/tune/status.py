@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import certify
-from ..outputs.report import fmt, speed_basis
+from ..outputs.report import fmt, speed_basis, with_ci
 from ..outputs.results import ResultsFile
 from ..outputs.summary import AR_ID, summarize, verdicts
 
@@ -84,8 +84,7 @@ def stage_table(records: list[dict], split: list[str], stage: str, max_loss: flo
             lines.append(f"| ar | {len(mine)}/{len(split)} | {sum(mine.values())} | – | – | – | 1.00x | 1.00x | – |")
             continue
         paired = row.get("paired") or {}
-        ci = paired.get("recovery_ci")
-        rec = fmt(row.get("recovery"), ".3f") + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+        rec = with_ci(row.get("recovery"), paired.get("recovery_ci"))
         lost_gained = f"{paired['lost']} / {paired['gained']}" if paired else "–"
         lines.append(
             f"| {cid} | {len(mine)}/{len(split)} | {sum(mine.values())} | {lost_gained} | {rec} | "
